@@ -1,0 +1,265 @@
+//! What differs between databases, behind one sealed trait.
+
+use diesel::backend::Backend;
+use diesel::connection::{Connection, TransactionManager};
+use diesel::QueryResult;
+
+/// A database backend this crate supports: [`diesel::pg::Pg`] (feature `postgres`)
+/// and [`diesel::sqlite::Sqlite`] (feature `sqlite`).
+///
+/// The trait is sealed; its methods are the crate's internal backend strategy.
+#[diagnostic::on_unimplemented(
+    message = "diesel-claim does not support the backend `{Self}`",
+    note = "enable the diesel-claim feature of your backend: `postgres` or `sqlite`"
+)]
+pub trait ClaimBackend: Backend + Default + strategy::Strategy {}
+
+pub(crate) mod strategy {
+    use super::*;
+    use crate::query::LockClause;
+    use diesel::connection::LoadConnection;
+    use diesel::query_builder::AstPass;
+
+    /// How a backend locks rows and stores leases. Not nameable outside the crate.
+    pub trait Strategy: Backend {
+        /// Whether the backend has row locks (and a locking clause to append).
+        const ROW_LOCKS: bool;
+
+        /// The crate's embedded migrations for this backend.
+        const MIGRATIONS: diesel_migrations::EmbeddedMigrations;
+
+        /// Appends the locking clause (after the query's own `LIMIT`).
+        fn walk_lock_clause(clause: &LockClause, out: AstPass<'_, '_, Self>) -> QueryResult<()>;
+
+        /// A fresh query builder, to render SQL outside a statement.
+        fn query_builder() -> Self::QueryBuilder;
+
+        /// Opens the transaction a claim or `with_lock` runs in, taking whatever
+        /// lock the backend needs up front (SQLite: the database write lock).
+        fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+        where
+            C: Connection<Backend = Self>;
+
+        /// Runs one lease statement; `Some(token)` when it took effect.
+        fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
+        where
+            C: LoadConnection<Backend = Self>;
+
+        /// `(name, ttl in µs) -> token`: takes a free or expired lease.
+        const LEASE_ACQUIRE: &'static str;
+        /// `(ttl in µs, name, token) -> token`: extends a live lease still owned.
+        const LEASE_RENEW: &'static str;
+        /// `(name, token) -> token`: ends a live lease still owned.
+        const LEASE_RELEASE: &'static str;
+    }
+}
+
+/// A statement on the lease table, with its arguments.
+#[derive(Debug, Clone, Copy)]
+pub enum LeaseStatement<'a> {
+    Acquire { name: &'a str, ttl_micros: i64 },
+    Renew { name: &'a str, token: i64, ttl_micros: i64 },
+    Release { name: &'a str, token: i64 },
+}
+
+#[derive(diesel::QueryableByName)]
+pub struct LeaseToken {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    token: i64,
+}
+
+/// The body of `Strategy::lease_statement`, the same for every backend but
+/// written per backend: `sql_query` cannot be run generically over backends.
+macro_rules! lease_statement {
+    () => {
+        fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
+        where
+            C: diesel::connection::LoadConnection<Backend = Self>,
+        {
+            use diesel::sql_types::{BigInt, Text};
+            use diesel::{OptionalExtension, RunQueryDsl};
+            let query = diesel::sql_query(match statement {
+                LeaseStatement::Acquire { .. } => Self::LEASE_ACQUIRE,
+                LeaseStatement::Renew { .. } => Self::LEASE_RENEW,
+                LeaseStatement::Release { .. } => Self::LEASE_RELEASE,
+            });
+            let row = match statement {
+                LeaseStatement::Acquire { name, ttl_micros } => query
+                    .bind::<Text, _>(name)
+                    .bind::<BigInt, _>(ttl_micros)
+                    .get_result::<LeaseToken>(conn),
+                LeaseStatement::Renew { name, token, ttl_micros } => query
+                    .bind::<BigInt, _>(ttl_micros)
+                    .bind::<Text, _>(name)
+                    .bind::<BigInt, _>(token)
+                    .get_result::<LeaseToken>(conn),
+                LeaseStatement::Release { name, token } => query
+                    .bind::<Text, _>(name)
+                    .bind::<BigInt, _>(token)
+                    .get_result::<LeaseToken>(conn),
+            };
+            Ok(row.optional()?.map(|row| row.token))
+        }
+    };
+}
+
+/// How deep the connection's transaction nesting is (0: none open).
+pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> QueryResult<u32> {
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    Ok(status.transaction_depth()?.map_or(0, |depth| depth.get()))
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::strategy::Strategy;
+    use super::*;
+    use super::{LeaseStatement, LeaseToken};
+    use crate::query::LockClause;
+    use crate::LockStrength;
+    use diesel::pg::Pg;
+    use diesel::query_builder::AstPass;
+
+    impl ClaimBackend for Pg {}
+
+    impl Strategy for Pg {
+        const ROW_LOCKS: bool = true;
+
+        const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+            diesel_migrations::embed_migrations!("migrations/postgres");
+
+        fn walk_lock_clause(clause: &LockClause, mut out: AstPass<'_, '_, Pg>) -> QueryResult<()> {
+            out.push_sql(match clause.strength {
+                LockStrength::Update => " FOR UPDATE",
+                LockStrength::NoKeyUpdate => " FOR NO KEY UPDATE",
+                LockStrength::Share => " FOR SHARE",
+                LockStrength::KeyShare => " FOR KEY SHARE",
+            });
+            if let Some(table) = &clause.of {
+                out.push_sql(" OF ");
+                out.push_identifier(table)?;
+            }
+            if clause.skip_locked {
+                out.push_sql(" SKIP LOCKED");
+            }
+            Ok(())
+        }
+
+        fn query_builder() -> diesel::pg::PgQueryBuilder {
+            Default::default()
+        }
+
+        fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+        where
+            C: Connection<Backend = Pg>,
+        {
+            C::TransactionManager::begin_transaction(conn)
+        }
+
+        // The database clock decides: `clock_timestamp()` rather than `now()`, which
+        // is frozen at the start of a caller's surrounding transaction.
+        lease_statement!();
+
+        const LEASE_ACQUIRE: &'static str = "\
+            INSERT INTO diesel_claim_leases AS lease (name, token, expires_at) \
+            VALUES ($1, 1, clock_timestamp() + $2 * interval '1 microsecond') \
+            ON CONFLICT (name) DO UPDATE \
+            SET token = lease.token + 1, expires_at = excluded.expires_at \
+            WHERE lease.expires_at <= clock_timestamp() \
+            RETURNING token";
+        const LEASE_RENEW: &'static str = "\
+            UPDATE diesel_claim_leases \
+            SET expires_at = clock_timestamp() + $1 * interval '1 microsecond' \
+            WHERE name = $2 AND token = $3 AND expires_at > clock_timestamp() \
+            RETURNING token";
+        const LEASE_RELEASE: &'static str = "\
+            UPDATE diesel_claim_leases SET expires_at = clock_timestamp() \
+            WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() \
+            RETURNING token";
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::strategy::Strategy;
+    use super::*;
+    use super::{LeaseStatement, LeaseToken};
+    use crate::query::LockClause;
+    use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
+    use diesel::query_builder::AstPass;
+    use diesel::sqlite::Sqlite;
+
+    impl ClaimBackend for Sqlite {}
+
+    /// Microseconds since the Unix epoch by SQLite's clock (`julianday` has
+    /// millisecond precision).
+    macro_rules! sqlite_now_micros {
+        () => {
+            "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+        };
+    }
+
+    impl Strategy for Sqlite {
+        const ROW_LOCKS: bool = false;
+
+        const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+            diesel_migrations::embed_migrations!("migrations/sqlite");
+
+        fn walk_lock_clause(_: &LockClause, _: AstPass<'_, '_, Sqlite>) -> QueryResult<()> {
+            // No row locks: the transaction holds the database write lock instead.
+            Ok(())
+        }
+
+        fn query_builder() -> diesel::sqlite::SqliteQueryBuilder {
+            Default::default()
+        }
+
+        fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+        where
+            C: Connection<Backend = Sqlite>,
+        {
+            // Nested: a savepoint inside the caller's transaction, whose own lock
+            // mode then decides. Top level: `BEGIN IMMEDIATE`, which takes the write
+            // lock before the re-check reads, so two claimers cannot both see the
+            // row as pending. Diesel's `immediate_transaction` is not available for
+            // pooled connections, so the transaction manager is told by hand.
+            if transaction_depth(conn)? > 0 {
+                return C::TransactionManager::begin_transaction(conn);
+            }
+            conn.batch_execute("BEGIN IMMEDIATE")?;
+            match C::TransactionManager::transaction_manager_status_mut(conn) {
+                TransactionManagerStatus::Valid(status) => {
+                    status.change_transaction_depth(TransactionDepthChange::IncreaseDepth)
+                }
+                TransactionManagerStatus::InError => {
+                    Err(diesel::result::Error::BrokenTransactionManager)
+                }
+            }
+        }
+
+        lease_statement!();
+
+        const LEASE_ACQUIRE: &'static str = concat!(
+            "INSERT INTO diesel_claim_leases (name, token, expires_at) VALUES (?, 1, ",
+            sqlite_now_micros!(),
+            " + ?) ON CONFLICT (name) DO UPDATE \
+            SET token = diesel_claim_leases.token + 1, expires_at = excluded.expires_at \
+            WHERE diesel_claim_leases.expires_at <= ",
+            sqlite_now_micros!(),
+            " RETURNING token"
+        );
+        const LEASE_RENEW: &'static str = concat!(
+            "UPDATE diesel_claim_leases SET expires_at = ",
+            sqlite_now_micros!(),
+            " + ? WHERE name = ? AND token = ? AND expires_at > ",
+            sqlite_now_micros!(),
+            " RETURNING token"
+        );
+        const LEASE_RELEASE: &'static str = concat!(
+            "UPDATE diesel_claim_leases SET expires_at = ",
+            sqlite_now_micros!(),
+            " WHERE name = ? AND token = ? AND expires_at > ",
+            sqlite_now_micros!(),
+            " RETURNING token"
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! The crate's error type and helpers that classify `diesel::result::Error`.
+
+use diesel::result::{DatabaseErrorInformation, DatabaseErrorKind};
+
+/// The error type of every fallible operation in this crate.
+///
+/// Variants are named for what happened, so callers can match on the outcome
+/// instead of parsing messages. Database errors that this crate recognises (lock
+/// not available, deadlock, serialization failure) are turned into their own
+/// variants by [`From<diesel::result::Error>`](#impl-From<Error>-for-Error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The row (or database write lock) was held by another transaction and the
+    /// chosen policy was to fail at once, or the lock wait timed out
+    /// (PostgreSQL `lock_timeout`, SQLite `busy_timeout`).
+    #[error("lock not available: the row is locked by another transaction")]
+    LockNotAvailable,
+
+    /// The database detected a deadlock and aborted this transaction; retrying
+    /// the whole transaction usually succeeds.
+    #[error("deadlock detected: {0}")]
+    Deadlock(#[source] diesel::result::Error),
+
+    /// The transaction could not be serialized with concurrent ones (SQLSTATE
+    /// `40001` under `REPEATABLE READ` or `SERIALIZABLE`); retry it.
+    #[error("serialization failure: {0}")]
+    SerializationFailure(#[source] diesel::result::Error),
+
+    /// A versioned update found the row at another version than expected.
+    ///
+    /// `actual` is the version read right after the update matched nothing; it is
+    /// `None` when it could not be read in the same breath.
+    #[error("version conflict: expected version {expected}, found {}", display_version(.actual))]
+    VersionConflict {
+        /// The version the update was guarded with.
+        expected: i64,
+        /// The version the row had when the conflict was detected.
+        actual: Option<i64>,
+    },
+
+    /// The version column is at its maximum value and cannot be incremented.
+    #[error("version overflow: version {0} is the largest the column can hold")]
+    VersionOverflow(i64),
+
+    /// The targeted row does not exist (or no longer matches the query).
+    #[error("row not found")]
+    NotFound,
+
+    /// A lease could not be acquired because another holder has it.
+    #[error("lease {name:?} is held by another owner")]
+    LeaseHeld {
+        /// The lease name.
+        name: String,
+    },
+
+    /// A lease renewal or release was refused because the caller no longer owns
+    /// the lease: it expired, or was taken over by a newer holder.
+    #[error("lease {name:?} is not owned by token {token}: it expired or has a newer holder")]
+    NotLeaseOwner {
+        /// The lease name.
+        name: String,
+        /// The fencing token the caller presented.
+        token: i64,
+    },
+
+    /// An argument was rejected before any SQL was sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Any other database error, unchanged.
+    #[error(transparent)]
+    Database(diesel::result::Error),
+
+    /// Running the crate's embedded migrations failed.
+    #[error("migration failed: {0}")]
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+fn display_version(actual: &Option<i64>) -> String {
+    match actual {
+        Some(version) => version.to_string(),
+        None => "an unknown version".to_owned(),
+    }
+}
+
+/// A `Result` whose error is this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether retrying the whole operation may succeed: version conflicts,
+    /// deadlocks and serialization failures.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::VersionConflict { .. } | Error::Deadlock(_) | Error::SerializationFailure(_)
+        )
+    }
+}
+
+impl From<diesel::result::Error> for Error {
+    fn from(error: diesel::result::Error) -> Self {
+        match classify(&error) {
+            Some(Transient::LockNotAvailable) => Error::LockNotAvailable,
+            Some(Transient::Deadlock) => Error::Deadlock(error),
+            Some(Transient::SerializationFailure) => Error::SerializationFailure(error),
+            None if matches!(error, diesel::result::Error::NotFound) => Error::NotFound,
+            None => Error::Database(error),
+        }
+    }
+}
+
+/// Lets callers whose closures return `diesel::result::Error` use the crate: typed
+/// outcomes become database errors that [`is_lock_not_available`] and friends still
+/// recognise.
+impl From<Error> for diesel::result::Error {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Database(error) | Error::Deadlock(error) | Error::SerializationFailure(error) => {
+                error
+            }
+            Error::NotFound => diesel::result::Error::NotFound,
+            Error::LockNotAvailable => diesel::result::Error::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(LOCK_NOT_AVAILABLE_MESSAGE.to_owned()),
+            ),
+            other => diesel::result::Error::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(other.to_string()),
+            ),
+        }
+    }
+}
+
+/// Message of the database error that stands for [`Error::LockNotAvailable`] when it
+/// is converted into a `diesel::result::Error`.
+const LOCK_NOT_AVAILABLE_MESSAGE: &str = "lock not available: could not obtain lock on row";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transient {
+    LockNotAvailable,
+    Deadlock,
+    SerializationFailure,
+}
+
+/// The one place where database errors are recognised by their text.
+///
+/// Diesel 2.3 maps PostgreSQL's `55P03` and `40P01` and SQLite's `SQLITE_BUSY` to
+/// [`DatabaseErrorKind::Unknown`] without exposing the SQLSTATE or result code, so the
+/// server's message is all there is. The messages matched here are the servers' own,
+/// stable for decades, and covered by tests against the real servers.
+fn classify(error: &diesel::result::Error) -> Option<Transient> {
+    let diesel::result::Error::DatabaseError(kind, info) = error else {
+        return None;
+    };
+    if let DatabaseErrorKind::SerializationFailure = kind {
+        return Some(Transient::SerializationFailure);
+    }
+    if !matches!(kind, DatabaseErrorKind::Unknown) {
+        return None;
+    }
+    classify_message(info.as_ref())
+}
+
+fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
+    let message = info.message();
+    // PostgreSQL 55P03: NOWAIT ("could not obtain lock on row in relation ...") and
+    // lock_timeout ("canceling statement due to lock timeout"); SQLite SQLITE_BUSY.
+    const LOCK_NOT_AVAILABLE: [&str; 4] = [
+        "could not obtain lock",
+        "canceling statement due to lock timeout",
+        "database is locked",
+        LOCK_NOT_AVAILABLE_MESSAGE,
+    ];
+    if message.starts_with("deadlock detected") {
+        Some(Transient::Deadlock)
+    } else if message.starts_with("could not serialize access") {
+        Some(Transient::SerializationFailure)
+    } else if LOCK_NOT_AVAILABLE.iter().any(|m| message.starts_with(m)) {
+        Some(Transient::LockNotAvailable)
+    } else {
+        None
+    }
+}
+
+/// Whether `error` means a lock could not be taken: PostgreSQL `55P03` (`NOWAIT`,
+/// `lock_timeout`) or SQLite `SQLITE_BUSY` (`busy_timeout` elapsed).
+pub fn is_lock_not_available(error: &diesel::result::Error) -> bool {
+    classify(error) == Some(Transient::LockNotAvailable)
+}
+
+/// Whether `error` is a deadlock the database broke by aborting this transaction
+/// (PostgreSQL `40P01`).
+pub fn is_deadlock(error: &diesel::result::Error) -> bool {
+    classify(error) == Some(Transient::Deadlock)
+}
+
+/// Whether `error` is a serialization failure (SQLSTATE `40001`).
+pub fn is_serialization_failure(error: &diesel::result::Error) -> bool {
+    classify(error) == Some(Transient::SerializationFailure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn database_error(message: &str) -> diesel::result::Error {
+        diesel::result::Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    #[test]
+    fn server_messages_are_classified() {
+        let nowait = database_error(r#"could not obtain lock on row in relation "orders""#);
+        let timeout = database_error("canceling statement due to lock timeout");
+        let busy = database_error("database is locked");
+        let deadlock = database_error("deadlock detected");
+        let other = database_error(r#"relation "nope" does not exist"#);
+        assert!(is_lock_not_available(&nowait));
+        assert!(is_lock_not_available(&timeout));
+        assert!(is_lock_not_available(&busy));
+        assert!(is_deadlock(&deadlock) && !is_lock_not_available(&deadlock));
+        assert!(!is_lock_not_available(&other) && !is_deadlock(&other));
+        assert!(matches!(Error::from(other), Error::Database(_)));
+        assert!(matches!(Error::from(deadlock), Error::Deadlock(_)));
+        assert!(matches!(Error::from(diesel::result::Error::NotFound), Error::NotFound));
+    }
+
+    #[test]
+    fn typed_errors_survive_a_round_trip_through_diesel_errors() {
+        let as_diesel = diesel::result::Error::from(Error::LockNotAvailable);
+        assert!(is_lock_not_available(&as_diesel));
+        assert!(matches!(Error::from(as_diesel), Error::LockNotAvailable));
+    }
+}

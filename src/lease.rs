@@ -1,0 +1,266 @@
+//! Named leases: a lock on a name, held across processes and machines, that
+//! expires by the database clock and fences stale holders with a token.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::time::Duration;
+
+use diesel::connection::LoadConnection;
+
+use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
+use crate::Error;
+
+/// The longest accepted lease name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The longest accepted time to live: one week.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// A lease this process holds on a name, until it expires or is released.
+///
+/// The [`token`](Lease::token) strictly increases with every acquisition of the
+/// same name, across releases and expiries: pass it along with writes the lease
+/// protects and have them rejected when a newer token has been seen (fencing), so
+/// a holder that stalled past its TTL cannot overwrite its successor's work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lease is held until it expires or is released"]
+pub struct Lease {
+    name: String,
+    token: i64,
+}
+
+impl Lease {
+    /// Takes the lease on `name` for `ttl` if it is free or its last holder's lease
+    /// has expired; `Ok(None)` if someone else holds it.
+    ///
+    /// Call it outside a transaction, so that others see the lease at once.
+    pub fn acquire<C>(conn: &mut C, name: &str, ttl: Duration) -> Result<Option<Lease>, Error>
+    where
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+    {
+        check_name(name)?;
+        let statement = LeaseStatement::Acquire {
+            name,
+            ttl_micros: ttl_micros(ttl)?,
+        };
+        let token = <C::Backend as Strategy>::lease_statement(conn, statement)?;
+        Ok(token.map(|token| Lease {
+            name: name.to_owned(),
+            token,
+        }))
+    }
+
+    /// The leased name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fencing token of this acquisition.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// Extends the lease to `ttl` from now (by the database clock).
+    ///
+    /// [`Error::NotLeaseOwner`] if it has expired, even if nobody took it since.
+    pub fn renew<C>(&self, conn: &mut C, ttl: Duration) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+    {
+        let statement = LeaseStatement::Renew {
+            name: &self.name,
+            token: self.token,
+            ttl_micros: ttl_micros(ttl)?,
+        };
+        let renewed = <C::Backend as Strategy>::lease_statement(conn, statement)?;
+        self.owned(renewed)
+    }
+
+    /// Ends the lease so others can take it at once.
+    ///
+    /// [`Error::NotLeaseOwner`] if it had already expired: what it protected may
+    /// have been done concurrently by a newer holder.
+    pub fn release<C>(self, conn: &mut C) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+    {
+        let statement = LeaseStatement::Release {
+            name: &self.name,
+            token: self.token,
+        };
+        let released = <C::Backend as Strategy>::lease_statement(conn, statement)?;
+        self.owned(released)
+    }
+
+    fn owned(&self, token: Option<i64>) -> Result<(), Error> {
+        match token {
+            Some(_) => Ok(()),
+            None => Err(Error::NotLeaseOwner {
+                name: self.name.clone(),
+                token: self.token,
+            }),
+        }
+    }
+}
+
+/// Runs `f` while holding the lease on `name`, or returns `Ok(None)` at once if
+/// someone else holds it.
+///
+/// The lease is released when `f` returns or panics. If it expired while `f`
+/// ran, the result is [`Error::NotLeaseOwner`] (converted into `E`) even when `f`
+/// succeeded: the critical section may not have been exclusive. An error from
+/// `f` is returned as it is, after the release.
+///
+/// ```text
+/// with_lease(&mut conn, "signup:alice", Duration::from_secs(10), |conn, lease| { … })
+/// ```
+pub fn with_lease<C, T, E, F>(
+    conn: &mut C,
+    name: &str,
+    ttl: Duration,
+    f: F,
+) -> Result<Option<T>, E>
+where
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+    F: FnOnce(&mut C, &Lease) -> Result<T, E>,
+    E: From<Error>,
+{
+    let Some(lease) = Lease::acquire(conn, name, ttl)? else {
+        return Ok(None);
+    };
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, &lease)));
+    let released = lease.release(conn);
+    match outcome {
+        Ok(Ok(value)) => {
+            released?;
+            Ok(Some(value))
+        }
+        Ok(Err(error)) => Err(error),
+        Err(payload) => panic::resume_unwind(payload),
+    }
+}
+
+fn check_name(name: &str) -> Result<(), Error> {
+    let problem = if name.is_empty() {
+        "is empty"
+    } else if name.len() > MAX_NAME_LEN {
+        "is longer than 255 bytes"
+    } else if name.contains('\0') {
+        "contains a NUL character"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidArgument(format!("lease name {problem}")))
+}
+
+fn ttl_micros(ttl: Duration) -> Result<i64, Error> {
+    if ttl.is_zero() || ttl > MAX_TTL {
+        return Err(Error::InvalidArgument(format!(
+            "lease ttl must be positive and at most {} s, got {ttl:?}",
+            MAX_TTL.as_secs()
+        )));
+    }
+    // At least one microsecond: the unit the databases store.
+    Ok((ttl.as_micros() as i64).max(1))
+}
+
+/// PostgreSQL advisory locks keyed by a stable hash of a name.
+#[cfg(feature = "postgres")]
+pub mod advisory {
+    use diesel::connection::{Connection, LoadConnection};
+    use diesel::pg::Pg;
+    use diesel::sql_types::{BigInt, Bool};
+    use diesel::{QueryableByName, RunQueryDsl};
+
+    use crate::backend::transaction_depth;
+    use crate::Error;
+
+    /// The advisory-lock key of `name`: the 64-bit FNV-1a hash of its UTF-8
+    /// bytes, as a signed integer.
+    ///
+    /// Stable across processes, versions and platforms (unlike PostgreSQL's
+    /// `hashtext`), so other programs can compute the same key:
+    /// offset basis `0xcbf29ce484222325`, prime `0x100000001b3`.
+    pub fn key(name: &str) -> i64 {
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+        hash as i64
+    }
+
+    #[derive(QueryableByName)]
+    struct Acquired {
+        #[diesel(sql_type = Bool)]
+        acquired: bool,
+    }
+
+    /// Takes the transaction-scoped advisory lock on `name` if it is free
+    /// (`pg_try_advisory_xact_lock`); it is released when the transaction ends.
+    ///
+    /// [`Error::InvalidArgument`] outside a transaction, where the lock would be
+    /// released as soon as it was taken.
+    pub fn try_lock<C>(conn: &mut C, name: &str) -> Result<bool, Error>
+    where
+        C: LoadConnection<Backend = Pg>,
+    {
+        require_transaction(conn)?;
+        let row = diesel::sql_query("SELECT pg_try_advisory_xact_lock($1) AS acquired")
+            .bind::<BigInt, _>(key(name))
+            .get_result::<Acquired>(conn)?;
+        Ok(row.acquired)
+    }
+
+    /// Waits for the transaction-scoped advisory lock on `name`
+    /// (`pg_advisory_xact_lock`), bounded by the session's `lock_timeout`.
+    pub fn lock<C>(conn: &mut C, name: &str) -> Result<(), Error>
+    where
+        C: Connection<Backend = Pg>,
+    {
+        require_transaction(conn)?;
+        diesel::sql_query("SELECT pg_advisory_xact_lock($1)")
+            .bind::<BigInt, _>(key(name))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    fn require_transaction<C: Connection>(conn: &mut C) -> Result<(), Error> {
+        if transaction_depth(conn)? == 0 {
+            return Err(Error::InvalidArgument(
+                "transaction-scoped advisory locks need an open transaction".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn keys_are_fnv1a_64() {
+            // Reference values of FNV-1a 64.
+            assert_eq!(super::key(""), 0xcbf2_9ce4_8422_2325_u64 as i64);
+            assert_eq!(super::key("a"), 0xaf63_dc4c_8601_ec8c_u64 as i64);
+            assert_eq!(super::key("foobar"), 0x8594_4171_f739_67e8_u64 as i64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_names_and_ttls_are_rejected_before_sql() {
+        assert!(matches!(check_name(""), Err(Error::InvalidArgument(_))));
+        assert!(matches!(check_name("a\0b"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(check_name(&"x".repeat(256)), Err(Error::InvalidArgument(_))));
+        assert!(check_name(&"x".repeat(255)).is_ok());
+        assert!(check_name("'; DROP TABLE diesel_claim_leases; --").is_ok());
+        assert!(matches!(ttl_micros(Duration::ZERO), Err(Error::InvalidArgument(_))));
+        assert!(matches!(ttl_micros(MAX_TTL + Duration::from_secs(1)), Err(Error::InvalidArgument(_))));
+        assert_eq!(ttl_micros(Duration::from_nanos(1)).unwrap(), 1);
+        assert_eq!(ttl_micros(Duration::from_secs(2)).unwrap(), 2_000_000);
+    }
+}

@@ -1,0 +1,170 @@
+//! Pessimistic locking: hold a row lock for the duration of a closure.
+
+use diesel::associations::HasTable;
+use diesel::connection::Connection;
+use diesel::query_builder::{Query, QueryFragment};
+use diesel::query_dsl::LoadQuery;
+
+use crate::backend::ClaimBackend;
+use crate::query::{lock_target, LockClause, Locked};
+use crate::transaction::locking_transaction;
+use crate::{Error, LockStrength, OnLocked};
+
+/// Adds [`with_lock`](LockDsl::with_lock) to Diesel queries.
+pub trait LockDsl: Sized {
+    /// Locks the one row this query selects and runs `f` with it, in a transaction
+    /// that commits when `f` returns `Ok` and rolls back otherwise (or on panic).
+    ///
+    /// Waits for the lock (PostgreSQL `FOR NO KEY UPDATE OF <table>`, SQLite the
+    /// database write lock). No row is [`Error::NotFound`]; more than one is
+    /// [`Error::InvalidArgument`] (and nothing is committed). Inside a transaction
+    /// of the caller's it runs as a savepoint.
+    fn with_lock<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    where
+        Self: LockQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnOnce(&mut C, R) -> Result<T, E>,
+        E: From<Error>,
+    {
+        self.build_lock().run(conn, f)
+    }
+
+    /// Starts a row lock with options; run it with [`LockBuilder::run`].
+    fn build_lock(self) -> LockBuilder<Self> {
+        LockBuilder {
+            query: self,
+            strength: LockStrength::default(),
+            on_locked: None,
+            invalid: None,
+        }
+    }
+}
+
+impl<Q: Query> LockDsl for Q {}
+
+/// A row lock and its options, made by [`LockDsl::build_lock`].
+#[derive(Debug, Clone)]
+#[must_use = "a lock does nothing until `.run(conn, f)` runs it"]
+pub struct LockBuilder<Q> {
+    query: Q,
+    strength: LockStrength,
+    on_locked: Option<OnLocked>,
+    invalid: Option<String>,
+}
+
+impl<Q> LockBuilder<Q> {
+    /// Sets what to do when the row is locked by another transaction (default:
+    /// wait). [`OnLocked::Fail`] and [`OnLocked::Skip`] both return
+    /// [`Error::LockNotAvailable`] at once, without an error inside the
+    /// transaction: a caller's surrounding transaction stays usable.
+    pub fn on_locked(mut self, policy: OnLocked) -> Self {
+        match self.on_locked {
+            Some(chosen) if chosen != policy => {
+                self.invalid = Some(format!(
+                    "conflicting lock policies: {chosen:?} and {policy:?} were both chosen"
+                ));
+            }
+            _ => self.on_locked = Some(policy),
+        }
+        self
+    }
+
+    /// Fails at once with [`Error::LockNotAvailable`] when the row is locked.
+    pub fn nowait(self) -> Self {
+        self.on_locked(OnLocked::Fail)
+    }
+
+    /// Waits for the lock (the default), bounded by the session's `lock_timeout`.
+    pub fn wait(self) -> Self {
+        self.on_locked(OnLocked::Wait)
+    }
+
+    /// Sets the lock strength (PostgreSQL; default `FOR NO KEY UPDATE`).
+    pub fn strength(mut self, strength: LockStrength) -> Self {
+        self.strength = strength;
+        self
+    }
+
+    /// Runs `f` with the locked row: see [`LockDsl::with_lock`].
+    pub fn run<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    where
+        Q: LockQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnOnce(&mut C, R) -> Result<T, E>,
+        E: From<Error>,
+    {
+        if let Some(reason) = self.invalid {
+            return Err(Error::InvalidArgument(reason).into());
+        }
+        let on_locked = self.on_locked.unwrap_or(OnLocked::Wait);
+        let clause = LockClause {
+            strength: self.strength,
+            skip_locked: on_locked != OnLocked::Wait,
+            of: self.query.locked_table()?,
+        };
+        locking_transaction(conn, |conn| {
+            let mut rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
+            if rows.len() > 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "with_lock expects one row, the query selected {}",
+                    rows.len()
+                ))
+                .into());
+            }
+            match rows.pop() {
+                Some(row) => f(conn, row),
+                // Skip-locked found nothing: locked by someone, or not there.
+                None if on_locked != OnLocked::Wait
+                    && !self.query.rows(conn, None).map_err(Error::from)?.is_empty() =>
+                {
+                    Err(Error::LockNotAvailable.into())
+                }
+                None => Err(Error::NotFound.into()),
+            }
+        })
+    }
+}
+
+/// A query [`with_lock`](LockDsl::with_lock) can lock rows of type `R` of, on a
+/// connection `C`: any Diesel select query whose row type names its table
+/// (`#[derive(Identifiable)]` or `HasTable`).
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be locked through `{Self}`",
+    note = "the row type must name its table (`#[derive(Identifiable)]`) and be loadable from \
+            the query"
+)]
+pub trait LockQuery<'q, C, R> {
+    /// The locking clause's `OF` table, where the backend has row locks.
+    #[doc(hidden)]
+    fn locked_table(&self) -> Result<Option<std::sync::Arc<str>>, Error>;
+
+    /// The query's rows, locked by `lock`.
+    #[doc(hidden)]
+    fn rows(&self, conn: &mut C, lock: Option<LockClause>) -> diesel::QueryResult<Vec<R>>;
+}
+
+impl<'q, Q, C, R> LockQuery<'q, C, R> for Q
+where
+    Q: Clone,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable,
+    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
+    Locked<Q>: LoadQuery<'q, C, R>,
+{
+    fn locked_table(&self) -> Result<Option<std::sync::Arc<str>>, Error> {
+        lock_target::<_, C::Backend>(&R::table())
+    }
+
+    fn rows(&self, conn: &mut C, lock: Option<LockClause>) -> diesel::QueryResult<Vec<R>> {
+        diesel::RunQueryDsl::load(
+            Locked {
+                query: self.clone(),
+                clause: lock,
+            },
+            conn,
+        )
+    }
+}

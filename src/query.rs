@@ -1,0 +1,253 @@
+//! Query fragments this crate adds to the caller's queries.
+//!
+//! Diesel's own locking clauses cannot be named in generic code (their marker types
+//! are private) and boxed queries cannot be locked at all, so [`Locked`] appends the
+//! clause itself, to any query, rendered by the backend.
+
+use diesel::backend::Backend;
+use diesel::expression::{is_aggregate, AppearsOnTable, Expression, ValidGrouping};
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::sql_types::{Bool, SingleValue};
+use diesel::{QueryResult, RunQueryDsl};
+
+use crate::backend::ClaimBackend;
+
+/// How strongly a row is locked (PostgreSQL `FOR …` clauses).
+///
+/// The default, [`NoKeyUpdate`](LockStrength::NoKeyUpdate), is the weakest lock that
+/// still excludes every other claimer and every `UPDATE` of the row, while letting
+/// foreign-key inserts that reference the row go ahead. SQLite has no row locks and
+/// ignores the strength: it always takes the database write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LockStrength {
+    /// `FOR UPDATE`: also blocks foreign-key checks (`FOR KEY SHARE`) on the row.
+    Update,
+    /// `FOR NO KEY UPDATE`: excludes writers and other lockers, not FK checks.
+    #[default]
+    NoKeyUpdate,
+    /// `FOR SHARE`: shared with other `FOR SHARE` readers, excludes writers.
+    Share,
+    /// `FOR KEY SHARE`: only excludes deletes and key updates.
+    KeyShare,
+}
+
+/// What to do when the row is already locked by another transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnLocked {
+    /// Leave it to whoever holds it (`SKIP LOCKED`).
+    Skip,
+    /// Return [`Error::LockNotAvailable`](crate::Error::LockNotAvailable) at once.
+    Fail,
+    /// Wait for the lock (bounded only by the session's `lock_timeout`).
+    Wait,
+}
+
+/// A row-locking clause: strength, wait policy, and the table it is restricted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockClause {
+    pub strength: LockStrength,
+    /// `SKIP LOCKED` when true, otherwise wait. [`OnLocked::Fail`] is carried out as a
+    /// skip followed by an unlocked existence check, which tells "locked" from "gone"
+    /// without an error that would abort the caller's transaction.
+    pub skip_locked: bool,
+    /// Unqualified name of the only table whose rows are locked (`OF …`).
+    pub of: Option<std::sync::Arc<str>>,
+}
+
+/// The caller's query with a locking clause appended.
+#[derive(Debug, Clone)]
+pub struct Locked<Q> {
+    pub query: Q,
+    /// `None` reads without locking: the existence check after a skipped row.
+    pub clause: Option<LockClause>,
+}
+
+impl<Q: QueryId> QueryId for Locked<Q> {
+    type QueryId = ();
+    // The clause varies at run time; Diesel then caches the statement by its SQL.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Q: Query> Query for Locked<Q> {
+    type SqlType = Q::SqlType;
+}
+
+impl<Q, DB> QueryFragment<DB> for Locked<Q>
+where
+    DB: ClaimBackend,
+    Q: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.query.walk_ast(out.reborrow())?;
+        match &self.clause {
+            Some(clause) => DB::walk_lock_clause(clause, out),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<Q, Conn> RunQueryDsl<Conn> for Locked<Q> {}
+
+/// `column > cursor`, or `TRUE` on the first page: keyset pagination over the
+/// primary key with a single statement shape per page position.
+#[derive(Debug, Clone, Copy)]
+pub struct After<Column, Cursor> {
+    pub column: Column,
+    pub cursor: Option<Cursor>,
+}
+
+impl<Column, Cursor> Expression for After<Column, Cursor>
+where
+    Column: Expression,
+    Column::SqlType: SingleValue,
+{
+    type SqlType = Bool;
+}
+
+impl<Column, Cursor, QS> AppearsOnTable<QS> for After<Column, Cursor>
+where
+    Self: Expression,
+    Column: AppearsOnTable<QS>,
+{
+}
+
+impl<Column, Cursor, GroupBy> ValidGrouping<GroupBy> for After<Column, Cursor> {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<Column, Cursor> QueryId for After<Column, Cursor> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Column, Cursor, DB> QueryFragment<DB> for After<Column, Cursor>
+where
+    DB: Backend,
+    Column: QueryFragment<DB> + Expression,
+    Cursor: diesel::serialize::ToSql<Column::SqlType, DB>,
+    Column::SqlType: diesel::sql_types::SqlType,
+    DB: diesel::sql_types::HasSqlType<Column::SqlType>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        match &self.cursor {
+            Some(cursor) => {
+                self.column.walk_ast(out.reborrow())?;
+                out.push_sql(" > ");
+                out.push_bind_param::<Column::SqlType, _>(cursor)
+            }
+            None => {
+                out.push_sql("1 = 1");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `SELECT <version> FROM <table> <where>`: reads the version of the row an update
+/// targeted, to tell a conflict from a missing row.
+#[derive(Debug, Clone)]
+pub struct VersionProbe<From, Where, Column> {
+    /// The table's `FROM` clause.
+    pub from: From,
+    pub where_clause: Where,
+    pub column: Column,
+}
+
+impl<Table, Where, Column> QueryId for VersionProbe<Table, Where, Column> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Table, Where, Column: Expression> Query for VersionProbe<Table, Where, Column> {
+    type SqlType = Column::SqlType;
+}
+
+impl<From, Where, Column, DB> QueryFragment<DB> for VersionProbe<From, Where, Column>
+where
+    DB: Backend,
+    From: QueryFragment<DB>,
+    Where: QueryFragment<DB>,
+    Column: diesel::Column,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("SELECT ");
+        out.push_identifier(Column::NAME)?;
+        out.push_sql(" FROM ");
+        self.from.walk_ast(out.reborrow())?;
+        self.where_clause.walk_ast(out.reborrow())
+    }
+}
+
+impl<Table, Where, Column, Conn> RunQueryDsl<Conn> for VersionProbe<Table, Where, Column> {}
+
+/// The table a locking clause is restricted to (`OF …`), on backends with row locks.
+pub fn lock_target<T, DB>(table: &T) -> Result<Option<std::sync::Arc<str>>, crate::Error>
+where
+    T: diesel::Table,
+    T::FromClause: QueryFragment<DB>,
+    DB: ClaimBackend,
+{
+    if !<DB as crate::backend::strategy::Strategy>::ROW_LOCKS {
+        return Ok(None);
+    }
+    Ok(Some(unqualified_table_name::<T, DB>(table)?.into()))
+}
+
+/// The unqualified name of a table, as `OF` needs it: the last identifier of its
+/// rendered `FROM` clause (`"orders"` or `"shop"."orders"` gives `orders`).
+fn unqualified_table_name<T, DB>(table: &T) -> QueryResult<String>
+where
+    T: diesel::Table,
+    T::FromClause: QueryFragment<DB>,
+    DB: ClaimBackend,
+{
+    use diesel::query_builder::QueryBuilder;
+    let mut builder = DB::query_builder();
+    table.from_clause().to_sql(&mut builder, &DB::default())?;
+    let rendered = builder.finish();
+    last_identifier(&rendered).ok_or_else(|| {
+        diesel::result::Error::QueryBuilderError(
+            format!("cannot find the table name in `{rendered}`").into(),
+        )
+    })
+}
+
+/// The last identifier of a dotted, possibly quoted name; quotes are `"` or `` ` ``
+/// and doubled inside a quoted name.
+fn last_identifier(name: &str) -> Option<String> {
+    let name = name.trim();
+    let Some(quote) = name.chars().last().filter(|c| *c == '"' || *c == '`') else {
+        return name.rsplit('.').next().filter(|s| !s.is_empty()).map(str::to_owned);
+    };
+    let body = &name[..name.len() - 1];
+    let mut identifier = String::new();
+    let mut chars = body.chars().rev().peekable();
+    while let Some(c) = chars.next() {
+        if c != quote {
+            identifier.push(c);
+        } else if chars.peek() == Some(&quote) {
+            chars.next();
+            identifier.push(quote);
+        } else {
+            return Some(identifier.chars().rev().collect());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_identifier;
+
+    #[test]
+    fn last_identifier_of_rendered_table_names() {
+        assert_eq!(last_identifier(r#""orders""#).as_deref(), Some("orders"));
+        assert_eq!(last_identifier(r#""shop"."orders""#).as_deref(), Some("orders"));
+        assert_eq!(last_identifier(r#""a""b"."c.""d""#).as_deref(), Some(r#"c."d"#));
+        assert_eq!(last_identifier("`shop`.`orders`").as_deref(), Some("orders"));
+        assert_eq!(last_identifier("shop.orders").as_deref(), Some("orders"));
+        assert_eq!(last_identifier(r#"unterminated""#), None);
+    }
+}

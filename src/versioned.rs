@@ -1,0 +1,280 @@
+//! Optimistic updates guarded by a version column, and the retry helper.
+
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
+
+use diesel::connection::Connection;
+use diesel::dsl;
+use diesel::expression::AsExpression;
+use diesel::prelude::*;
+use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget, QueryFragment};
+use diesel::query_dsl::methods::{ExecuteDsl, FilterDsl};
+use diesel::query_dsl::LoadQuery;
+use diesel::sql_types::SingleValue;
+
+use crate::backend::ClaimBackend;
+use crate::query::VersionProbe;
+use crate::Error;
+
+/// An integer type a version column can hold. Incrementing past its maximum is
+/// [`Error::VersionOverflow`], never a wrap.
+pub trait Version: Copy + Into<i64> + sealed::Sealed {
+    /// The next version, or `None` at the type's maximum.
+    fn next(self) -> Option<Self>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for i16 {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
+}
+
+macro_rules! impl_version {
+    ($($t:ty)*) => {$(
+        impl Version for $t {
+            fn next(self) -> Option<Self> {
+                self.checked_add(1)
+            }
+        }
+    )*};
+}
+impl_version!(i16 i32 i64);
+
+/// Adds [`update_versioned`](VersionedDsl::update_versioned) to everything
+/// `diesel::update` accepts: `table.find(id)`, `table.filter(…)`, `&model`.
+pub trait VersionedDsl: IntoUpdateTarget + Clone {
+    /// Prepares `UPDATE … SET <changes>, <version> = expected + 1 WHERE <self> AND
+    /// <version> = expected`; run it with [`VersionedUpdate::execute`] or
+    /// [`VersionedUpdate::get_result`].
+    ///
+    /// Zero rows updated is never `Ok`: it is [`Error::VersionConflict`] when the
+    /// row is there at another version, [`Error::NotFound`] when it is gone. The
+    /// target should identify one row.
+    fn update_versioned<Col, V, Changes>(
+        self,
+        version_column: Col,
+        expected: V,
+        changes: Changes,
+    ) -> VersionedUpdate<Self, Col, V, Changes>
+    where
+        Col: Column<Table = Self::Table>,
+        V: Version,
+    {
+        VersionedUpdate {
+            target: self,
+            version_column,
+            expected,
+            changes,
+        }
+    }
+}
+
+impl<T: IntoUpdateTarget + Clone> VersionedDsl for T {}
+
+/// A version-checked update, made by [`VersionedDsl::update_versioned`].
+#[derive(Debug, Clone)]
+#[must_use = "a versioned update does nothing until it is executed"]
+pub struct VersionedUpdate<Target, Col, V, Changes> {
+    target: Target,
+    version_column: Col,
+    expected: V,
+    changes: Changes,
+}
+
+type Bump<Col, V> = dsl::Eq<Col, V>;
+type Statement<Target, Col, V, Changes> = dsl::Filter<
+    dsl::Update<Target, (Changes, Bump<Col, V>)>,
+    dsl::Eq<Col, V>,
+>;
+
+impl<Target, Col, V, Changes> VersionedUpdate<Target, Col, V, Changes>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType>,
+    Changes: AsChangeset<Target = Target::Table> + Clone,
+    (Changes, Bump<Col, V>): AsChangeset<Target = Target::Table>,
+    dsl::Update<Target, (Changes, Bump<Col, V>)>: AsQuery,
+    dsl::Update<Target, (Changes, Bump<Col, V>)>: FilterDsl<dsl::Eq<Col, V>>,
+{
+    /// Runs the update and returns the new version.
+    pub fn execute<C>(self, conn: &mut C) -> Result<V, Error>
+    where
+        C: Connection,
+        C::Backend: ClaimBackend,
+        Changes::Changeset: QueryFragment<C::Backend>,
+        Statement<Target, Col, V, Changes>: ExecuteDsl<C>,
+        VersionProbe<
+            <Target::Table as diesel::QuerySource>::FromClause,
+            Target::WhereClause,
+            Col,
+        >: LoadQuery<'static, C, V>,
+    {
+        let (statement, next) = self.statement::<C::Backend>()?;
+        match ExecuteDsl::execute(statement, conn)? {
+            0 => Err(self.explain_no_match(conn)),
+            _ => Ok(next),
+        }
+    }
+
+    /// Runs the update and returns the updated row (`RETURNING`).
+    pub fn get_result<R, C>(self, conn: &mut C) -> Result<R, Error>
+    where
+        C: Connection,
+        C::Backend: ClaimBackend,
+        Changes::Changeset: QueryFragment<C::Backend>,
+        Statement<Target, Col, V, Changes>: LoadQuery<'static, C, R>,
+        VersionProbe<
+            <Target::Table as diesel::QuerySource>::FromClause,
+            Target::WhereClause,
+            Col,
+        >: LoadQuery<'static, C, V>,
+    {
+        let (statement, _) = self.statement::<C::Backend>()?;
+        match statement.get_result(conn).optional()? {
+            Some(row) => Ok(row),
+            None => Err(self.explain_no_match(conn)),
+        }
+    }
+
+    fn statement<DB>(&self) -> Result<(Statement<Target, Col, V, Changes>, V), Error>
+    where
+        DB: diesel::backend::Backend + Default,
+        Changes::Changeset: QueryFragment<DB>,
+    {
+        // An empty changeset would only bump the version: a no-op that other
+        // writers would see as a conflict.
+        if self.changes.clone().as_changeset().is_noop(&DB::default())? {
+            return Err(Error::InvalidArgument(
+                "the changeset is empty: a versioned update must change something".to_owned(),
+            ));
+        }
+        let next = self
+            .expected
+            .next()
+            .ok_or(Error::VersionOverflow(self.expected.into()))?;
+        let column = self.version_column;
+        let statement = diesel::update(self.target.clone())
+            .set((self.changes.clone(), column.eq(next)))
+            .filter(column.eq(self.expected));
+        Ok((statement, next))
+    }
+
+    /// Reads the row's version to tell a conflict from a missing row.
+    fn explain_no_match<C>(&self, conn: &mut C) -> Error
+    where
+        C: Connection,
+        VersionProbe<
+            <Target::Table as diesel::QuerySource>::FromClause,
+            Target::WhereClause,
+            Col,
+        >: LoadQuery<'static, C, V>,
+    {
+        let target = self.target.clone().into_update_target();
+        let probe = VersionProbe {
+            from: target.table.from_clause(),
+            where_clause: target.where_clause,
+            column: self.version_column,
+        };
+        match probe.get_result::<V>(conn).optional() {
+            Ok(Some(actual)) => Error::VersionConflict {
+                expected: self.expected.into(),
+                actual: Some(actual.into()),
+            },
+            Ok(None) => Error::NotFound,
+            Err(error) => Error::from(error),
+        }
+    }
+}
+
+/// How often and how patiently [`retry`] tries again.
+///
+/// Attempt `n` (from 1) that fails with a transient error sleeps a random time
+/// up to `min(max_backoff, initial_backoff × 2ⁿ⁻¹)` ("full jitter") before the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (at least 1).
+    pub max_attempts: u32,
+    /// Upper bound of the first backoff.
+    pub initial_backoff: Duration,
+    /// Upper bound of every backoff.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 16 attempts, backoff from up to 1 ms growing to at most 250 ms.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 16,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(250),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A policy of `max_attempts` attempts with the default backoff.
+    pub fn attempts(max_attempts: u32) -> Self {
+        RetryPolicy {
+            max_attempts,
+            ..RetryPolicy::default()
+        }
+    }
+
+    fn backoff(&self, attempt: u32, jitter: &RandomState) -> Duration {
+        let ceiling = self
+            .initial_backoff
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+            .min(self.max_backoff);
+        let random = jitter.hash_one(attempt);
+        ceiling.mul_f64(random as f64 / u64::MAX as f64)
+    }
+}
+
+/// Errors [`retry`] knows to be transient.
+pub trait Transient {
+    /// Whether running the operation again may succeed.
+    fn is_transient(&self) -> bool;
+}
+
+impl Transient for Error {
+    fn is_transient(&self) -> bool {
+        Error::is_transient(self)
+    }
+}
+
+impl Transient for diesel::result::Error {
+    fn is_transient(&self) -> bool {
+        crate::is_deadlock(self) || crate::is_serialization_failure(self)
+    }
+}
+
+/// Runs `operation` until it succeeds, fails with an error that is not
+/// [transient](Transient), or has been tried `policy.max_attempts` times; then
+/// returns its last result.
+///
+/// Each attempt must re-read what it depends on: on a version conflict the row
+/// changed since it was read. Transient errors are version conflicts, deadlocks
+/// and serialization failures. Run it outside a transaction (or make `operation`
+/// a transaction of its own): PostgreSQL aborts the surrounding transaction on a
+/// deadlock, and every later attempt inside it would fail.
+pub fn retry<C, T, E, F>(conn: &mut C, policy: RetryPolicy, mut operation: F) -> Result<T, E>
+where
+    F: FnMut(&mut C) -> Result<T, E>,
+    E: Transient,
+{
+    let jitter = RandomState::new();
+    let mut attempt = 1;
+    loop {
+        match operation(conn) {
+            Err(error) if error.is_transient() && attempt < policy.max_attempts => {
+                std::thread::sleep(policy.backoff(attempt, &jitter));
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
