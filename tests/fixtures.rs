@@ -1,0 +1,137 @@
+//! The shop schema the tests work on, and a macro that runs each test on every
+//! backend.
+
+use diesel::prelude::*;
+
+diesel::table! {
+    customers (id) {
+        id -> Integer,
+        name -> Text,
+        vip -> Bool,
+    }
+}
+
+diesel::table! {
+    orders (id) {
+        id -> Integer,
+        customer_id -> Nullable<Integer>,
+        shipped -> Bool,
+        email_sent -> Bool,
+    }
+}
+
+diesel::table! {
+    outbox (id) {
+        id -> Integer,
+        order_id -> Integer,
+        worker -> Integer,
+    }
+}
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+        version -> Integer,
+    }
+}
+
+diesel::joinable!(orders -> customers (customer_id));
+diesel::joinable!(outbox -> orders (order_id));
+diesel::allow_tables_to_appear_in_same_query!(customers, orders, outbox, accounts);
+
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = orders)]
+pub struct Order {
+    pub id: i32,
+    pub customer_id: Option<i32>,
+    pub shipped: bool,
+    pub email_sent: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = accounts)]
+pub struct Account {
+    pub id: i32,
+    pub balance: i64,
+    pub version: i32,
+}
+
+pub const POSTGRES_SCHEMA: &str = "
+    CREATE TABLE customers (id SERIAL PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE);
+    CREATE TABLE orders (
+        id SERIAL PRIMARY KEY,
+        customer_id INTEGER REFERENCES customers (id),
+        shipped BOOLEAN NOT NULL DEFAULT TRUE,
+        email_sent BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE TABLE outbox (id SERIAL PRIMARY KEY, order_id INTEGER NOT NULL REFERENCES orders (id), worker INTEGER NOT NULL);
+    CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
+";
+
+pub const SQLITE_SCHEMA: &str = "
+    CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE);
+    CREATE TABLE orders (
+        id INTEGER PRIMARY KEY,
+        customer_id INTEGER REFERENCES customers (id),
+        shipped BOOLEAN NOT NULL DEFAULT TRUE,
+        email_sent BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE TABLE outbox (id INTEGER PRIMARY KEY, order_id INTEGER NOT NULL REFERENCES orders (id), worker INTEGER NOT NULL);
+    CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
+";
+
+/// Expands its test functions once per enabled backend, in modules `pg` and
+/// `sqlite`. Inside, `Conn` is the backend's connection type, `Pool` its r2d2
+/// pool, `ROW_LOCKS` says whether it has row locks, and `test_db(size)` gives a
+/// fresh database with the shop schema and the crate's migrations, plus a pool
+/// of `size` connections to it.
+macro_rules! on_every_backend {
+    ($($tests:tt)*) => {
+        #[cfg(feature = "postgres")]
+        mod pg {
+            #![allow(unused_imports, dead_code)]
+            use super::*;
+            pub type Conn = diesel::PgConnection;
+            pub type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>;
+            pub const ROW_LOCKS: bool = true;
+
+            pub fn test_db(size: u32) -> (crate::common::PgTestDb, Pool) {
+                let db = crate::common::PgTestDb::new();
+                let pool = crate::common::pg_pool(&db.url, size);
+                crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::POSTGRES_SCHEMA);
+                (db, pool)
+            }
+
+            $($tests)*
+        }
+
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            #![allow(unused_imports, dead_code)]
+            use super::*;
+            pub type Conn = diesel::SqliteConnection;
+            pub type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>;
+            pub const ROW_LOCKS: bool = false;
+
+            pub fn test_db(size: u32) -> (crate::common::SqliteTestDb, Pool) {
+                let db = crate::common::SqliteTestDb::new();
+                let pool = crate::common::sqlite_pool(&db.url, size);
+                crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::SQLITE_SCHEMA);
+                (db, pool)
+            }
+
+            $($tests)*
+        }
+    };
+}
+pub(crate) use on_every_backend;
+
+pub fn create_schema<C>(conn: &mut C, schema: &str)
+where
+    C: diesel::Connection + diesel_migrations::MigrationHarness<C::Backend>,
+    C::Backend: diesel_claim::ClaimBackend,
+{
+    conn.batch_execute(schema).expect("cannot create the test schema");
+    diesel_claim::run_migrations(conn).expect("cannot run diesel-claim's migrations");
+}
