@@ -1,30 +1,327 @@
 //! Claiming: each row at most once, across workers.
 
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use diesel::connection::{Instrumentation, InstrumentationEvent};
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{ClaimReport, Error};
 
-use crate::fixtures::{on_every_backend, orders, outbox, Order};
+use crate::fixtures::{customers, on_every_backend, orders, outbox, Order};
 
-on_every_backend! {
-    #[test]
-    fn smoke() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        diesel::insert_into(orders::table)
-            .values(vec![orders::shipped.eq(true); 10])
-            .execute(&mut conn)
-            .unwrap();
-        let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
-        let report = pending.claim_each(&mut conn, |conn, order: Order| {
-            diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
-            diesel::insert_into(outbox::table)
-                .values((outbox::order_id.eq(order.id), outbox::worker.eq(0)))
-                .execute(conn)?;
-            Ok::<_, Error>(())
-        }).unwrap();
-        assert_eq!((report.processed, report.skipped), (10, 0));
-        let again: ClaimReport = pending.claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(())).unwrap();
-        assert_eq!(again.processed, 0);
+fn pending() -> diesel::dsl::Filter<
+    diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
+    diesel::dsl::Eq<orders::email_sent, bool>,
+> {
+    orders::table
+        .filter(orders::shipped.eq(true))
+        .filter(orders::email_sent.eq(false))
+}
+
+/// Records the SQL a connection sends and the transactions it opens.
+#[derive(Clone, Default)]
+struct StatementLog(Arc<Mutex<Vec<String>>>);
+
+impl StatementLog {
+    fn entries(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
     }
 }
+
+impl Instrumentation for StatementLog {
+    fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        let entry = match event {
+            InstrumentationEvent::StartQuery { query, .. } => format!("query: {query}"),
+            InstrumentationEvent::BeginTransaction { .. } => "begin".to_owned(),
+            _ => return,
+        };
+        self.0.lock().unwrap().push(entry);
+    }
+}
+
+on_every_backend! {
+    /// Inserts `count` shipped orders whose email is not sent yet.
+    fn insert_pending(conn: &mut Conn, count: usize) {
+        for chunk in vec![(orders::shipped.eq(true),); count].chunks(500) {
+            diesel::insert_into(orders::table)
+                .values(chunk.to_vec())
+                .execute(conn)
+                .expect("cannot insert orders");
+        }
+    }
+
+    /// "Sends" the email: one outbox row, then marks the order done.
+    fn send_email(conn: &mut Conn, order: &Order, worker: i32) -> QueryResult<()> {
+        diesel::insert_into(outbox::table)
+            .values((outbox::order_id.eq(order.id), outbox::worker.eq(worker)))
+            .execute(conn)?;
+        diesel::update(order)
+            .set(orders::email_sent.eq(true))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// `(emails sent, orders emailed more than once, shipped orders still pending)`.
+    fn email_figures(conn: &mut Conn) -> (i64, i64, i64) {
+        let sent: i64 = outbox::table.count().get_result(conn).unwrap();
+        let distinct: i64 = outbox::table
+            .select(outbox::order_id)
+            .distinct()
+            .load::<i32>(conn)
+            .unwrap()
+            .len() as i64;
+        let left: i64 = pending().count().get_result(conn).unwrap();
+        (sent, sent - distinct, left)
+    }
+    /// Orders, workers (and pool size) for the concurrent drain: SQLite commits
+    /// one writer at a time, so it gets a smaller run.
+    const WORKERS: usize = if ROW_LOCKS { 8 } else { 4 };
+    const ORDERS: usize = if ROW_LOCKS { 2_000 } else { 400 };
+
+    /// Workers each draining the same query: duplicates 0, leftovers 0. Without
+    /// the lock, `naive_workers_process_rows_twice` shows the same workload
+    /// double-processing.
+    #[test]
+    fn concurrent_workers_process_each_row_exactly_once() {
+        let (_db, pool) = test_db(WORKERS as u32 + 1);
+        insert_pending(&mut pool.get().unwrap(), ORDERS);
+
+        let start = Barrier::new(WORKERS);
+        let reports: Vec<ClaimReport> = thread::scope(|scope| {
+            let workers: Vec<_> = (0..WORKERS)
+                .map(|worker| {
+                    let (pool, start) = (&pool, &start);
+                    scope.spawn(move || {
+                        let mut conn = pool.get().unwrap();
+                        start.wait();
+                        pending()
+                            .claim_each(&mut conn, |conn, order: Order| {
+                                send_email(conn, &order, worker as i32)?;
+                                Ok::<_, Error>(())
+                            })
+                            .unwrap()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+
+        let mut conn = pool.get().unwrap();
+        let (sent, duplicates, left) = email_figures(&mut conn);
+        let processed: u64 = reports.iter().map(|r| r.processed).sum();
+        let busy_workers = reports.iter().filter(|r| r.processed > 0).count();
+        eprintln!(
+            "{WORKERS} workers, {ORDERS} orders: processed {processed}, emails {sent}, \
+             duplicates {duplicates}, left {left}, workers that claimed rows {busy_workers}"
+        );
+        assert_eq!((sent, duplicates, left), (ORDERS as i64, 0, 0));
+        assert_eq!(processed, ORDERS as u64);
+    }
+
+    /// The control for the test above: the same workload with the re-check but
+    /// without the lock sends some emails twice, so the figures above would catch
+    /// a claim that stopped locking.
+    #[test]
+    fn naive_workers_process_rows_twice() {
+        let (_db, pool) = test_db(5);
+        insert_pending(&mut pool.get().unwrap(), 100);
+        let start = Barrier::new(4);
+        thread::scope(|scope| {
+            for worker in 0..4 {
+                let (pool, start) = (&pool, &start);
+                scope.spawn(move || {
+                    let mut conn = pool.get().unwrap();
+                    start.wait();
+                    let candidates: Vec<i32> = pending().select(orders::id).load(&mut conn).unwrap();
+                    for id in candidates {
+                        let still_pending: Option<Order> = pending()
+                            .filter(orders::id.eq(id))
+                            .select(Order::as_select())
+                            .first(&mut conn)
+                            .optional()
+                            .unwrap();
+                        if let Some(order) = still_pending {
+                            thread::sleep(Duration::from_millis(1));
+                            send_email(&mut conn, &order, worker).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let (_, duplicates, left) = email_figures(&mut pool.get().unwrap());
+        eprintln!("without the lock: {duplicates} orders emailed more than once");
+        assert_eq!(left, 0);
+        assert!(duplicates > 0, "the unlocked control should double-process");
+    }
+
+    #[test]
+    fn nothing_pending_is_one_query_and_no_transaction() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let report = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(())).unwrap();
+        assert_eq!((report.processed, report.skipped, report.passes), (0, 0, 1));
+        let entries = log.entries();
+        assert_eq!(entries.len(), 1, "{entries:#?}");
+        assert!(entries[0].starts_with("query: SELECT"), "{entries:#?}");
+    }
+
+    #[test]
+    fn closure_error_rolls_back_that_row_and_ends_the_call() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 5);
+        let result = pending().claim_each(&mut conn, |conn, order: Order| {
+            send_email(conn, &order, 0)?;
+            if order.id == 3 {
+                return Err(Error::InvalidArgument("mail server down".into()));
+            }
+            Ok(())
+        });
+        assert!(matches!(result, Err(Error::InvalidArgument(message)) if message == "mail server down"));
+        let still_pending: Vec<i32> = pending().select(orders::id).load(&mut conn).unwrap();
+        assert_eq!(still_pending, [3, 4, 5]);
+        let emails: Vec<i32> = outbox::table.select(outbox::order_id).order(outbox::order_id).load(&mut conn).unwrap();
+        assert_eq!(emails, [1, 2], "the failed row's write is rolled back");
+    }
+
+    #[test]
+    fn panic_rolls_back_and_leaves_the_connection_usable() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pending().claim_each(&mut conn, |conn, order: Order| {
+                send_email(conn, &order, 0)?;
+                panic!("worker bug");
+                #[allow(unreachable_code)]
+                Ok::<_, Error>(())
+            })
+        }));
+        assert!(panicked.is_err());
+        // Not left in a transaction: claiming again is allowed and finds both.
+        let mut seen = Vec::new();
+        let report = pending()
+            .claim_each(&mut conn, |_, order: Order| {
+                seen.push(order.id);
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!((report.processed, seen), (2, vec![1, 2]));
+        let emails: i64 = outbox::table.count().get_result(&mut conn).unwrap();
+        assert_eq!(emails, 0, "no partial write survives the panic");
+    }
+
+    #[test]
+    fn max_rows_caps_the_call_and_small_pages_see_every_row() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let capped = pending()
+            .build_claim()
+            .max_rows(3)
+            .each(&mut conn, |conn, order: Order| Ok::<_, Error>(send_email(conn, &order, 0)?))
+            .unwrap();
+        assert_eq!(capped.processed, 3);
+        let rest = pending()
+            .build_claim()
+            .page_size(3)
+            .each(&mut conn, |conn, order: Order| Ok::<_, Error>(send_email(conn, &order, 0)?))
+            .unwrap();
+        assert_eq!(rest.processed, 7);
+        assert_eq!(email_figures(&mut conn), (10, 0, 0));
+    }
+
+    /// A closure that forgets to clear the filter must not loop: each row once per
+    /// call, with or without draining.
+    #[test]
+    fn a_row_left_matching_is_processed_once_per_call() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 5);
+        for claim in [pending().build_claim(), pending().build_claim().drain()] {
+            let mut seen = Vec::new();
+            let report = claim
+                .page_size(2)
+                .each(&mut conn, |_, order: Order| {
+                    seen.push(order.id);
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            assert_eq!(seen, [1, 2, 3, 4, 5]);
+            assert_eq!(report.processed, 5);
+        }
+    }
+
+    #[test]
+    fn join_queries_claim_the_selected_table() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        diesel::insert_into(customers::table)
+            .values(vec![
+                (customers::name.eq("ada"), customers::vip.eq(true)),
+                (customers::name.eq("bob"), customers::vip.eq(false)),
+            ])
+            .execute(&mut conn)
+            .unwrap();
+        diesel::insert_into(orders::table)
+            .values(vec![orders::customer_id.eq(Some(1)), orders::customer_id.eq(Some(2))])
+            .execute(&mut conn)
+            .unwrap();
+        let vip_pending = pending()
+            .inner_join(customers::table)
+            .filter(customers::vip.eq(true))
+            .select(Order::as_select());
+        let mut seen = Vec::new();
+        vip_pending
+            .claim_each(&mut conn, |conn, order: Order| {
+                seen.push(order.id);
+                send_email(conn, &order, 0)?;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(seen, [1]);
+    }
+
+    #[test]
+    fn bad_options_and_call_sites_are_rejected_before_any_sql() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let run = |claim: diesel_claim::ClaimBuilder<_>, conn: &mut Conn| {
+            claim.each(conn, |_, _: Order| Ok::<_, Error>(()))
+        };
+        for claim in [
+            pending().build_claim().skip_locked().nowait(),
+            pending().build_claim().nowait().wait(),
+            pending().build_claim().max_rows(0),
+            pending().build_claim().page_size(0),
+        ] {
+            assert!(matches!(run(claim, &mut conn), Err(Error::InvalidArgument(_))));
+        }
+        assert_eq!(log.entries(), Vec::<String>::new());
+
+        // Inside a transaction every row's lock would be held to the end.
+        let inside = conn.transaction(|conn| {
+            Ok::<_, Error>(pending().claim_each(conn, |_, _: Order| Ok::<_, Error>(())))
+        });
+        assert!(matches!(inside, Ok(Err(Error::InvalidArgument(_)))));
+    }
+
+    /// Works with `E = diesel::result::Error` too.
+    #[test]
+    fn closures_may_return_diesel_errors() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let report = pending()
+            .claim_each(&mut conn, |conn, order: Order| send_email(conn, &order, 0))
+            .unwrap();
+        assert_eq!(report.processed, 2);
+    }
+}
+
