@@ -43,7 +43,7 @@ impl Instrumentation for StatementLog {
 
 on_every_backend! {
     /// Inserts `count` shipped orders whose email is not sent yet.
-    fn insert_pending(conn: &mut Conn, count: usize) {
+    pub fn insert_pending(conn: &mut Conn, count: usize) {
         for chunk in vec![(orders::shipped.eq(true),); count].chunks(500) {
             diesel::insert_into(orders::table)
                 .values(chunk.to_vec())
@@ -53,7 +53,7 @@ on_every_backend! {
     }
 
     /// "Sends" the email: one outbox row, then marks the order done.
-    fn send_email(conn: &mut Conn, order: &Order, worker: i32) -> QueryResult<()> {
+    pub fn send_email(conn: &mut Conn, order: &Order, worker: i32) -> QueryResult<()> {
         diesel::insert_into(outbox::table)
             .values((outbox::order_id.eq(order.id), outbox::worker.eq(worker)))
             .execute(conn)?;
@@ -325,3 +325,176 @@ on_every_backend! {
     }
 }
 
+
+/// Row-lock behaviour only PostgreSQL has.
+#[cfg(feature = "postgres")]
+mod pg_row_locks {
+    use std::sync::mpsc;
+
+    use diesel::connection::SimpleConnection;
+    use diesel_claim::LockStrength;
+
+    use super::pg::{insert_pending, send_email, test_db, Pool};
+    use super::*;
+
+    /// Runs `sql` in a transaction on its own connection and holds what it locks
+    /// until the returned sender is dropped or signalled.
+    fn hold(pool: &Pool, sql: &str) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
+        let (locked_tx, locked_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let mut conn = pool.get().unwrap();
+        let sql = sql.to_owned();
+        let holder = thread::spawn(move || {
+            conn.batch_execute(&format!("BEGIN; {sql}")).unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+            conn.batch_execute("COMMIT").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        (release_tx, holder)
+    }
+
+    #[test]
+    fn locked_rows_are_skipped_by_default() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR UPDATE");
+        let report = pending()
+            .claim_each(&mut conn, |conn, order: Order| Ok::<_, Error>(send_email(conn, &order, 0)?))
+            .unwrap();
+        assert_eq!((report.processed, report.skipped), (2, 1));
+        drop(release);
+        holder.join().unwrap();
+        let left: Vec<i32> = pending().select(orders::id).load(&mut conn).unwrap();
+        assert_eq!(left, [2], "at most once may be zero times: the locked row is left");
+    }
+
+    /// Even `FOR SHARE` and `FOR KEY SHARE` holders never block a skip-locked claim.
+    #[test]
+    fn shared_lock_holders_do_not_block_the_claim() {
+        let (_db, pool) = test_db(3);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let (share, share_holder) = hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR SHARE");
+        let (key_share, key_share_holder) =
+            hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR KEY SHARE");
+        conn.batch_execute("SET lock_timeout = '2s'").unwrap();
+        let report = pending()
+            .claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()))
+            .unwrap();
+        // FOR SHARE conflicts with FOR NO KEY UPDATE: skipped, not waited for.
+        // FOR KEY SHARE does not conflict: claimed.
+        assert_eq!((report.processed, report.skipped), (1, 1));
+        drop((share, key_share));
+        share_holder.join().unwrap();
+        key_share_holder.join().unwrap();
+    }
+
+    #[test]
+    fn nowait_fails_on_a_locked_row_with_a_typed_error() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR UPDATE");
+        let result = pending()
+            .build_claim()
+            .nowait()
+            .each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
+        assert!(matches!(result, Err(Error::LockNotAvailable)), "{result:?}");
+        drop(release);
+        holder.join().unwrap();
+        // The connection is clean and the rows are still there to claim.
+        let report = pending()
+            .build_claim()
+            .nowait()
+            .each(&mut conn, |_, _: Order| Ok::<_, Error>(()))
+            .unwrap();
+        assert_eq!(report.processed, 2);
+    }
+
+    /// Scenario "double check": a row changed by its lock holder no longer matches
+    /// once the lock is released, and a waiting claimer must not process it.
+    #[test]
+    fn waiting_claimers_recheck_the_filter_after_the_lock_is_released() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let (release, holder) = hold(
+            &pool,
+            "UPDATE orders SET email_sent = TRUE WHERE id = 1",
+        );
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(200));
+            drop(release);
+        });
+        let mut seen = Vec::new();
+        let report = pending()
+            .build_claim()
+            .wait()
+            .each(&mut conn, |_, order: Order| {
+                seen.push(order.id);
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        releaser.join().unwrap();
+        holder.join().unwrap();
+        assert_eq!(seen, [2]);
+        assert_eq!((report.processed, report.skipped), (1, 1));
+    }
+
+    /// While a row is claimed through a join, the joined customer can still be
+    /// updated (`OF orders`), and an outbox row referencing the claimed order can
+    /// still be inserted (`FOR NO KEY UPDATE` lets FK checks through). With
+    /// `FOR UPDATE` the same insert is blocked: the check has teeth.
+    #[test]
+    fn claims_block_neither_joined_rows_nor_foreign_key_inserts() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        conn.batch_execute(
+            "INSERT INTO customers (name, vip) VALUES ('ada', TRUE); \
+             INSERT INTO orders (customer_id) VALUES (1), (1);",
+        )
+        .unwrap();
+        let vip_pending = || {
+            pending()
+                .inner_join(customers::table)
+                .filter(customers::vip.eq(true))
+                .select(Order::as_select())
+        };
+        let mut other = pool.get().unwrap();
+        other.batch_execute("SET lock_timeout = '500ms'").unwrap();
+
+        let mut outcomes = Vec::new();
+        vip_pending()
+            .build_claim()
+            .max_rows(1)
+            .each(&mut conn, |_, order: Order| {
+                let customer_update = diesel::update(customers::table.find(1))
+                    .set(customers::name.eq("ada lovelace"))
+                    .execute(&mut other);
+                let fk_insert = diesel::insert_into(outbox::table)
+                    .values((outbox::order_id.eq(order.id), outbox::worker.eq(9)))
+                    .execute(&mut other);
+                outcomes.push((customer_update.is_ok(), fk_insert.is_ok()));
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(outcomes, [(true, true)]);
+
+        let mut blocked_insert = None;
+        vip_pending()
+            .build_claim()
+            .strength(LockStrength::Update)
+            .max_rows(1)
+            .each(&mut conn, |_, order: Order| {
+                let insert = diesel::insert_into(outbox::table)
+                    .values((outbox::order_id.eq(order.id), outbox::worker.eq(9)))
+                    .execute(&mut other);
+                blocked_insert = Some(insert.map_err(|e| diesel_claim::is_lock_not_available(&e)));
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(blocked_insert, Some(Err(true)), "FOR UPDATE blocks the FK check");
+    }
+}
