@@ -1,5 +1,199 @@
-//! diesel-claim (WIP)
+//! Concurrency control for Diesel queries: claim rows exactly once across
+//! workers, update without lost writes, lock rows, and hold named leases.
+//!
+//! The primary items are:
+//!
+//! - [`ClaimDsl::claim_each`]: process each row of a filtered query at most once,
+//!   whatever the number of workers, processes or machines.
+//! - [`VersionedDsl::update_versioned`] and [`retry`]: optimistic updates guarded
+//!   by a version column, with typed conflict and not-found outcomes.
+//! - [`LockDsl::with_lock`]: pessimistic row locks for the duration of a closure.
+//! - [`with_lease`] and [`Lease`]: named locks in the database, with a TTL by the
+//!   database clock, owner-checked release and fencing tokens.
+//! - [`Error`]: one error type whose variants say what happened.
+//!
+//! `use diesel_claim::prelude::*;` brings the extension traits into scope.
+//!
+//! # Feature flags
+//!
+//! No backend is enabled by default; enable the ones you use:
+//!
+//! - `postgres`: [`diesel::pg::Pg`], with row locks (`FOR … SKIP LOCKED`).
+//! - `sqlite`: [`diesel::sqlite::Sqlite`], with the database write lock
+//!   (`BEGIN IMMEDIATE`). Needs SQLite 3.35 or later (`RETURNING`).
+//!
+//! | | PostgreSQL | SQLite |
+//! |---|---|---|
+//! | [`claim_each`](ClaimDsl::claim_each) | row locks: `SKIP LOCKED`, fail at once, or wait; `OF <table>` | `BEGIN IMMEDIATE` per row: workers queue instead of skipping |
+//! | [`update_versioned`](VersionedDsl::update_versioned) | yes | yes |
+//! | [`with_lock`](LockDsl::with_lock) | row locks | `BEGIN IMMEDIATE` |
+//! | leases | table (+ [`advisory`] locks) | table |
+//!
+//! Every function takes `&mut C where C: Connection`, so pooled connections
+//! (`diesel::r2d2`) work as they are.
+//!
+//! # Claiming: `claim_each`
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let pending = orders::table
+//!     .filter(orders::shipped.eq(true))
+//!     .filter(orders::email_sent.eq(false));
+//!
+//! let report = pending.claim_each(&mut conn, |conn, order: Order| {
+//!     send_shipped_email(&order)?;
+//!     diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!     Ok::<_, diesel_claim::Error>(())
+//! })?;
+//! assert_eq!((report.processed, report.skipped), (2, 0));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! This is double-checked locking. An unlocked read pages through the query's
+//! primary keys (so nothing pending costs one query and no transaction, and memory
+//! does not grow with the number of pending rows). Then, per candidate, in a
+//! transaction of its own, the *same* query restricted to that key is re-run under
+//! `FOR NO KEY UPDATE OF <table> SKIP LOCKED`; if the row still matches and nobody
+//! else holds it, the closure runs in that transaction, which then commits. The
+//! closure sees the row as it is under the lock, not as the unlocked read saw it.
+//!
+//! Options are set with [`build_claim`](ClaimDsl::build_claim): what to do with a
+//! locked row (skip, fail with [`Error::LockNotAvailable`], or wait and re-check),
+//! lock strength, a cap on processed rows, the page size, and draining (repeat
+//! until a pass claims nothing new, never processing a row twice in one call).
+//!
+//! Things to know, all of them consequences of the design:
+//!
+//! - **At most once, possibly zero times.** Under skip-locked, a row locked by
+//!   anyone else — another claimer, or an unrelated transaction holding
+//!   `FOR SHARE` — is skipped without error ([`ClaimReport::skipped`] counts them).
+//!   The claimer assumes everyone else is more important than itself. Run it again
+//!   (from the next job, or with [`drain`](ClaimBuilder::drain)), or use
+//!   [`nowait`](ClaimBuilder::nowait) to be told.
+//! - **Once per successful commit.** Side effects outside the database (an email)
+//!   happen before the commit; if the commit fails, the row stays pending and may
+//!   be processed again. Make such effects idempotent where you can.
+//! - **Clear the filter.** The closure must make the row stop matching (set the
+//!   flag) in its transaction; a row left matching is processed again by the next
+//!   call (never twice in one call).
+//! - **Outside a transaction.** Each row needs a transaction of its own; calling it
+//!   inside one is [`Error::InvalidArgument`].
+//! - **Isolation.** The re-check relies on `READ COMMITTED` (PostgreSQL's
+//!   default), where a locked row is re-read at its latest version. Under
+//!   `REPEATABLE READ` or `SERIALIZABLE`, a row changed since the transaction's
+//!   snapshot fails with [`Error::SerializationFailure`] instead, which is safe but
+//!   must be retried.
+//! - **Cost.** Per row: one locked read, the closure, and a commit; plus one
+//!   unlocked read per page. Workers spread the rows among themselves, but each
+//!   may try rows another already took. Index the pending predicate (for example
+//!   a partial index `WHERE NOT email_sent`) and the primary key.
+//! - **Joins lock one table.** Only the claimed table's rows are locked
+//!   (`OF <table>`), so a claim never blocks updates of joined rows. The rows'
+//!   type names that table (`#[derive(Identifiable)]`); with a join, select it
+//!   (`.select(Order::as_select())`). The query's own `ORDER BY` and `LIMIT` are
+//!   replaced by the key order and [`max_rows`](ClaimBuilder::max_rows).
+//! - **Never on a replica.** Candidates must be read from the primary: a lagging
+//!   replica only costs wasted re-checks, but the re-check must see the primary.
+//! - **Errors and panics.** An `Err` from the closure rolls back that row and ends
+//!   the call with it; rows committed before stay committed. A panic rolls back,
+//!   leaves no lock held and no transaction open, and resumes unwinding.
+//! - **SQLite** has no row locks: each row's transaction is `BEGIN IMMEDIATE`,
+//!   which takes the database write lock before the re-check. Still at most once;
+//!   claimers queue (set a `busy_timeout`) rather than skip, and the lock options
+//!   have no effect there.
+//!
+//! # Optimistic updates: `update_versioned`
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::{retry, Error, RetryPolicy};
+//!
+//! # fn main() -> Result<(), Error> {
+//! # let mut conn = establish_connection();
+//! let new_version = retry(&mut conn, RetryPolicy::default(), |conn| {
+//!     let account: Account = accounts::table.find(1).select(Account::as_select()).first(conn)?;
+//!     accounts::table
+//!         .find(account.id)
+//!         .update_versioned(accounts::version, account.version, accounts::balance.eq(account.balance + 50))
+//!         .execute(conn)
+//! })?;
+//! assert_eq!(new_version, 1);
+//!
+//! let stale = accounts::table
+//!     .find(1)
+//!     .update_versioned(accounts::version, 0, accounts::balance.eq(0))
+//!     .execute(&mut conn);
+//! assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Zero rows updated is never `Ok`: it is a [`Error::VersionConflict`] carrying
+//! the version found, or [`Error::NotFound`]. The version is set to `expected + 1`,
+//! and an `expected` at the type's maximum is [`Error::VersionOverflow`]. Every
+//! writer of the table must go through the version check (or bump the version);
+//! a plain `UPDATE` elsewhere defeats it. Under heavy contention on the same rows
+//! retries add up: prefer [`with_lock`](LockDsl::with_lock) there.
+//!
+//! # Pessimistic locks: `with_lock`
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::Error;
+//!
+//! # fn main() -> Result<(), Error> {
+//! # let mut conn = establish_connection();
+//! accounts::table.find(2).with_lock(&mut conn, |conn, account: Account| {
+//!     diesel::update(&account).set(accounts::balance.eq(account.balance - 30)).execute(conn)?;
+//!     Ok::<_, Error>(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The row stays locked until the closure returns; a missing row is
+//! [`Error::NotFound`]. With [`nowait`](LockBuilder::nowait), a row locked by
+//! someone else is [`Error::LockNotAvailable`] at once, without aborting a
+//! surrounding transaction. Lock rows in a consistent order (by key) to avoid
+//! deadlocks; those that still happen are [`Error::Deadlock`], which [`retry`]
+//! retries.
+//!
+//! # Named leases
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! // diesel_claim::run_migrations(&mut conn)?; // creates the lease table, once
+//! let reserved = diesel_claim::with_lease(&mut conn, "signup:ada", Duration::from_secs(10), |conn, lease| {
+//!     // Check that the name is free and insert the user, storing `lease.token()`
+//!     // with the write so that a stale holder's later write can be rejected.
+//!     Ok::<_, diesel_claim::Error>(lease.token())
+//! })?;
+//! assert_eq!(reserved, Some(1));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A lease replaces the memcached `add` lock: one holder per name at a time, an
+//! expiry judged by the database clock (so clients' clocks do not matter), and a
+//! release or renewal that only the current holder can make. A lease is a
+//! liveness hint, not a guarantee: a holder that stalls past its TTL loses it
+//! while it may still be working. Writes that must not interleave should check
+//! the [fencing token](Lease::token), which strictly increases per name.
+//! The lease table comes from the crate's [`migrations`].
+
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod backend;
 mod claim;
@@ -22,7 +216,7 @@ pub use migrations::run_migrations;
 pub use query::{LockStrength, OnLocked};
 pub use versioned::{retry, RetryPolicy, Transient, Version, VersionedDsl, VersionedUpdate};
 
-/// The extension traits, to `use diesel_claim::prelude::*;`.
+/// The extension traits, for `use diesel_claim::prelude::*;`.
 pub mod prelude {
     pub use crate::claim::ClaimDsl;
     pub use crate::lock::LockDsl;
