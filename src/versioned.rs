@@ -113,8 +113,8 @@ where
             Col,
         >: LoadQuery<'static, C, V>,
     {
-        let (statement, next) = self.statement::<C::Backend>()?;
-        match ExecuteDsl::execute(statement, conn)? {
+        let next = self.next_version()?;
+        match ExecuteDsl::execute(self.statement::<C::Backend>(next)?, conn)? {
             0 => Err(self.explain_no_match(conn)),
             _ => Ok(next),
         }
@@ -133,14 +133,20 @@ where
             Col,
         >: LoadQuery<'static, C, V>,
     {
-        let (statement, _) = self.statement::<C::Backend>()?;
+        let statement = self.statement::<C::Backend>(self.next_version()?)?;
         match statement.get_result(conn).optional()? {
             Some(row) => Ok(row),
             None => Err(self.explain_no_match(conn)),
         }
     }
 
-    fn statement<DB>(&self) -> Result<(Statement<Target, Col, V, Changes>, V), Error>
+    fn next_version(&self) -> Result<V, Error> {
+        self.expected
+            .next()
+            .ok_or(Error::VersionOverflow(self.expected.into()))
+    }
+
+    fn statement<DB>(&self, next: V) -> Result<Statement<Target, Col, V, Changes>, Error>
     where
         DB: diesel::backend::Backend + Default,
         Changes::Changeset: QueryFragment<DB>,
@@ -152,15 +158,10 @@ where
                 "the changeset is empty: a versioned update must change something".to_owned(),
             ));
         }
-        let next = self
-            .expected
-            .next()
-            .ok_or(Error::VersionOverflow(self.expected.into()))?;
         let column = self.version_column;
-        let statement = diesel::update(self.target.clone())
+        Ok(diesel::update(self.target.clone())
             .set((self.changes.clone(), column.eq(next)))
-            .filter(column.eq(self.expected));
-        Ok((statement, next))
+            .filter(column.eq(self.expected)))
     }
 
     /// Reads the row's version to tell a conflict from a missing row.
