@@ -41,7 +41,10 @@ pub(crate) mod strategy {
             C: Connection<Backend = Self>;
 
         /// Runs one lease statement; `Some(token)` when it took effect.
-        fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
+        fn lease_statement<C>(
+            conn: &mut C,
+            statement: LeaseStatement<'_>,
+        ) -> QueryResult<Option<i64>>
         where
             C: LoadConnection<Backend = Self>;
 
@@ -57,9 +60,19 @@ pub(crate) mod strategy {
 /// A statement on the lease table, with its arguments.
 #[derive(Debug, Clone, Copy)]
 pub enum LeaseStatement<'a> {
-    Acquire { name: &'a str, ttl_micros: i64 },
-    Renew { name: &'a str, token: i64, ttl_micros: i64 },
-    Release { name: &'a str, token: i64 },
+    Acquire {
+        name: &'a str,
+        ttl_micros: i64,
+    },
+    Renew {
+        name: &'a str,
+        token: i64,
+        ttl_micros: i64,
+    },
+    Release {
+        name: &'a str,
+        token: i64,
+    },
 }
 
 #[derive(diesel::QueryableByName)]
@@ -72,7 +85,10 @@ pub struct LeaseToken {
 /// written per backend: `sql_query` cannot be run generically over backends.
 macro_rules! lease_statement {
     () => {
-        fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
+        fn lease_statement<C>(
+            conn: &mut C,
+            statement: LeaseStatement<'_>,
+        ) -> QueryResult<Option<i64>>
         where
             C: diesel::connection::LoadConnection<Backend = Self>,
         {
@@ -88,7 +104,11 @@ macro_rules! lease_statement {
                     .bind::<Text, _>(name)
                     .bind::<BigInt, _>(ttl_micros)
                     .get_result::<LeaseToken>(conn),
-                LeaseStatement::Renew { name, token, ttl_micros } => query
+                LeaseStatement::Renew {
+                    name,
+                    token,
+                    ttl_micros,
+                } => query
                     .bind::<BigInt, _>(ttl_micros)
                     .bind::<Text, _>(name)
                     .bind::<BigInt, _>(token)

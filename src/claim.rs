@@ -263,7 +263,11 @@ impl<Q> Claim<'_, Q> {
             return Ok(());
         }
         let processed = locking_transaction(conn, |conn| {
-            match self.query.row(conn, key, Some(&self.clause)).map_err(Error::from)? {
+            match self
+                .query
+                .row(conn, key, Some(&self.clause))
+                .map_err(Error::from)?
+            {
                 Some(row) => f(conn, row).map(|()| true),
                 // Skip-locked found nothing: locked by someone, or gone. An unlocked
                 // read tells which without an error that aborts the transaction.
@@ -316,11 +320,17 @@ pub trait ClaimQuery<'q, C, R> {
 
     /// The row with this key if it still matches the query, locked by `lock`.
     #[doc(hidden)]
-    fn row(&self, conn: &mut C, key: &Self::Key, lock: Option<&LockClause>) -> QueryResult<Option<R>>;
+    fn row(
+        &self,
+        conn: &mut C,
+        key: &Self::Key,
+        lock: Option<&LockClause>,
+    ) -> QueryResult<Option<R>>;
 }
 
 type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
-type CandidatesQuery<Q, Pk, K> = dsl::Limit<dsl::Order<dsl::Select<dsl::Filter<Q, After<Pk, K>>, Pk>, Pk>>;
+type CandidatesQuery<Q, Pk, K> =
+    dsl::Limit<dsl::Order<dsl::Select<dsl::Filter<Q, After<Pk, K>>, Pk>, Pk>>;
 type RowQuery<Q, Pk, K> = dsl::Filter<Q, dsl::Eq<Pk, K>>;
 
 impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
@@ -349,7 +359,10 @@ where
 
     fn candidates(&self, conn: &mut C, after: Option<K>, limit: i64) -> QueryResult<Vec<K>> {
         let key = primary_key::<R>();
-        let after = After { column: key, cursor: after };
+        let after = After {
+            column: key,
+            cursor: after,
+        };
         FilterDsl::filter(self.clone(), after)
             .select(key)
             .order(key)
@@ -359,7 +372,10 @@ where
 
     fn row(&self, conn: &mut C, key: &K, lock: Option<&LockClause>) -> QueryResult<Option<R>> {
         let query = FilterDsl::filter(self.clone(), primary_key::<R>().eq(key.clone()));
-        let locked = Locked { query, clause: lock.cloned() };
+        let locked = Locked {
+            query,
+            clause: lock.cloned(),
+        };
         let mut rows = locked.load::<R>(conn)?;
         Ok(rows.pop())
     }

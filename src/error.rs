@@ -116,9 +116,9 @@ impl From<diesel::result::Error> for Error {
 impl From<Error> for diesel::result::Error {
     fn from(error: Error) -> Self {
         match error {
-            Error::Database(error) | Error::Deadlock(error) | Error::SerializationFailure(error) => {
-                error
-            }
+            Error::Database(error)
+            | Error::Deadlock(error)
+            | Error::SerializationFailure(error) => error,
             Error::NotFound => diesel::result::Error::NotFound,
             Error::LockNotAvailable => diesel::result::Error::DatabaseError(
                 DatabaseErrorKind::Unknown,
@@ -205,7 +205,10 @@ mod tests {
     use super::*;
 
     fn database_error(message: &str) -> diesel::result::Error {
-        diesel::result::Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+        diesel::result::Error::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new(message.to_owned()),
+        )
     }
 
     #[test]
@@ -222,7 +225,10 @@ mod tests {
         assert!(!is_lock_not_available(&other) && !is_deadlock(&other));
         assert!(matches!(Error::from(other), Error::Database(_)));
         assert!(matches!(Error::from(deadlock), Error::Deadlock(_)));
-        assert!(matches!(Error::from(diesel::result::Error::NotFound), Error::NotFound));
+        assert!(matches!(
+            Error::from(diesel::result::Error::NotFound),
+            Error::NotFound
+        ));
     }
 
     #[test]

@@ -116,12 +116,7 @@ impl Lease {
 /// ```text
 /// with_lease(&mut conn, "signup:alice", Duration::from_secs(10), |conn, lease| { … })
 /// ```
-pub fn with_lease<C, T, E, F>(
-    conn: &mut C,
-    name: &str,
-    ttl: Duration,
-    f: F,
-) -> Result<Option<T>, E>
+pub fn with_lease<C, T, E, F>(conn: &mut C, name: &str, ttl: Duration, f: F) -> Result<Option<T>, E>
 where
     C: LoadConnection,
     C::Backend: ClaimBackend,
@@ -255,11 +250,20 @@ mod tests {
     fn bad_names_and_ttls_are_rejected_before_sql() {
         assert!(matches!(check_name(""), Err(Error::InvalidArgument(_))));
         assert!(matches!(check_name("a\0b"), Err(Error::InvalidArgument(_))));
-        assert!(matches!(check_name(&"x".repeat(256)), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            check_name(&"x".repeat(256)),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(check_name(&"x".repeat(255)).is_ok());
         assert!(check_name("'; DROP TABLE diesel_claim_leases; --").is_ok());
-        assert!(matches!(ttl_micros(Duration::ZERO), Err(Error::InvalidArgument(_))));
-        assert!(matches!(ttl_micros(MAX_TTL + Duration::from_secs(1)), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            ttl_micros(Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            ttl_micros(MAX_TTL + Duration::from_secs(1)),
+            Err(Error::InvalidArgument(_))
+        ));
         assert_eq!(ttl_micros(Duration::from_nanos(1)).unwrap(), 1);
         assert_eq!(ttl_micros(Duration::from_secs(2)).unwrap(), 2_000_000);
     }

@@ -8,7 +8,8 @@ use crate::Error;
 
 /// The migrations for PostgreSQL, to run with your own [`MigrationHarness`].
 #[cfg(feature = "postgres")]
-pub const POSTGRES: diesel_migrations::EmbeddedMigrations = <diesel::pg::Pg as Strategy>::MIGRATIONS;
+pub const POSTGRES: diesel_migrations::EmbeddedMigrations =
+    <diesel::pg::Pg as Strategy>::MIGRATIONS;
 
 /// The migrations for SQLite, to run with your own [`MigrationHarness`].
 #[cfg(feature = "sqlite")]

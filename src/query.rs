@@ -219,7 +219,11 @@ where
 fn last_identifier(name: &str) -> Option<String> {
     let name = name.trim();
     let Some(quote) = name.chars().last().filter(|c| *c == '"' || *c == '`') else {
-        return name.rsplit('.').next().filter(|s| !s.is_empty()).map(str::to_owned);
+        return name
+            .rsplit('.')
+            .next()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
     };
     let body = &name[..name.len() - 1];
     let mut identifier = String::new();
@@ -244,9 +248,18 @@ mod tests {
     #[test]
     fn last_identifier_of_rendered_table_names() {
         assert_eq!(last_identifier(r#""orders""#).as_deref(), Some("orders"));
-        assert_eq!(last_identifier(r#""shop"."orders""#).as_deref(), Some("orders"));
-        assert_eq!(last_identifier(r#""a""b"."c.""d""#).as_deref(), Some(r#"c."d"#));
-        assert_eq!(last_identifier("`shop`.`orders`").as_deref(), Some("orders"));
+        assert_eq!(
+            last_identifier(r#""shop"."orders""#).as_deref(),
+            Some("orders")
+        );
+        assert_eq!(
+            last_identifier(r#""a""b"."c.""d""#).as_deref(),
+            Some(r#"c."d"#)
+        );
+        assert_eq!(
+            last_identifier("`shop`.`orders`").as_deref(),
+            Some("orders")
+        );
         assert_eq!(last_identifier("shop.orders").as_deref(), Some("orders"));
         assert_eq!(last_identifier(r#"unterminated""#), None);
     }

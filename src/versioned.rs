@@ -83,10 +83,8 @@ pub struct VersionedUpdate<Target, Col, V, Changes> {
 }
 
 type Bump<Col, V> = dsl::Eq<Col, V>;
-type Statement<Target, Col, V, Changes> = dsl::Filter<
-    dsl::Update<Target, (Changes, Bump<Col, V>)>,
-    dsl::Eq<Col, V>,
->;
+type Statement<Target, Col, V, Changes> =
+    dsl::Filter<dsl::Update<Target, (Changes, Bump<Col, V>)>, dsl::Eq<Col, V>>;
 
 impl<Target, Col, V, Changes> VersionedUpdate<Target, Col, V, Changes>
 where
@@ -107,11 +105,8 @@ where
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C>,
-        VersionProbe<
-            <Target::Table as diesel::QuerySource>::FromClause,
-            Target::WhereClause,
-            Col,
-        >: LoadQuery<'static, C, V>,
+        VersionProbe<<Target::Table as diesel::QuerySource>::FromClause, Target::WhereClause, Col>:
+            LoadQuery<'static, C, V>,
     {
         let next = self.next_version()?;
         match ExecuteDsl::execute(self.statement::<C::Backend>(next)?, conn)? {
@@ -127,11 +122,8 @@ where
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: LoadQuery<'static, C, R>,
-        VersionProbe<
-            <Target::Table as diesel::QuerySource>::FromClause,
-            Target::WhereClause,
-            Col,
-        >: LoadQuery<'static, C, V>,
+        VersionProbe<<Target::Table as diesel::QuerySource>::FromClause, Target::WhereClause, Col>:
+            LoadQuery<'static, C, V>,
     {
         let statement = self.statement::<C::Backend>(self.next_version()?)?;
         match statement.get_result(conn).optional()? {
@@ -153,7 +145,12 @@ where
     {
         // An empty changeset would only bump the version: a no-op that other
         // writers would see as a conflict.
-        if self.changes.clone().as_changeset().is_noop(&DB::default())? {
+        if self
+            .changes
+            .clone()
+            .as_changeset()
+            .is_noop(&DB::default())?
+        {
             return Err(Error::InvalidArgument(
                 "the changeset is empty: a versioned update must change something".to_owned(),
             ));
@@ -168,11 +165,8 @@ where
     fn explain_no_match<C>(&self, conn: &mut C) -> Error
     where
         C: Connection,
-        VersionProbe<
-            <Target::Table as diesel::QuerySource>::FromClause,
-            Target::WhereClause,
-            Col,
-        >: LoadQuery<'static, C, V>,
+        VersionProbe<<Target::Table as diesel::QuerySource>::FromClause, Target::WhereClause, Col>:
+            LoadQuery<'static, C, V>,
     {
         let target = self.target.clone().into_update_target();
         let probe = VersionProbe {

@@ -325,7 +325,6 @@ on_every_backend! {
     }
 }
 
-
 /// Row-lock behaviour only PostgreSQL has.
 #[cfg(feature = "postgres")]
 mod pg_row_locks {
@@ -361,13 +360,19 @@ mod pg_row_locks {
         insert_pending(&mut conn, 3);
         let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR UPDATE");
         let report = pending()
-            .claim_each(&mut conn, |conn, order: Order| Ok::<_, Error>(send_email(conn, &order, 0)?))
+            .claim_each(&mut conn, |conn, order: Order| {
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
             .unwrap();
         assert_eq!((report.processed, report.skipped), (2, 1));
         drop(release);
         holder.join().unwrap();
         let left: Vec<i32> = pending().select(orders::id).load(&mut conn).unwrap();
-        assert_eq!(left, [2], "at most once may be zero times: the locked row is left");
+        assert_eq!(
+            left,
+            [2],
+            "at most once may be zero times: the locked row is left"
+        );
     }
 
     /// Even `FOR SHARE` and `FOR KEY SHARE` holders never block a skip-locked claim.
@@ -420,10 +425,7 @@ mod pg_row_locks {
         let (_db, pool) = test_db(2);
         let mut conn = pool.get().unwrap();
         insert_pending(&mut conn, 2);
-        let (release, holder) = hold(
-            &pool,
-            "UPDATE orders SET email_sent = TRUE WHERE id = 1",
-        );
+        let (release, holder) = hold(&pool, "UPDATE orders SET email_sent = TRUE WHERE id = 1");
         let releaser = thread::spawn(move || {
             thread::sleep(Duration::from_millis(200));
             drop(release);
@@ -495,6 +497,10 @@ mod pg_row_locks {
                 Ok::<_, Error>(())
             })
             .unwrap();
-        assert_eq!(blocked_insert, Some(Err(true)), "FOR UPDATE blocks the FK check");
+        assert_eq!(
+            blocked_insert,
+            Some(Err(true)),
+            "FOR UPDATE blocks the FK check"
+        );
     }
 }

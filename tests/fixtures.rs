@@ -132,6 +132,7 @@ where
     C: diesel::Connection + diesel_migrations::MigrationHarness<C::Backend>,
     C::Backend: diesel_claim::ClaimBackend,
 {
-    conn.batch_execute(schema).expect("cannot create the test schema");
+    conn.batch_execute(schema)
+        .expect("cannot create the test schema");
     diesel_claim::run_migrations(conn).expect("cannot run diesel-claim's migrations");
 }
