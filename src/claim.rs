@@ -197,16 +197,20 @@ impl<Q> ClaimBuilder<Q> {
             check_locked: on_locked == OnLocked::Fail,
             remaining: self.max_rows.unwrap_or(u64::MAX),
             report: ClaimReport::default(),
+            skipped_keys: self.drain.then(Vec::new),
+            skipped_in_pass: 0,
         };
 
         let mut cursor = None;
-        let mut retry = Vec::new();
         loop {
             claim.report.passes += 1;
+            claim.skipped_in_pass = 0;
             let processed_before = claim.report.processed;
-            let mut skipped = Vec::new();
-            for key in retry.drain(..) {
-                claim.row(conn, &key, &mut f, &mut skipped)?;
+            // Draining: first the rows skipped last pass, then rows beyond the
+            // highest key seen. Rows processed before are never visited again.
+            let retry = claim.skipped_keys.as_mut().map(std::mem::take);
+            for key in retry.iter().flatten() {
+                claim.row(conn, key, &mut f)?;
             }
             while claim.remaining > 0 {
                 let keys = self
@@ -215,7 +219,7 @@ impl<Q> ClaimBuilder<Q> {
                     .map_err(Error::from)?;
                 let full_page = keys.len() as i64 == self.page_size;
                 for key in keys {
-                    claim.row(conn, &key, &mut f, &mut skipped)?;
+                    claim.row(conn, &key, &mut f)?;
                     cursor = Some(key);
                 }
                 if !full_page {
@@ -223,37 +227,31 @@ impl<Q> ClaimBuilder<Q> {
                 }
             }
             let claimed_nothing_new = claim.report.processed == processed_before;
-            if !self.drain || claimed_nothing_new || skipped.is_empty() && claim.remaining == 0 {
-                claim.report.skipped += skipped.len() as u64;
-                break;
+            if !self.drain || claimed_nothing_new || claim.remaining == 0 {
+                claim.report.skipped = claim.skipped_in_pass;
+                return Ok(claim.report);
             }
-            retry = skipped;
         }
-        Ok(claim.report)
     }
 }
 
 /// The state of one `each` call.
-struct Claim<'a, Q> {
+struct Claim<'a, Q, K> {
     query: &'a Q,
     clause: LockClause,
     check_locked: bool,
     remaining: u64,
     report: ClaimReport,
+    /// Keys skipped in this pass, kept only when draining, to try again.
+    skipped_keys: Option<Vec<K>>,
+    skipped_in_pass: u64,
 }
 
-impl<Q> Claim<'_, Q> {
-    /// Claims one candidate in a transaction of its own; a skipped key is pushed
-    /// onto `skipped`.
-    fn row<'q, C, R, E, F>(
-        &mut self,
-        conn: &mut C,
-        key: &Q::Key,
-        f: &mut F,
-        skipped: &mut Vec<Q::Key>,
-    ) -> Result<(), E>
+impl<Q, K: Clone> Claim<'_, Q, K> {
+    /// Claims one candidate in a transaction of its own.
+    fn row<'q, C, R, E, F>(&mut self, conn: &mut C, key: &K, f: &mut F) -> Result<(), E>
     where
-        Q: ClaimQuery<'q, C, R>,
+        Q: ClaimQuery<'q, C, R, Key = K>,
         C: Connection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
@@ -283,7 +281,10 @@ impl<Q> Claim<'_, Q> {
             self.report.processed += 1;
             self.remaining -= 1;
         } else {
-            skipped.push(key.clone());
+            self.skipped_in_pass += 1;
+            if let Some(keys) = &mut self.skipped_keys {
+                keys.push(key.clone());
+            }
         }
         Ok(())
     }

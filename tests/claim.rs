@@ -256,6 +256,32 @@ on_every_backend! {
         }
     }
 
+    /// Draining picks up rows that became pending during the call; one pass does not.
+    #[test]
+    fn drain_picks_up_rows_added_during_the_call() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        for drain in [false, true] {
+            diesel::delete(outbox::table).execute(&mut conn).unwrap();
+            diesel::delete(orders::table).execute(&mut conn).unwrap();
+            insert_pending(&mut conn, 3);
+            let claim = pending().build_claim();
+            let claim = if drain { claim.drain() } else { claim };
+            let mut added = false;
+            let report = claim
+                .each(&mut conn, |conn, order: Order| {
+                    if !added {
+                        insert_pending(conn, 1);
+                        added = true;
+                    }
+                    Ok::<_, Error>(send_email(conn, &order, 0)?)
+                })
+                .unwrap();
+            let expected = if drain { (4, 3) } else { (3, 1) };
+            assert_eq!((report.processed, report.passes), expected, "drain: {drain}");
+        }
+    }
+
     #[test]
     fn join_queries_claim_the_selected_table() {
         let (_db, pool) = test_db(1);
@@ -394,6 +420,32 @@ mod pg_row_locks {
         drop((share, key_share));
         share_holder.join().unwrap();
         key_share_holder.join().unwrap();
+    }
+
+    /// A row skipped because it was locked is tried again by the next pass of a
+    /// draining claim, and processed once its holder is gone.
+    #[test]
+    fn drain_retries_rows_that_were_locked() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let mut holder = Some(hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR UPDATE"));
+        let mut seen = Vec::new();
+        let report = pending()
+            .build_claim()
+            .drain()
+            .each(&mut conn, |conn, order: Order| {
+                seen.push(order.id);
+                if order.id == 3 {
+                    let (release, thread) = holder.take().unwrap();
+                    drop(release);
+                    thread.join().unwrap();
+                }
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
+            .unwrap();
+        assert_eq!(seen, [2, 3, 1]);
+        assert_eq!((report.processed, report.skipped), (3, 0));
     }
 
     #[test]
