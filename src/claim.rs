@@ -213,11 +213,13 @@ impl<Q> ClaimBuilder<Q> {
                 claim.row(conn, key, &mut f)?;
             }
             while claim.remaining > 0 {
-                let keys = self
+                let mut keys = self
                     .query
                     .candidates(conn, cursor.clone(), self.page_size)
                     .map_err(Error::from)?;
                 let full_page = keys.len() as i64 == self.page_size;
+                // A join to many rows repeats a key; keys come sorted.
+                keys.dedup();
                 for key in keys {
                     claim.row(conn, &key, &mut f)?;
                     cursor = Some(key);
@@ -304,7 +306,7 @@ impl<Q, K: Clone> Claim<'_, Q, K> {
 )]
 pub trait ClaimQuery<'q, C, R> {
     /// The claimed table's primary-key value.
-    type Key: Clone;
+    type Key: Clone + PartialEq;
 
     /// The locking clause's `OF` table, where the backend has row locks.
     #[doc(hidden)]
@@ -343,7 +345,7 @@ where
     R::Table: Table<PrimaryKey = Pk>,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
     for<'a> &'a R: Identifiable<Id = &'a K>,
-    K: Clone + AsExpression<Pk::SqlType>,
+    K: Clone + PartialEq + AsExpression<Pk::SqlType>,
     Pk: Column + ExpressionMethods + Copy,
     Pk::SqlType: SingleValue,
     dsl::Filter<Q, After<Pk, K>>: SelectDsl<Pk>,

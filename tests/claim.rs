@@ -282,6 +282,31 @@ on_every_backend! {
         }
     }
 
+    /// A join to many rows repeats each order; it is still claimed once per call.
+    #[test]
+    fn one_to_many_joins_claim_each_row_once() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let orders_with_emails = pending()
+            .inner_join(outbox::table)
+            .select(Order::as_select());
+        for order_id in [1, 1, 2, 2, 3, 3] {
+            diesel::insert_into(outbox::table)
+                .values((outbox::order_id.eq(order_id), outbox::worker.eq(0)))
+                .execute(&mut conn)
+                .unwrap();
+        }
+        let mut seen = Vec::new();
+        orders_with_emails
+            .claim_each(&mut conn, |_, order: Order| {
+                seen.push(order.id);
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(seen, [1, 2, 3]);
+    }
+
     #[test]
     fn join_queries_claim_the_selected_table() {
         let (_db, pool) = test_db(1);
@@ -446,6 +471,24 @@ mod pg_row_locks {
             .unwrap();
         assert_eq!(seen, [2, 3, 1]);
         assert_eq!((report.processed, report.skipped), (3, 0));
+    }
+
+    /// A claimer whose connection is killed gets an error, never "nothing to do".
+    #[test]
+    fn a_terminated_connection_is_an_error_not_an_empty_report() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 1);
+        let pid: i32 = diesel::select(diesel::dsl::sql::<diesel::sql_types::Integer>(
+            "pg_backend_pid()",
+        ))
+        .get_result(&mut conn)
+        .unwrap();
+        diesel::sql_query(format!("SELECT pg_terminate_backend({pid})"))
+            .execute(&mut pool.get().unwrap())
+            .unwrap();
+        let result = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
+        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
     }
 
     #[test]
