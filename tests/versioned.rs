@@ -1,1 +1,512 @@
-//! Tests of versioned.
+//! Optimistic updates: `update_versioned` and the `retry` helper (scenarios 11, 12
+//! and 15 of the design, plus the "matches nothing" bad input).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel_claim::prelude::*;
+use diesel_claim::{retry, Error, RetryPolicy, Transient};
+
+use crate::fixtures::{accounts, on_every_backend, Account};
+
+/// A changeset whose fields may all be `None`: then it is empty.
+#[derive(Debug, Clone, AsChangeset)]
+#[diesel(table_name = accounts)]
+struct BalanceChange {
+    balance: Option<i64>,
+}
+
+/// The error of a transfer: the domain's own refusal, or the crate's error.
+#[derive(Debug)]
+enum BankError {
+    /// The source account does not hold the amount: a refusal, not a failure.
+    Insufficient,
+    Claim(Error),
+}
+
+impl From<Error> for BankError {
+    fn from(error: Error) -> Self {
+        BankError::Claim(error)
+    }
+}
+
+impl From<diesel::result::Error> for BankError {
+    fn from(error: diesel::result::Error) -> Self {
+        BankError::Claim(error.into())
+    }
+}
+
+impl Transient for BankError {
+    fn is_transient(&self) -> bool {
+        matches!(self, BankError::Claim(error) if error.is_transient())
+    }
+}
+
+/// A tiny deterministic PRNG (xorshift64), so that no dependency is needed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform-ish in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Two distinct account ids in `1..=accounts`.
+    fn pair(&mut self, accounts: u64) -> (i32, i32) {
+        let from = self.below(accounts);
+        let to = (from + 1 + self.below(accounts - 1)) % accounts;
+        (from as i32 + 1, to as i32 + 1)
+    }
+}
+
+/// A patient policy for the heavily contended tests.
+fn patient() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 200,
+        ..RetryPolicy::default()
+    }
+}
+
+on_every_backend! {
+    /// Accounts `1..=balances.len()` with the given balances, all at version 0.
+    fn seed(conn: &mut Conn, balances: &[i64]) {
+        let rows: Vec<_> = balances
+            .iter()
+            .enumerate()
+            .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
+            .collect();
+        diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
+    }
+
+    fn read(conn: &mut Conn, id: i32) -> QueryResult<Account> {
+        accounts::table.find(id).select(Account::as_select()).first(conn)
+    }
+
+    fn all(conn: &mut Conn) -> Vec<Account> {
+        accounts::table.order(accounts::id).select(Account::as_select()).load(conn).unwrap()
+    }
+
+    /// Moves `amount` with two versioned updates in one transaction, after
+    /// reading both accounts (outside it) and waiting `pause` between read and
+    /// write. The whole of it is one attempt: `retry` wraps this function.
+    fn optimistic_transfer(
+        conn: &mut Conn,
+        from: i32,
+        to: i32,
+        amount: i64,
+        pause: Duration,
+    ) -> Result<(), BankError> {
+        let source = read(conn, from)?;
+        let target = read(conn, to)?;
+        if source.balance < amount {
+            return Err(BankError::Insufficient);
+        }
+        if !pause.is_zero() {
+            thread::sleep(pause);
+        }
+        // Lower id first: PostgreSQL's row locks, taken by the updates, are
+        // then always acquired in one order and cannot deadlock (a deadlock
+        // would be retried too, but only after `deadlock_timeout`, 1 s).
+        let mut updates = [(source, -amount), (target, amount)];
+        updates.sort_by_key(|(account, _)| account.id);
+        conn.transaction(|conn| {
+            for (account, delta) in updates {
+                accounts::table
+                    .find(account.id)
+                    .update_versioned(accounts::version, account.version, accounts::balance.eq(account.balance + delta))
+                    .execute(conn)?;
+            }
+            Ok(())
+        })
+    }
+
+    #[derive(Debug, Default)]
+    struct BankFigures {
+        transfers: u64,
+        refused: u64,
+        retries: u64,
+        reads: u64,
+        elapsed: Duration,
+    }
+
+    /// `threads` clients each make `per_thread` random transfers among
+    /// `balances.len()` accounts with `optimistic_transfer` + `retry`, while
+    /// one more thread keeps summing all balances. Checks conservation at
+    /// every read and at the end, and that every successful transfer bumped
+    /// exactly two versions.
+    fn optimistic_bank(balances: &[i64], threads: usize, per_thread: usize, pause: Duration) -> BankFigures {
+        let (_db, pool) = test_db(threads as u32 + 2);
+        seed(&mut pool.get().unwrap(), balances);
+        let total: i64 = balances.iter().sum();
+        let count = balances.len() as u64;
+
+        let transfers = AtomicU64::new(0);
+        let refused = AtomicU64::new(0);
+        let retries = AtomicU64::new(0);
+        let reads = AtomicU64::new(0);
+        let running = AtomicBool::new(true);
+        let start = Barrier::new(threads + 1);
+        let started = Instant::now();
+        thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut pooled = pool.get().unwrap();
+                let conn: &mut Conn = &mut pooled;
+                start.wait();
+                while running.load(Ordering::Relaxed) {
+                    // One statement: one consistent snapshot on both backends.
+                    let seen: Vec<i64> = accounts::table.select(accounts::balance).load(conn).unwrap();
+                    assert_eq!(seen.iter().sum::<i64>(), total, "a reader saw money appear or vanish: {seen:?}");
+                    assert!(seen.iter().all(|b| *b >= 0), "a reader saw a negative balance: {seen:?}");
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    thread::sleep(Duration::from_millis(1));
+                }
+            });
+            let clients: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (pool, start, transfers, refused, retries) = (&pool, &start, &transfers, &refused, &retries);
+                    scope.spawn(move || {
+                        let mut pooled = pool.get().unwrap();
+                        let conn: &mut Conn = &mut pooled;
+                        let mut rng = XorShift::new(t as u64 + 1);
+                        start.wait();
+                        for _ in 0..per_thread {
+                            let (from, to) = rng.pair(count);
+                            let amount = 1 + rng.below(300) as i64;
+                            let mut attempts = 0;
+                            let outcome = retry(conn, patient(), |conn| {
+                                attempts += 1;
+                                optimistic_transfer(conn, from, to, amount, pause)
+                            });
+                            retries.fetch_add(attempts - 1, Ordering::Relaxed);
+                            match outcome {
+                                Ok(()) => transfers.fetch_add(1, Ordering::Relaxed),
+                                Err(BankError::Insufficient) => refused.fetch_add(1, Ordering::Relaxed),
+                                Err(BankError::Claim(e)) => panic!("transfer {from} -> {to} failed after {attempts} attempts: {e:?}"),
+                            };
+                        }
+                    })
+                })
+                .collect();
+            for client in clients {
+                client.join().unwrap();
+            }
+            running.store(false, Ordering::Relaxed);
+            reader.join().unwrap();
+        });
+        let elapsed = started.elapsed();
+
+        let after = all(&mut pool.get().unwrap());
+        let figures = BankFigures {
+            transfers: transfers.into_inner(),
+            refused: refused.into_inner(),
+            retries: retries.into_inner(),
+            reads: reads.into_inner(),
+            elapsed,
+        };
+        assert_eq!(figures.transfers + figures.refused, (threads * per_thread) as u64);
+        assert_eq!(after.iter().map(|a| a.balance).sum::<i64>(), total, "money not conserved: {after:?}");
+        assert!(after.iter().all(|a| a.balance >= 0), "negative balance: {after:?}");
+        // Every successful transfer bumped exactly two versions, once each.
+        assert_eq!(after.iter().map(|a| a.version as u64).sum::<u64>(), 2 * figures.transfers);
+        assert!(figures.transfers > 0 && figures.reads > 0, "{figures:?}");
+        figures
+    }
+
+    #[test]
+    fn update_versioned_outcomes() {
+        let (_db, pool) = test_db(2);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed(conn, &[100, 50]);
+
+        // Updated: the new version comes back and the row has it.
+        let version = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, accounts::balance.eq(110))
+            .execute(conn)
+            .unwrap();
+        assert_eq!(version, 1);
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 110, version: 1 });
+
+        // Stale: a conflict naming both versions, again and again; nothing written.
+        for _ in 0..3 {
+            let stale = accounts::table
+                .find(1)
+                .update_versioned(accounts::version, 0, accounts::balance.eq(999))
+                .execute(conn);
+            match stale {
+                Err(Error::VersionConflict { expected: 0, actual: Some(1) }) => {}
+                other => panic!("expected a version conflict 0 vs 1, got {other:?}"),
+            }
+        }
+        let stale = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, accounts::balance.eq(999))
+            .get_result::<Account, _>(conn)
+            .unwrap_err();
+        assert!(matches!(stale, Error::VersionConflict { expected: 0, actual: Some(1) }), "{stale:?}");
+        assert!(stale.is_transient());
+        assert_eq!(stale.to_string(), "version conflict: expected version 0, found 1");
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 110, version: 1 });
+
+        // Another connection's write makes this one's read stale.
+        let seen = read(conn, 2).unwrap();
+        let mut other = pool.get().unwrap();
+        accounts::table
+            .find(2)
+            .update_versioned(accounts::version, seen.version, accounts::balance.eq(60))
+            .execute(&mut *other)
+            .unwrap();
+        let lost = accounts::table
+            .find(2)
+            .update_versioned(accounts::version, seen.version, accounts::balance.eq(seen.balance + 1))
+            .execute(conn);
+        assert!(matches!(lost, Err(Error::VersionConflict { expected: 0, actual: Some(1) })), "{lost:?}");
+        assert_eq!(read(conn, 2).unwrap().balance, 60);
+
+        // get_result returns the updated row.
+        let row: Account = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 1, accounts::balance.eq(120))
+            .get_result(conn)
+            .unwrap();
+        assert_eq!(row, Account { id: 1, balance: 120, version: 2 });
+
+        // Gone, or never there: not found, never Ok and never a conflict.
+        diesel::delete(accounts::table.find(2)).execute(conn).unwrap();
+        for id in [2, 42] {
+            let gone = accounts::table
+                .find(id)
+                .update_versioned(accounts::version, 1, accounts::balance.eq(1))
+                .execute(conn);
+            assert!(matches!(gone, Err(Error::NotFound)), "id {id}: {gone:?}");
+            let gone = accounts::table
+                .find(id)
+                .update_versioned(accounts::version, 1, accounts::balance.eq(1))
+                .get_result::<Account, _>(conn);
+            assert!(matches!(gone, Err(Error::NotFound)), "id {id}: {gone:?}");
+        }
+
+        // An empty changeset is refused and does not bump the version.
+        let empty = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 2, BalanceChange { balance: None })
+            .execute(conn);
+        assert!(matches!(empty, Err(Error::InvalidArgument(_))), "{empty:?}");
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 120, version: 2 });
+        let some = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 2, BalanceChange { balance: Some(7) })
+            .execute(conn)
+            .unwrap();
+        assert_eq!(some, 3);
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 7, version: 3 });
+
+        // Up to the maximum, and no further: overflow is an error, not a wrap.
+        diesel::update(accounts::table.find(1))
+            .set(accounts::version.eq(i32::MAX - 1))
+            .execute(conn)
+            .unwrap();
+        let last = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, i32::MAX - 1, accounts::balance.eq(8))
+            .execute(conn)
+            .unwrap();
+        assert_eq!(last, i32::MAX);
+        let overflow = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, i32::MAX, accounts::balance.eq(9))
+            .execute(conn);
+        assert!(matches!(overflow, Err(Error::VersionOverflow(v)) if v == i64::from(i32::MAX)), "{overflow:?}");
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 8, version: i32::MAX });
+    }
+
+    #[test]
+    fn retry_gives_up_after_max_attempts_on_a_stale_version() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed(conn, &[5]);
+        diesel::update(accounts::table.find(1)).set(accounts::version.eq(3)).execute(conn).unwrap();
+
+        // An operation that never re-reads keeps conflicting: retry returns the
+        // last conflict after exactly max_attempts attempts.
+        let mut attempts = 0;
+        let result = retry(conn, RetryPolicy::attempts(4), |conn| {
+            attempts += 1;
+            accounts::table.find(1).update_versioned(accounts::version, 1, accounts::balance.eq(6)).execute(conn)
+        });
+        assert!(matches!(result, Err(Error::VersionConflict { expected: 1, actual: Some(3) })), "{result:?}");
+        assert_eq!(attempts, 4);
+
+        // Not-found is not transient: one attempt only.
+        let mut attempts = 0;
+        let result = retry(conn, RetryPolicy::attempts(4), |conn| {
+            attempts += 1;
+            accounts::table.find(9).update_versioned(accounts::version, 0, accounts::balance.eq(6)).execute(conn)
+        });
+        assert!(matches!(result, Err(Error::NotFound)), "{result:?}");
+        assert_eq!(attempts, 1);
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 5, version: 3 });
+    }
+
+    /// Scenario 12. Without the version check the 25 threads, released together,
+    /// would overwrite each other's increments and the counter would end below 125.
+    #[test]
+    fn counter_25_threads_times_5_increments_is_exactly_125() {
+        const THREADS: usize = 25;
+        const INCREMENTS: u32 = 5;
+        let (_db, pool) = test_db(THREADS as u32);
+        seed(&mut pool.get().unwrap(), &[0]);
+
+        let retries = AtomicU32::new(0);
+        let start = Barrier::new(THREADS);
+        let started = Instant::now();
+        thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    let mut pooled = pool.get().unwrap();
+                    let conn: &mut Conn = &mut pooled;
+                    start.wait();
+                    for _ in 0..INCREMENTS {
+                        let mut attempts = 0;
+                        retry(conn, patient(), |conn| {
+                            attempts += 1;
+                            let counter = read(conn, 1)?;
+                            accounts::table
+                                .find(1)
+                                .update_versioned(accounts::version, counter.version, accounts::balance.eq(counter.balance + 1))
+                                .execute(conn)
+                        })
+                        .unwrap_or_else(|e| panic!("increment failed after {attempts} attempts: {e:?}"));
+                        retries.fetch_add(attempts - 1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let total = THREADS as u32 * INCREMENTS;
+        let counter = read(&mut pool.get().unwrap(), 1).unwrap();
+        eprintln!(
+            "counter: {total} increments, {} retries ({:.2} per success), {:?}",
+            retries.load(Ordering::Relaxed),
+            f64::from(retries.load(Ordering::Relaxed)) / f64::from(total),
+            started.elapsed(),
+        );
+        assert_eq!(counter, Account { id: 1, balance: 125, version: 125 });
+    }
+
+    /// Scenario 11. Without the version check, concurrent transfers would
+    /// overwrite each other's balances and the final total would not be
+    /// 10,000 (see `naive_read_modify_write_loses_money` for the proof on
+    /// PostgreSQL); without the transaction, readers would see a debit without
+    /// its credit.
+    #[test]
+    fn optimistic_bank_conserves_money() {
+        let per_thread = if ROW_LOCKS { 500 } else { 100 };
+        let figures = optimistic_bank(&[1_000; 10], 8, per_thread, Duration::ZERO);
+        eprintln!(
+            "optimistic bank: {} transfers, {} refused, {} retries ({:.3} per success), {} full reads, {:?}",
+            figures.transfers,
+            figures.refused,
+            figures.retries,
+            figures.retries as f64 / figures.transfers as f64,
+            figures.reads,
+            figures.elapsed,
+        );
+    }
+
+    /// The same bank on two accounts with a pause between read and write:
+    /// maximal contention, every lost race must end in a retry, never a lost update.
+    #[test]
+    fn optimistic_bank_under_maximal_contention() {
+        let figures = optimistic_bank(&[1_000, 1_000], 8, 10, Duration::from_millis(1));
+        eprintln!(
+            "contended optimistic bank: {} transfers, {} refused, {} retries, {:?}",
+            figures.transfers, figures.refused, figures.retries, figures.elapsed,
+        );
+        assert!(figures.retries > 0, "8 threads on 2 accounts never conflicted: {figures:?}");
+    }
+}
+
+/// Teeth for the bank: the same transfers as plain read-modify-write, with
+/// no version check, lose updates and money. This is what
+/// `optimistic_bank_under_maximal_contention` would observe if
+/// `update_versioned` did not check the version.
+#[cfg(feature = "postgres")]
+#[test]
+fn naive_read_modify_write_loses_money() {
+    use diesel::PgConnection;
+
+    const THREADS: usize = 8;
+    const TRANSFERS: usize = 10;
+    let db = crate::common::PgTestDb::new();
+    let pool = crate::common::pg_pool(&db.url, THREADS as u32);
+    crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::POSTGRES_SCHEMA);
+    diesel::insert_into(accounts::table)
+        .values(&vec![
+            (accounts::id.eq(1), accounts::balance.eq(1_000_000i64)),
+            (accounts::id.eq(2), accounts::balance.eq(1_000_000i64)),
+        ])
+        .execute(&mut pool.get().unwrap())
+        .unwrap();
+
+    /// Adds `delta` to an account the naive way: read, think, write.
+    fn naive_add(conn: &mut PgConnection, id: i32, delta: i64) {
+        let balance: i64 = accounts::table
+            .find(id)
+            .select(accounts::balance)
+            .first(conn)
+            .unwrap();
+        thread::sleep(Duration::from_millis(1));
+        diesel::update(accounts::table.find(id))
+            .set(accounts::balance.eq(balance + delta))
+            .execute(conn)
+            .unwrap();
+    }
+
+    let start = Barrier::new(THREADS);
+    thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (pool, start) = (&pool, &start);
+            scope.spawn(move || {
+                let mut conn = pool.get().unwrap();
+                let mut rng = XorShift::new(t as u64 + 100);
+                start.wait();
+                for _ in 0..TRANSFERS {
+                    let (from, to) = rng.pair(2);
+                    let amount = 1 + rng.below(1_000) as i64;
+                    naive_add(&mut conn, from, -amount);
+                    naive_add(&mut conn, to, amount);
+                }
+            });
+        }
+    });
+
+    let balances: Vec<i64> = accounts::table
+        .order(accounts::id)
+        .select(accounts::balance)
+        .load(&mut pool.get().unwrap())
+        .unwrap();
+    let total: i64 = balances.iter().sum();
+    eprintln!("naive bank: balances {balances:?}, total {total} instead of 2000000");
+    assert_ne!(
+        total, 2_000_000,
+        "8 racing read-modify-write clients lost no money: the race this suite relies on did not happen"
+    );
+}
