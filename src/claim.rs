@@ -71,8 +71,25 @@ impl<Q: Query> ClaimDsl for Q {}
 
 /// A claim and its options, made by [`ClaimDsl::build_claim`].
 ///
-/// ```text
-/// pending.build_claim().nowait().max_rows(100).drain().each(&mut conn, |conn, order: Order| …)
+/// ```
+/// # include!("doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+///
+/// # fn main() -> Result<(), diesel_claim::Error> {
+/// # let mut conn = establish_connection();
+/// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+/// let report = pending
+///     .build_claim()
+///     .nowait() // a row locked by someone else is an error, not a skip
+///     .max_rows(100)
+///     .drain()
+///     .each(&mut conn, |conn, order: Order| {
+///         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+///         Ok::<_, diesel_claim::Error>(())
+///     })?;
+/// assert_eq!(report.processed, 2);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]

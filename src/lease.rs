@@ -21,6 +21,27 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// same name, across releases and expiries: pass it along with writes the lease
 /// protects and have them rejected when a newer token has been seen (fencing), so
 /// a holder that stalled past its TTL cannot overwrite its successor's work.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// use std::time::Duration;
+/// use diesel_claim::{Error, Lease};
+///
+/// # fn main() -> Result<(), Error> {
+/// # let mut conn = establish_connection();
+/// let ttl = Duration::from_secs(30);
+/// let lease = Lease::acquire(&mut conn, "nightly-report", ttl)?.expect("nobody else holds it");
+/// assert!(Lease::acquire(&mut conn, "nightly-report", ttl)?.is_none());
+///
+/// lease.renew(&mut conn, ttl)?; // a long job keeps it alive
+/// let token = lease.token();
+/// lease.release(&mut conn)?;
+///
+/// let next = Lease::acquire(&mut conn, "nightly-report", ttl)?.unwrap();
+/// assert!(next.token() > token);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a lease is held until it expires or is released"]
 pub struct Lease {
@@ -163,6 +184,29 @@ fn ttl_micros(ttl: Duration) -> Result<i64, Error> {
 }
 
 /// PostgreSQL advisory locks keyed by a stable hash of a name.
+///
+/// Transaction-scoped: taken inside a transaction, released when it ends, with no
+/// table and no cleanup. Unlike a [`Lease`] they have no TTL and no fencing token:
+/// they protect work that happens inside that one transaction.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_claim::{advisory, Error};
+///
+/// # fn main() -> Result<(), Error> {
+/// # let url = std::env::var("PG_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".into());
+/// let mut conn = PgConnection::establish(&url).expect("PostgreSQL at PG_DATABASE_URL");
+/// let mut other = PgConnection::establish(&url).expect("PostgreSQL at PG_DATABASE_URL");
+/// conn.transaction(|conn| {
+///     assert!(advisory::try_lock(conn, "rebuild-search-index")?);
+///     // Another session cannot take it until this transaction ends.
+///     assert!(!other.transaction(|other| advisory::try_lock(other, "rebuild-search-index"))?);
+///     Ok::<_, Error>(())
+/// })?;
+/// assert!(other.transaction(|other| advisory::try_lock(other, "rebuild-search-index"))?);
+/// # Ok(())
+/// # }
+/// ```
 #[cfg(feature = "postgres")]
 pub mod advisory {
     use diesel::connection::{Connection, LoadConnection};

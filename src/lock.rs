@@ -44,6 +44,27 @@ pub trait LockDsl: Sized {
 impl<Q: Query> LockDsl for Q {}
 
 /// A row lock and its options, made by [`LockDsl::build_lock`].
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+/// use diesel_claim::{Error, LockStrength};
+///
+/// # fn main() -> Result<(), Error> {
+/// # let mut conn = establish_connection();
+/// let balance = accounts::table
+///     .find(1)
+///     .build_lock()
+///     .nowait()
+///     .strength(LockStrength::Update)
+///     .run(&mut conn, |_, account: Account| Ok::<_, Error>(account.balance))?;
+/// assert_eq!(balance, 100);
+///
+/// let missing = accounts::table.find(42).with_lock(&mut conn, |_, _: Account| Ok::<_, Error>(()));
+/// assert!(matches!(missing, Err(Error::NotFound)));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use = "a lock does nothing until `.run(conn, f)` runs it"]
 pub struct LockBuilder<Q> {
