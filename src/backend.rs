@@ -75,12 +75,14 @@ pub enum LeaseStatement<'a> {
     },
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[derive(diesel::QueryableByName)]
 pub struct LeaseToken {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     token: i64,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// The body of `Strategy::lease_statement`, the same for every backend but
 /// written per backend: `sql_query` cannot be run generically over backends.
 macro_rules! lease_statement {

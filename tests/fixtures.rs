@@ -57,6 +57,7 @@ pub struct Account {
     pub version: i32,
 }
 
+#[cfg(feature = "postgres")]
 pub const POSTGRES_SCHEMA: &str = "
     CREATE TABLE customers (id SERIAL PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE);
     CREATE TABLE orders (
@@ -69,6 +70,7 @@ pub const POSTGRES_SCHEMA: &str = "
     CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
 ";
 
+#[cfg(feature = "sqlite")]
 pub const SQLITE_SCHEMA: &str = "
     CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE);
     CREATE TABLE orders (

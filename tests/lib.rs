@@ -2,7 +2,9 @@
 //!
 //! Run them with `cargo nextest run --all-features`. PostgreSQL tests use
 //! `PG_DATABASE_URL` (see `common::pg_url` for the fallbacks); SQLite tests
-//! need nothing.
+//! need nothing. Without a backend feature there is nothing to test.
+
+#![cfg(any(feature = "postgres", feature = "sqlite"))]
 
 mod common;
 mod fixtures;
@@ -14,7 +16,6 @@ mod versioned;
 
 /// Checks out every connection of `pool` at once, one per thread, and runs
 /// `check` on each of them concurrently.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn on_every_connection_at_once<M>(
     pool: &diesel::r2d2::Pool<M>,
     check: impl Fn(&mut M::Connection) + Sync,

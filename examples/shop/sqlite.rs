@@ -1,0 +1,120 @@
+//! Running the shop on an embedded SQLite file.
+//!
+//! SQLite has no row locks: `claim_each` and `with_lock` take the database write
+//! lock (`BEGIN IMMEDIATE`) instead, so workers queue for it rather than skip
+//! each other's rows. Still at most once per row; just less parallel.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::r2d2::{self, ConnectionManager, CustomizeConnection, PooledConnection};
+use diesel::SqliteConnection;
+
+use crate::{BoxError, Checks, Clock, Options};
+
+/// The connection every story works with on this backend.
+pub type Conn = PooledConnection<ConnectionManager<SqliteConnection>>;
+/// The pool the workers take their connections from.
+pub type Pool = r2d2::Pool<ConnectionManager<SqliteConnection>>;
+
+/// The stories, compiled for SQLite (see the note in `main.rs`).
+#[path = "stories/mod.rs"]
+mod stories;
+
+const SCHEMA: &str = "
+    CREATE TABLE orders (
+        id INTEGER PRIMARY KEY,
+        customer_email TEXT NOT NULL,
+        shipped_at TIMESTAMP,
+        shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        order_id INTEGER NOT NULL REFERENCES orders (id),
+        recipient TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        worker INTEGER NOT NULL
+    );
+    CREATE TABLE accounts (
+        id INTEGER PRIMARY KEY,
+        owner TEXT NOT NULL,
+        balance BIGINT NOT NULL,
+        version INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE ledger (
+        id INTEGER PRIMARY KEY,
+        account_id INTEGER NOT NULL REFERENCES accounts (id),
+        amount BIGINT NOT NULL,
+        method TEXT NOT NULL
+    );
+    CREATE TABLE users (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        active BOOLEAN NOT NULL,
+        lease_token BIGINT
+    );
+";
+
+/// Settings every pooled connection needs.
+#[derive(Debug)]
+struct Pragmas;
+
+impl CustomizeConnection<SqliteConnection, r2d2::Error> for Pragmas {
+    fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), r2d2::Error> {
+        // busy_timeout: a claim waits for the write lock instead of failing at
+        //   once with "database is locked" (SQLite's default timeout is zero).
+        // WAL: readers (the unlocked candidate scan) do not block the writer.
+        // synchronous = NORMAL: the usual companion of WAL; commits stay atomic
+        //   and durable across a crash of the process, not of the machine.
+        // foreign_keys: SQLite leaves them off unless asked.
+        conn.batch_execute(
+            "PRAGMA busy_timeout = 30000;
+             PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = NORMAL;
+             PRAGMA foreign_keys = ON;",
+        )
+        .map_err(r2d2::Error::QueryError)
+    }
+}
+
+/// The database file; removed at the start of every run and left behind at the
+/// end for inspection with `sqlite3`.
+fn database_path() -> PathBuf {
+    std::env::temp_dir().join("diesel-claim-shop.sqlite")
+}
+
+pub fn run(options: &Options, clock: Clock) -> Result<Checks, BoxError> {
+    let path = database_path();
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(suffix);
+        match std::fs::remove_file(&file) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error.into()),
+            _ => {}
+        }
+    }
+    let url = path
+        .to_str()
+        .ok_or("the temporary directory's path is not UTF-8")?;
+    println!(
+        "diesel-claim shop on SQLite ({}), {} workers, {} orders\n",
+        path.display(),
+        options.workers,
+        options.orders
+    );
+
+    let pool = Pool::builder()
+        .max_size(options.workers + 1)
+        .connection_timeout(Duration::from_secs(30))
+        .connection_customizer(Box::new(Pragmas))
+        .build(ConnectionManager::new(url))?;
+
+    let mut conn = pool.get()?;
+    conn.batch_execute(SCHEMA)?;
+    // The lease table of `with_lease`, from the crate's embedded migrations.
+    diesel_claim::run_migrations(&mut conn)?;
+    drop(conn);
+
+    stories::run(&pool, options, clock)
+}
