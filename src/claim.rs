@@ -13,7 +13,7 @@ use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SingleValue;
 
 use crate::backend::{transaction_depth, ClaimBackend};
-use crate::query::{lock_target, After, LockClause, Locked};
+use crate::query::{lock_target, After, LockClause, LockOptions, Locked};
 use crate::transaction::locking_transaction;
 use crate::{Error, LockStrength, OnLocked};
 
@@ -95,38 +95,27 @@ impl<Q: Query> ClaimDsl for Q {}
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
 pub struct ClaimBuilder<Q> {
     query: Q,
-    strength: LockStrength,
-    on_locked: Option<OnLocked>,
+    lock: LockOptions,
     max_rows: Option<u64>,
     drain: bool,
     page_size: i64,
-    invalid: Option<String>,
 }
 
 impl<Q> ClaimBuilder<Q> {
     fn new(query: Q) -> Self {
         ClaimBuilder {
             query,
-            strength: LockStrength::default(),
-            on_locked: None,
+            lock: LockOptions::default(),
             max_rows: None,
             drain: false,
             page_size: DEFAULT_PAGE_SIZE,
-            invalid: None,
         }
     }
 
     /// Sets what to do with a row another transaction has locked. Choosing two
     /// different policies for one claim is an error reported by [`each`](Self::each).
     pub fn on_locked(mut self, policy: OnLocked) -> Self {
-        match self.on_locked {
-            Some(chosen) if chosen != policy => {
-                self.invalid = Some(format!(
-                    "conflicting lock policies: {chosen:?} and {policy:?} were both chosen"
-                ));
-            }
-            _ => self.on_locked = Some(policy),
-        }
+        self.lock.on_locked(policy);
         self
     }
 
@@ -148,14 +137,14 @@ impl<Q> ClaimBuilder<Q> {
 
     /// Sets the lock strength (PostgreSQL; default `FOR NO KEY UPDATE`).
     pub fn strength(mut self, strength: LockStrength) -> Self {
-        self.strength = strength;
+        self.lock.strength(strength);
         self
     }
 
     /// Stops after processing `max_rows` rows (at least 1).
     pub fn max_rows(mut self, max_rows: u64) -> Self {
         if max_rows == 0 {
-            self.invalid = Some("max_rows must be at least 1".to_owned());
+            self.lock.reject("max_rows must be at least 1".to_owned());
         }
         self.max_rows = Some(max_rows);
         self
@@ -176,7 +165,7 @@ impl<Q> ClaimBuilder<Q> {
     /// 1000). Memory use is bounded by this, not by the number of pending rows.
     pub fn page_size(mut self, page_size: u32) -> Self {
         if page_size == 0 {
-            self.invalid = Some("page_size must be at least 1".to_owned());
+            self.lock.reject("page_size must be at least 1".to_owned());
         }
         self.page_size = i64::from(page_size);
         self
@@ -191,9 +180,9 @@ impl<Q> ClaimBuilder<Q> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
-        if let Some(reason) = self.invalid {
-            return Err(Error::InvalidArgument(reason).into());
-        }
+        let (on_locked, clause) = self
+            .lock
+            .resolve(OnLocked::Skip, || self.query.claimed_table())?;
         if transaction_depth(conn).map_err(Error::from)? > 0 {
             return Err(Error::InvalidArgument(
                 "claim_each must run outside a transaction: each row needs a transaction of \
@@ -202,12 +191,6 @@ impl<Q> ClaimBuilder<Q> {
             )
             .into());
         }
-        let on_locked = self.on_locked.unwrap_or(OnLocked::Skip);
-        let clause = LockClause {
-            strength: self.strength,
-            skip_locked: on_locked != OnLocked::Wait,
-            of: self.query.claimed_table()?,
-        };
         let mut claim = Claim {
             query: &self.query,
             clause,

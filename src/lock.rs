@@ -6,7 +6,7 @@ use diesel::query_builder::{Query, QueryFragment};
 use diesel::query_dsl::LoadQuery;
 
 use crate::backend::ClaimBackend;
-use crate::query::{lock_target, LockClause, Locked};
+use crate::query::{lock_target, LockClause, LockOptions, Locked};
 use crate::transaction::locking_transaction;
 use crate::{Error, LockStrength, OnLocked};
 
@@ -34,9 +34,7 @@ pub trait LockDsl: Sized {
     fn build_lock(self) -> LockBuilder<Self> {
         LockBuilder {
             query: self,
-            strength: LockStrength::default(),
-            on_locked: None,
-            invalid: None,
+            lock: LockOptions::default(),
         }
     }
 }
@@ -69,9 +67,7 @@ impl<Q: Query> LockDsl for Q {}
 #[must_use = "a lock does nothing until `.run(conn, f)` runs it"]
 pub struct LockBuilder<Q> {
     query: Q,
-    strength: LockStrength,
-    on_locked: Option<OnLocked>,
-    invalid: Option<String>,
+    lock: LockOptions,
 }
 
 impl<Q> LockBuilder<Q> {
@@ -80,14 +76,7 @@ impl<Q> LockBuilder<Q> {
     /// [`Error::LockNotAvailable`] at once, without an error inside the
     /// transaction: a caller's surrounding transaction stays usable.
     pub fn on_locked(mut self, policy: OnLocked) -> Self {
-        match self.on_locked {
-            Some(chosen) if chosen != policy => {
-                self.invalid = Some(format!(
-                    "conflicting lock policies: {chosen:?} and {policy:?} were both chosen"
-                ));
-            }
-            _ => self.on_locked = Some(policy),
-        }
+        self.lock.on_locked(policy);
         self
     }
 
@@ -103,7 +92,7 @@ impl<Q> LockBuilder<Q> {
 
     /// Sets the lock strength (PostgreSQL; default `FOR NO KEY UPDATE`).
     pub fn strength(mut self, strength: LockStrength) -> Self {
-        self.strength = strength;
+        self.lock.strength(strength);
         self
     }
 
@@ -116,15 +105,9 @@ impl<Q> LockBuilder<Q> {
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
     {
-        if let Some(reason) = self.invalid {
-            return Err(Error::InvalidArgument(reason).into());
-        }
-        let on_locked = self.on_locked.unwrap_or(OnLocked::Wait);
-        let clause = LockClause {
-            strength: self.strength,
-            skip_locked: on_locked != OnLocked::Wait,
-            of: self.query.locked_table()?,
-        };
+        let (on_locked, clause) = self
+            .lock
+            .resolve(OnLocked::Wait, || self.query.locked_table())?;
         locking_transaction(conn, |conn| {
             let mut rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
             if rows.len() > 1 {

@@ -56,6 +56,55 @@ pub struct LockClause {
     pub of: Option<std::sync::Arc<str>>,
 }
 
+/// The lock options both builders share, and the first invalid choice made on
+/// a builder, reported when it runs, before any SQL.
+#[derive(Debug, Clone, Default)]
+pub struct LockOptions {
+    strength: LockStrength,
+    on_locked: Option<OnLocked>,
+    invalid: Option<String>,
+}
+
+impl LockOptions {
+    /// Chooses a wait policy; a second, different one is a conflict.
+    pub fn on_locked(&mut self, policy: OnLocked) {
+        match self.on_locked {
+            Some(chosen) if chosen != policy => self.reject(format!(
+                "conflicting lock policies: {chosen:?} and {policy:?} were both chosen"
+            )),
+            _ => self.on_locked = Some(policy),
+        }
+    }
+
+    pub fn strength(&mut self, strength: LockStrength) {
+        self.strength = strength;
+    }
+
+    /// Records an invalid choice; the first one is reported.
+    pub fn reject(&mut self, reason: String) {
+        self.invalid.get_or_insert(reason);
+    }
+
+    /// The chosen policy (or `default`) and the clause that carries it out, or
+    /// the first invalid choice.
+    pub fn resolve(
+        self,
+        default: OnLocked,
+        of: impl FnOnce() -> Result<Option<std::sync::Arc<str>>, crate::Error>,
+    ) -> Result<(OnLocked, LockClause), crate::Error> {
+        if let Some(reason) = self.invalid {
+            return Err(crate::Error::InvalidArgument(reason));
+        }
+        let on_locked = self.on_locked.unwrap_or(default);
+        let clause = LockClause {
+            strength: self.strength,
+            skip_locked: on_locked != OnLocked::Wait,
+            of: of()?,
+        };
+        Ok((on_locked, clause))
+    }
+}
+
 /// The caller's query with a locking clause appended.
 #[derive(Debug, Clone)]
 pub struct Locked<Q> {

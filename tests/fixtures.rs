@@ -2,6 +2,7 @@
 //! backend.
 
 use diesel::prelude::*;
+use diesel_claim::{Error, Transient};
 
 diesel::table! {
     customers (id) {
@@ -83,6 +84,62 @@ pub const SQLITE_SCHEMA: &str = "
     CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
 ";
 
+/// The error of a transfer: the domain's own refusal, or the crate's error.
+#[derive(Debug)]
+pub enum BankError {
+    /// The source account does not hold the amount: a refusal, not a failure.
+    Insufficient,
+    Claim(Error),
+}
+
+impl From<Error> for BankError {
+    fn from(error: Error) -> Self {
+        BankError::Claim(error)
+    }
+}
+
+impl From<diesel::result::Error> for BankError {
+    fn from(error: diesel::result::Error) -> Self {
+        BankError::Claim(error.into())
+    }
+}
+
+impl Transient for BankError {
+    fn is_transient(&self) -> bool {
+        matches!(self, BankError::Claim(error) if error.is_transient())
+    }
+}
+
+/// A tiny deterministic PRNG (xorshift64), so that no dependency is needed.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> Self {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Two distinct account ids in `1..=accounts`.
+    pub fn pair(&mut self, accounts: u64) -> (i32, i32) {
+        let from = self.below(accounts);
+        let to = (from + 1 + self.below(accounts - 1)) % accounts;
+        (from as i32 + 1, to as i32 + 1)
+    }
+}
+
 /// Expands its test functions once per enabled backend, in modules `pg` and
 /// `sqlite`. Inside, `Conn` is the backend's connection type, `Pool` its r2d2
 /// pool, `ROW_LOCKS` says whether it has row locks, and `test_db(size)` gives a
@@ -105,6 +162,18 @@ macro_rules! on_every_backend {
                 (db, pool)
             }
 
+            /// Accounts `1..=balances.len()` with the given balances, all at version 0.
+            pub fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
+                use diesel::prelude::*;
+                use crate::fixtures::accounts;
+                let rows: Vec<_> = balances
+                    .iter()
+                    .enumerate()
+                    .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
+                    .collect();
+                diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
+            }
+
             $($tests)*
         }
 
@@ -121,6 +190,18 @@ macro_rules! on_every_backend {
                 let pool = crate::common::sqlite_pool(&db.url, size);
                 crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::SQLITE_SCHEMA);
                 (db, pool)
+            }
+
+            /// Accounts `1..=balances.len()` with the given balances, all at version 0.
+            pub fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
+                use diesel::prelude::*;
+                use crate::fixtures::accounts;
+                let rows: Vec<_> = balances
+                    .iter()
+                    .enumerate()
+                    .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
+                    .collect();
+                diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
             }
 
             $($tests)*

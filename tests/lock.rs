@@ -12,56 +12,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, OnLocked};
 
-use crate::fixtures::{accounts, on_every_backend, Account};
-
-/// The error of a transfer: the domain's own refusal, or the crate's error.
-#[derive(Debug)]
-enum BankError {
-    /// The source account does not hold the amount: a refusal, not a failure.
-    Insufficient,
-    Claim(Error),
-}
-
-impl From<Error> for BankError {
-    fn from(error: Error) -> Self {
-        BankError::Claim(error)
-    }
-}
-
-impl From<diesel::result::Error> for BankError {
-    fn from(error: diesel::result::Error) -> Self {
-        BankError::Claim(error.into())
-    }
-}
-
-/// A tiny deterministic PRNG (xorshift64), so that no dependency is needed.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Two distinct account ids in `1..=accounts`.
-    fn pair(&mut self, accounts: u64) -> (i32, i32) {
-        let from = self.below(accounts);
-        let to = (from + 1 + self.below(accounts - 1)) % accounts;
-        (from as i32 + 1, to as i32 + 1)
-    }
-}
+use crate::fixtures::{accounts, on_every_backend, Account, BankError, XorShift};
 
 /// How deep the connection's transaction nesting is (0: none open).
 fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
@@ -72,15 +23,6 @@ fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
 }
 
 on_every_backend! {
-    /// Accounts `1..=balances.len()` with the given balances.
-    fn seed(conn: &mut Conn, balances: &[i64]) {
-        let rows: Vec<_> = balances
-            .iter()
-            .enumerate()
-            .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
-            .collect();
-        diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
-    }
 
     fn balances(conn: &mut Conn) -> Vec<i64> {
         accounts::table.order(accounts::id).select(accounts::balance).load(conn).unwrap()
@@ -122,7 +64,7 @@ on_every_backend! {
         const THREADS: usize = 8;
         let per_thread = if ROW_LOCKS { 500 } else { 100 };
         let (_db, pool) = test_db(THREADS as u32 + 2);
-        seed(&mut pool.get().unwrap(), &[1_000; 10]);
+        seed_accounts(&mut pool.get().unwrap(), &[1_000; 10]);
         let total = 10_000i64;
 
         let transfers = AtomicU64::new(0);
@@ -189,7 +131,7 @@ on_every_backend! {
     fn overdraw_race_lets_exactly_three_of_eight_withdrawals_through() {
         const THREADS: usize = 8;
         let (_db, pool) = test_db(THREADS as u32);
-        seed(&mut pool.get().unwrap(), &[100]);
+        seed_accounts(&mut pool.get().unwrap(), &[100]);
 
         let start = Barrier::new(THREADS);
         let outcomes: Vec<Result<i64, BankError>> = thread::scope(|scope| {
@@ -227,7 +169,7 @@ on_every_backend! {
         let (_db, pool) = test_db(1);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
-        seed(conn, &[100, 200]);
+        seed_accounts(conn, &[100, 200]);
 
         let mut ran = false;
         let missing = accounts::table.find(42).with_lock(conn, |_, _: Account| {
@@ -260,7 +202,7 @@ on_every_backend! {
         let (_db, pool) = test_db(1);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
-        seed(conn, &[100]);
+        seed_accounts(conn, &[100]);
 
         let builders = [
             accounts::table.find(42).build_lock().nowait().wait(),
@@ -296,7 +238,7 @@ on_every_backend! {
         let (_db, pool) = test_db(2);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
-        seed(conn, &[100, 200]);
+        seed_accounts(conn, &[100, 200]);
 
         conn.transaction::<_, Error, _>(|conn| {
             diesel::update(accounts::table.find(2)).set(accounts::balance.eq(201)).execute(conn)?;
@@ -325,7 +267,7 @@ on_every_backend! {
         let (_db, pool) = test_db(2);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
-        seed(conn, &[100]);
+        seed_accounts(conn, &[100]);
 
         let caught = panic::catch_unwind(AssertUnwindSafe(|| {
             accounts::table.find(1).with_lock(&mut *conn, |conn, _: Account| -> Result<(), Error> {

@@ -8,71 +8,15 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
-use diesel_claim::{retry, Error, RetryPolicy, Transient};
+use diesel_claim::{retry, Error, RetryPolicy};
 
-use crate::fixtures::{accounts, on_every_backend, Account};
+use crate::fixtures::{accounts, on_every_backend, Account, BankError, XorShift};
 
 /// A changeset whose fields may all be `None`: then it is empty.
 #[derive(Debug, Clone, AsChangeset)]
 #[diesel(table_name = accounts)]
 struct BalanceChange {
     balance: Option<i64>,
-}
-
-/// The error of a transfer: the domain's own refusal, or the crate's error.
-#[derive(Debug)]
-enum BankError {
-    /// The source account does not hold the amount: a refusal, not a failure.
-    Insufficient,
-    Claim(Error),
-}
-
-impl From<Error> for BankError {
-    fn from(error: Error) -> Self {
-        BankError::Claim(error)
-    }
-}
-
-impl From<diesel::result::Error> for BankError {
-    fn from(error: diesel::result::Error) -> Self {
-        BankError::Claim(error.into())
-    }
-}
-
-impl Transient for BankError {
-    fn is_transient(&self) -> bool {
-        matches!(self, BankError::Claim(error) if error.is_transient())
-    }
-}
-
-/// A tiny deterministic PRNG (xorshift64), so that no dependency is needed.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform-ish in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Two distinct account ids in `1..=accounts`.
-    fn pair(&mut self, accounts: u64) -> (i32, i32) {
-        let from = self.below(accounts);
-        let to = (from + 1 + self.below(accounts - 1)) % accounts;
-        (from as i32 + 1, to as i32 + 1)
-    }
 }
 
 /// A patient policy for the heavily contended tests.
@@ -84,15 +28,6 @@ fn patient() -> RetryPolicy {
 }
 
 on_every_backend! {
-    /// Accounts `1..=balances.len()` with the given balances, all at version 0.
-    fn seed(conn: &mut Conn, balances: &[i64]) {
-        let rows: Vec<_> = balances
-            .iter()
-            .enumerate()
-            .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
-            .collect();
-        diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
-    }
 
     fn read(conn: &mut Conn, id: i32) -> QueryResult<Account> {
         accounts::table.find(id).select(Account::as_select()).first(conn)
@@ -152,7 +87,7 @@ on_every_backend! {
     /// exactly two versions.
     fn optimistic_bank(balances: &[i64], threads: usize, per_thread: usize, pause: Duration) -> BankFigures {
         let (_db, pool) = test_db(threads as u32 + 2);
-        seed(&mut pool.get().unwrap(), balances);
+        seed_accounts(&mut pool.get().unwrap(), balances);
         let total: i64 = balances.iter().sum();
         let count = balances.len() as u64;
 
@@ -233,7 +168,7 @@ on_every_backend! {
         let (_db, pool) = test_db(2);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
-        seed(conn, &[100, 50]);
+        seed_accounts(conn, &[100, 50]);
 
         // Updated: the new version comes back and the row has it.
         let version = accounts::table
@@ -342,7 +277,7 @@ on_every_backend! {
         let (_db, pool) = test_db(1);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
-        seed(conn, &[5]);
+        seed_accounts(conn, &[5]);
         diesel::update(accounts::table.find(1)).set(accounts::version.eq(3)).execute(conn).unwrap();
 
         // An operation that never re-reads keeps conflicting: retry returns the
@@ -373,7 +308,7 @@ on_every_backend! {
         const THREADS: usize = 25;
         const INCREMENTS: u32 = 5;
         let (_db, pool) = test_db(THREADS as u32);
-        seed(&mut pool.get().unwrap(), &[0]);
+        seed_accounts(&mut pool.get().unwrap(), &[0]);
 
         let retries = AtomicU32::new(0);
         let start = Barrier::new(THREADS);
