@@ -146,66 +146,44 @@ impl XorShift {
 /// fresh database with the shop schema and the crate's migrations, plus a pool
 /// of `size` connections to it.
 macro_rules! on_every_backend {
+    (@backend $module:ident, $conn:ty, $row_locks:expr,
+        $test_db:ident, $pool:ident, $schema:ident, $($tests:tt)*) => {
+        mod $module {
+            #![allow(unused_imports, dead_code)]
+            use super::*;
+            pub type Conn = $conn;
+            pub type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>;
+            pub const ROW_LOCKS: bool = $row_locks;
+
+            pub fn test_db(size: u32) -> (crate::common::$test_db, Pool) {
+                let db = crate::common::$test_db::new();
+                let pool = crate::common::$pool(&db.url, size);
+                crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::$schema);
+                (db, pool)
+            }
+
+            /// Accounts `1..=balances.len()` with the given balances, all at version 0.
+            pub fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
+                use diesel::prelude::*;
+                use crate::fixtures::accounts;
+                let rows: Vec<_> = balances
+                    .iter()
+                    .enumerate()
+                    .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
+                    .collect();
+                diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
+            }
+
+            $($tests)*
+        }
+    };
     ($($tests:tt)*) => {
         #[cfg(feature = "postgres")]
-        mod pg {
-            #![allow(unused_imports, dead_code)]
-            use super::*;
-            pub type Conn = diesel::PgConnection;
-            pub type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>;
-            pub const ROW_LOCKS: bool = true;
-
-            pub fn test_db(size: u32) -> (crate::common::PgTestDb, Pool) {
-                let db = crate::common::PgTestDb::new();
-                let pool = crate::common::pg_pool(&db.url, size);
-                crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::POSTGRES_SCHEMA);
-                (db, pool)
-            }
-
-            /// Accounts `1..=balances.len()` with the given balances, all at version 0.
-            pub fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
-                use diesel::prelude::*;
-                use crate::fixtures::accounts;
-                let rows: Vec<_> = balances
-                    .iter()
-                    .enumerate()
-                    .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
-                    .collect();
-                diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
-            }
-
-            $($tests)*
-        }
-
+        $crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
+            PgTestDb, pg_pool, POSTGRES_SCHEMA, $($tests)*);
         #[cfg(feature = "sqlite")]
-        mod sqlite {
-            #![allow(unused_imports, dead_code)]
-            use super::*;
-            pub type Conn = diesel::SqliteConnection;
-            pub type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>;
-            pub const ROW_LOCKS: bool = false;
-
-            pub fn test_db(size: u32) -> (crate::common::SqliteTestDb, Pool) {
-                let db = crate::common::SqliteTestDb::new();
-                let pool = crate::common::sqlite_pool(&db.url, size);
-                crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::SQLITE_SCHEMA);
-                (db, pool)
-            }
-
-            /// Accounts `1..=balances.len()` with the given balances, all at version 0.
-            pub fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
-                use diesel::prelude::*;
-                use crate::fixtures::accounts;
-                let rows: Vec<_> = balances
-                    .iter()
-                    .enumerate()
-                    .map(|(i, balance)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*balance)))
-                    .collect();
-                diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
-            }
-
-            $($tests)*
-        }
+        $crate::fixtures::on_every_backend!(@backend sqlite, diesel::SqliteConnection, false,
+            SqliteTestDb, sqlite_pool, SQLITE_SCHEMA, $($tests)*);
     };
 }
 pub(crate) use on_every_backend;
