@@ -47,7 +47,10 @@ pub enum Error {
     #[error("row not found")]
     NotFound,
 
-    /// A lease could not be acquired because another holder has it.
+    /// A lease was still held by another owner when [`Lease::acquire_within`]
+    /// stopped waiting for it.
+    ///
+    /// [`Lease::acquire_within`]: crate::Lease::acquire_within
     #[error("lease {name:?} is held by another owner")]
     LeaseHeld {
         /// The lease name.

@@ -2,7 +2,8 @@
 //! expires by the database clock and fences stale holders with a token.
 
 use std::panic::{self, AssertUnwindSafe};
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use diesel::connection::LoadConnection;
 
@@ -69,6 +70,39 @@ impl Lease {
             name: name.to_owned(),
             token,
         }))
+    }
+
+    /// Takes the lease on `name` for `ttl`, waiting up to `patience` for its
+    /// holder to release it or let it expire; [`Error::LeaseHeld`] if it is still
+    /// held by then.
+    ///
+    /// Waiting is polling, from every 5 ms up to every 100 ms: fine for a lock
+    /// held for a request or a job, not a queue for many waiters.
+    pub fn acquire_within<C>(
+        conn: &mut C,
+        name: &str,
+        ttl: Duration,
+        patience: Duration,
+    ) -> Result<Lease, Error>
+    where
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+    {
+        let deadline = Instant::now() + patience;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if let Some(lease) = Lease::acquire(conn, name, ttl)? {
+                return Ok(lease);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::LeaseHeld {
+                    name: name.to_owned(),
+                });
+            }
+            thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
     }
 
     /// The leased name.

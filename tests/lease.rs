@@ -259,6 +259,39 @@ on_every_backend! {
         assert_eq!(successor.token(), lease.token() + 1);
     }
 
+    /// Waiting for a lease: `LeaseHeld` once patience runs out, the lease as soon
+    /// as its holder releases it.
+    #[test]
+    fn acquire_within_waits_for_the_holder() {
+        let (_db, pool) = test_db(2);
+        let mut holder = pool.get().unwrap();
+        let mut waiter = pool.get().unwrap();
+        let held = acquire(&mut holder, "report", LONG).expect("free lease");
+
+        let started = Instant::now();
+        let impatient = Lease::acquire_within(&mut waiter, "report", LONG, Duration::from_millis(50));
+        assert!(matches!(&impatient, Err(Error::LeaseHeld { name }) if name == "report"), "{impatient:?}");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+
+        let (released_tx, released_rx) = std::sync::mpsc::channel();
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(150));
+            // Taken before the release: the waiter cannot get the lease earlier.
+            let releasing_at = Instant::now();
+            held.release(&mut holder).unwrap();
+            released_tx.send(releasing_at).unwrap();
+        });
+        let lease = Lease::acquire_within(&mut waiter, "report", LONG, Duration::from_secs(5)).unwrap();
+        let acquired_at = Instant::now();
+        releaser.join().unwrap();
+        let released_at = released_rx.recv().unwrap();
+        assert!(acquired_at >= released_at, "acquired before the release");
+        // Polling catches the release within its longest pause (100 ms).
+        println!("acquired {:?} after the release", acquired_at - released_at);
+        assert!(acquired_at - released_at < Duration::from_millis(500));
+        lease.release(&mut waiter).unwrap();
+    }
+
     /// Scenario 18. An expired holder's renew and release fail typed, whether or
     /// not someone took the lease since; the new holder is unaffected.
     #[test]
