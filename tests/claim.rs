@@ -384,7 +384,7 @@ mod pg_row_locks {
     use diesel::connection::SimpleConnection;
     use diesel_claim::LockStrength;
 
-    use super::pg::{insert_pending, send_email, test_db, Pool};
+    use super::pg::{insert_pending, send_email, test_db, Conn, Pool};
     use super::*;
 
     /// Runs `sql` in a transaction on its own connection and holds what it locks
@@ -538,6 +538,39 @@ mod pg_row_locks {
         holder.join().unwrap();
         assert_eq!(seen, [2]);
         assert_eq!((report.processed, report.skipped), (1, 1));
+    }
+
+    /// Under `REPEATABLE READ` a row its lock holder changed while the claimer
+    /// waited cannot be re-read at its new version: the claim fails with a typed
+    /// serialization failure (nothing is processed), and `retry` recovers.
+    #[test]
+    fn repeatable_read_surfaces_serialization_failures() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 1);
+        conn.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+            .unwrap();
+        let (release, holder) = hold(&pool, "UPDATE orders SET shipped = TRUE WHERE id = 1");
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(200));
+            drop(release);
+        });
+        let claim = |conn: &mut Conn| {
+            pending()
+                .build_claim()
+                .wait()
+                .each(conn, |_, _: Order| Ok::<_, Error>(()))
+        };
+        let result = claim(&mut conn);
+        releaser.join().unwrap();
+        holder.join().unwrap();
+        assert!(
+            matches!(result, Err(Error::SerializationFailure(_))),
+            "{result:?}"
+        );
+        let report =
+            diesel_claim::retry(&mut *conn, diesel_claim::RetryPolicy::default(), claim).unwrap();
+        assert_eq!(report.processed, 1);
     }
 
     /// While a row is claimed through a join, the joined customer can still be
