@@ -247,6 +247,8 @@ mod sqlite {
             if transaction_depth(conn)? > 0 {
                 return C::TransactionManager::begin_transaction(conn);
             }
+            // (`transaction_depth` above has also refused a broken transaction
+            // manager, before any SQL.)
             conn.batch_execute("BEGIN IMMEDIATE")?;
             match C::TransactionManager::transaction_manager_status_mut(conn) {
                 TransactionManagerStatus::Valid(status) => {

@@ -135,8 +135,17 @@ impl<Q> ClaimBuilder<Q> {
         self.on_locked(OnLocked::Wait)
     }
 
-    /// Sets the lock strength (PostgreSQL; default `FOR NO KEY UPDATE`).
+    /// Sets the lock strength (PostgreSQL): [`NoKeyUpdate`](LockStrength::NoKeyUpdate),
+    /// the default, or [`Update`](LockStrength::Update), which also holds off
+    /// foreign-key inserts referencing the row. The shared strengths do not
+    /// exclude other claimers and are an error.
     pub fn strength(mut self, strength: LockStrength) -> Self {
+        if matches!(strength, LockStrength::Share | LockStrength::KeyShare) {
+            self.lock.reject(format!(
+                "a claim needs an exclusive lock: {strength:?} would let other claimers process \
+                 the same row"
+            ));
+        }
         self.lock.strength(strength);
         self
     }
@@ -152,6 +161,8 @@ impl<Q> ClaimBuilder<Q> {
 
     /// Repeats until a pass claims nothing new: rows skipped because they were
     /// locked are tried again, and rows added after the scan are picked up.
+    /// (A skipped row costs one more read, to tell "locked" from "done by
+    /// someone else"; only locked ones are kept, so memory stays bounded.)
     ///
     /// A row is never processed twice in one call, even when the closure leaves it
     /// matching the filter: later passes revisit only the rows skipped before and
@@ -237,6 +248,15 @@ impl<Q> ClaimBuilder<Q> {
     }
 }
 
+/// What became of one candidate.
+enum Claimed {
+    Processed,
+    /// Still matching, but locked by someone else.
+    Locked,
+    /// Locked by someone else or no longer matching, not told apart.
+    Skipped,
+}
+
 /// The state of one `each` call.
 struct Claim<'a, Q, K> {
     query: &'a Q,
@@ -244,7 +264,7 @@ struct Claim<'a, Q, K> {
     check_locked: bool,
     remaining: u64,
     report: ClaimReport,
-    /// Keys skipped in this pass, kept only when draining, to try again.
+    /// Keys found locked in this pass, kept only when draining, to try again.
     skipped_keys: Option<Vec<K>>,
     skipped_in_pass: u64,
 }
@@ -262,31 +282,40 @@ impl<Q, K: Clone> Claim<'_, Q, K> {
         if self.remaining == 0 {
             return Ok(());
         }
-        let processed = locking_transaction(conn, |conn| {
+        let claimed = locking_transaction(conn, |conn| {
             match self
                 .query
                 .row(conn, key, Some(&self.clause))
                 .map_err(Error::from)?
             {
-                Some(row) => f(conn, row).map(|()| true),
-                // Skip-locked found nothing: locked by someone, or gone. An unlocked
-                // read tells which without an error that aborts the transaction.
-                None if self.check_locked => match self.query.row(conn, key, None) {
-                    Ok(Some(_)) => Err(Error::LockNotAvailable.into()),
-                    Ok(None) => Ok(false),
-                    Err(error) => Err(Error::from(error).into()),
-                },
-                None => Ok(false),
+                Some(row) => f(conn, row).map(|()| Claimed::Processed),
+                // Skip-locked found nothing: the row is locked by someone, or no
+                // longer matches. Where it matters (failing on locked rows, or
+                // keeping them to try again) an unlocked read tells which, without
+                // an error that would abort the transaction.
+                None if self.check_locked || self.skipped_keys.is_some() => {
+                    match self.query.row(conn, key, None) {
+                        Ok(Some(_)) if self.check_locked => Err(Error::LockNotAvailable.into()),
+                        Ok(Some(_)) => Ok(Claimed::Locked),
+                        Ok(None) => Ok(Claimed::Skipped),
+                        Err(error) => Err(Error::from(error).into()),
+                    }
+                }
+                None => Ok(Claimed::Skipped),
             }
         })?;
-        if processed {
-            self.report.processed += 1;
-            self.remaining -= 1;
-        } else {
-            self.skipped_in_pass += 1;
-            if let Some(keys) = &mut self.skipped_keys {
-                keys.push(key.clone());
+        match claimed {
+            Claimed::Processed => {
+                self.report.processed += 1;
+                self.remaining -= 1;
             }
+            Claimed::Locked => {
+                self.skipped_in_pass += 1;
+                if let Some(keys) = &mut self.skipped_keys {
+                    keys.push(key.clone());
+                }
+            }
+            Claimed::Skipped => self.skipped_in_pass += 1,
         }
         Ok(())
     }

@@ -5,9 +5,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use diesel::connection::LoadConnection;
+use diesel::connection::{Connection, LoadConnection};
 
-use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
+use crate::backend::{strategy::Strategy, transaction_depth, ClaimBackend, LeaseStatement};
 use crate::Error;
 
 /// The longest accepted lease name, in bytes.
@@ -54,13 +54,15 @@ impl Lease {
     /// Takes the lease on `name` for `ttl` if it is free or its last holder's lease
     /// has expired; `Ok(None)` if someone else holds it.
     ///
-    /// Call it outside a transaction, so that others see the lease at once.
+    /// Outside a transaction only ([`Error::InvalidArgument`] inside one), so that
+    /// others see the lease at once and its token is never handed out twice.
     pub fn acquire<C>(conn: &mut C, name: &str, ttl: Duration) -> Result<Option<Lease>, Error>
     where
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
         check_name(name)?;
+        require_no_transaction(conn)?;
         let statement = LeaseStatement::Acquire {
             name,
             ttl_micros: ttl_micros(ttl)?,
@@ -123,6 +125,7 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
+        require_no_transaction(conn)?;
         let statement = LeaseStatement::Renew {
             name: &self.name,
             token: self.token,
@@ -141,6 +144,7 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
+        require_no_transaction(conn)?;
         let statement = LeaseStatement::Release {
             name: &self.name,
             token: self.token,
@@ -166,7 +170,9 @@ impl Lease {
 /// The lease is released when `f` returns or panics. If it expired while `f`
 /// ran, the result is [`Error::NotLeaseOwner`] (converted into `E`) even when `f`
 /// succeeded: the critical section may not have been exclusive. An error from
-/// `f` is returned as it is, after the release.
+/// `f` is returned as it is, after the release; if that release fails too (the
+/// connection died, say), the lease is left to expire at its TTL. `f` must not
+/// leave a transaction open: the release would then be refused.
 ///
 /// ```text
 /// with_lease(&mut conn, "signup:alice", Duration::from_secs(10), |conn, lease| { … })
@@ -191,6 +197,18 @@ where
         Ok(Err(error)) => Err(error),
         Err(payload) => panic::resume_unwind(payload),
     }
+}
+
+/// Leases are taken, renewed and released outside transactions: inside one,
+/// others would not see the change until it commits (and would block on the row
+/// meanwhile), and a rollback would hand out the same fencing token again.
+fn require_no_transaction<C: Connection>(conn: &mut C) -> Result<(), Error> {
+    if transaction_depth(conn)? > 0 {
+        return Err(Error::InvalidArgument(
+            "leases must be acquired, renewed and released outside a transaction".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<(), Error> {

@@ -7,7 +7,8 @@
 //!   whatever the number of workers, processes or machines.
 //! - [`VersionedDsl::update_versioned`] and [`retry`]: optimistic updates guarded
 //!   by a version column, with typed conflict and not-found outcomes.
-//! - [`LockDsl::with_lock`]: pessimistic row locks for the duration of a closure.
+//! - [`LockDsl::with_lock`] and [`with_locks`](LockDsl::with_locks): pessimistic
+//!   row locks for the duration of a closure.
 //! - [`with_lease`] and [`Lease`]: named locks in the database, with a TTL by the
 //!   database clock, owner-checked release and fencing tokens.
 //! - [`Error`]: one error type whose variants say what happened.
@@ -159,7 +160,8 @@
 //! ```
 //!
 //! The row stays locked until the closure returns; a missing row is
-//! [`Error::NotFound`]. With [`nowait`](LockBuilder::nowait), a row locked by
+//! [`Error::NotFound`]. [`with_locks`](LockDsl::with_locks) locks every row a
+//! query selects (order it by key) and hands them over as a `Vec`. With [`nowait`](LockBuilder::nowait), a row locked by
 //! someone else is [`Error::LockNotAvailable`] at once, without aborting a
 //! surrounding transaction. Lock rows in a consistent order (by key) to avoid
 //! deadlocks; those that still happen are [`Error::Deadlock`], which [`retry`]
@@ -190,7 +192,9 @@
 //! liveness hint, not a guarantee: a holder that stalls past its TTL loses it
 //! while it may still be working. Writes that must not interleave should check
 //! the [fencing token](Lease::token), which strictly increases per name.
-//! The lease table comes from the crate's [`migrations`].
+//! Leases are taken, renewed and released outside transactions, so that others
+//! see them at once; [`Lease::acquire_within`] waits for a held lease up to a
+//! deadline. The lease table comes from the crate's [`migrations`].
 
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]

@@ -10,7 +10,8 @@ use crate::query::{lock_target, LockClause, LockOptions, Locked};
 use crate::transaction::locking_transaction;
 use crate::{Error, LockStrength, OnLocked};
 
-/// Adds [`with_lock`](LockDsl::with_lock) to Diesel queries.
+/// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
+/// Diesel queries.
 pub trait LockDsl: Sized {
     /// Locks the one row this query selects and runs `f` with it, in a transaction
     /// that commits when `f` returns `Ok` and rolls back otherwise (or on panic).
@@ -30,7 +31,25 @@ pub trait LockDsl: Sized {
         self.build_lock().run(conn, f)
     }
 
-    /// Starts a row lock with options; run it with [`LockBuilder::run`].
+    /// Locks every row this query selects and runs `f` with them, like
+    /// [`with_lock`](LockDsl::with_lock); no row is an empty `Vec`, not an error.
+    ///
+    /// Rows are locked in the order the database reads them: order the query by
+    /// key (`.order(accounts::id)`) so that concurrent callers lock in the same
+    /// order and do not deadlock.
+    fn with_locks<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    where
+        Self: LockQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
+        E: From<Error>,
+    {
+        self.build_lock().run_all(conn, f)
+    }
+
+    /// Starts a row lock with options; run it with [`LockBuilder::run`] or
+    /// [`LockBuilder::run_all`].
     fn build_lock(self) -> LockBuilder<Self> {
         LockBuilder {
             query: self,
@@ -71,10 +90,11 @@ pub struct LockBuilder<Q> {
 }
 
 impl<Q> LockBuilder<Q> {
-    /// Sets what to do when the row is locked by another transaction (default:
+    /// Sets what to do when a row is locked by another transaction (default:
     /// wait). [`OnLocked::Fail`] and [`OnLocked::Skip`] both return
-    /// [`Error::LockNotAvailable`] at once, without an error inside the
-    /// transaction: a caller's surrounding transaction stays usable.
+    /// [`Error::LockNotAvailable`] at once if any row the query selects is locked,
+    /// without an error inside the transaction: a caller's surrounding
+    /// transaction stays usable. (They cost one more, unlocked, read.)
     pub fn on_locked(mut self, policy: OnLocked) -> Self {
         self.lock.on_locked(policy);
         self
@@ -105,28 +125,41 @@ impl<Q> LockBuilder<Q> {
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
     {
-        let (on_locked, clause) = self
+        self.run_all(conn, |conn, mut rows: Vec<R>| {
+            match (rows.pop(), rows.len()) {
+                (Some(row), 0) => f(conn, row),
+                (None, _) => Err(Error::NotFound.into()),
+                (Some(_), others) => Err(Error::InvalidArgument(format!(
+                    "with_lock expects one row, the query selected {}",
+                    others + 1
+                ))
+                .into()),
+            }
+        })
+    }
+
+    /// Runs `f` with all the locked rows: see [`LockDsl::with_locks`].
+    pub fn run_all<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    where
+        Q: LockQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
+        E: From<Error>,
+    {
+        let (_, clause) = self
             .lock
             .resolve(OnLocked::Wait, || self.query.locked_table())?;
+        let skip_locked = clause.skip_locked;
         locking_transaction(conn, |conn| {
-            let mut rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
-            if rows.len() > 1 {
-                return Err(Error::InvalidArgument(format!(
-                    "with_lock expects one row, the query selected {}",
-                    rows.len()
-                ))
-                .into());
+            let rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
+            // Skip-locked leaves out the rows someone else holds. An unlocked read
+            // tells whether it left any out, without an error that would abort
+            // the transaction.
+            if skip_locked && self.query.rows(conn, None).map_err(Error::from)?.len() > rows.len() {
+                return Err(Error::LockNotAvailable.into());
             }
-            match rows.pop() {
-                Some(row) => f(conn, row),
-                // Skip-locked found nothing: locked by someone, or not there.
-                None if on_locked != OnLocked::Wait
-                    && !self.query.rows(conn, None).map_err(Error::from)?.is_empty() =>
-                {
-                    Err(Error::LockNotAvailable.into())
-                }
-                None => Err(Error::NotFound.into()),
-            }
+            f(conn, rows)
         })
     }
 }

@@ -27,8 +27,11 @@ pub enum LockStrength {
     #[default]
     NoKeyUpdate,
     /// `FOR SHARE`: shared with other `FOR SHARE` readers, excludes writers.
+    /// For [`with_lock`](crate::LockDsl::with_lock) only: claims need an
+    /// exclusive lock.
     Share,
-    /// `FOR KEY SHARE`: only excludes deletes and key updates.
+    /// `FOR KEY SHARE`: only excludes deletes and key updates. For
+    /// [`with_lock`](crate::LockDsl::with_lock) only.
     KeyShare,
 }
 

@@ -4,15 +4,17 @@ use std::panic::{self, AssertUnwindSafe};
 
 use diesel::connection::{Connection, TransactionManager};
 
-use crate::backend::ClaimBackend;
+use crate::backend::{strategy::Strategy, transaction_depth, ClaimBackend};
 use crate::Error;
 
 /// Runs `body` in a transaction opened by the backend's locking strategy; commits
 /// on `Ok`, rolls back on `Err`.
 ///
 /// Unlike `Connection::transaction`, a panic in `body` also rolls back before it
-/// resumes unwinding, so the connection is left with no open transaction and no
-/// lock held, whether or not the caller catches the panic.
+/// resumes unwinding — every level `body` opened, since Diesel's own
+/// `transaction` leaves its level open when a panic goes through it — so the
+/// connection is left as it was, with no lock held, whether or not the caller
+/// catches the panic.
 pub(crate) fn locking_transaction<C, T, E>(
     conn: &mut C,
     body: impl FnOnce(&mut C) -> Result<T, E>,
@@ -22,8 +24,8 @@ where
     C::Backend: ClaimBackend,
     E: From<Error>,
 {
-    <C::Backend as crate::backend::strategy::Strategy>::begin_locking_transaction(conn)
-        .map_err(Error::from)?;
+    let depth = transaction_depth(conn).map_err(Error::from)?;
+    C::Backend::begin_locking_transaction(conn).map_err(Error::from)?;
     match panic::catch_unwind(AssertUnwindSafe(|| body(&mut *conn))) {
         Ok(Ok(value)) => {
             C::TransactionManager::commit_transaction(conn).map_err(Error::from)?;
@@ -33,14 +35,24 @@ where
             // The body's error is the one to report: a rollback that fails too
             // (a broken connection, say) leaves the transaction manager in its
             // error state, which the next use of the connection reports.
-            let _ = C::TransactionManager::rollback_transaction(conn);
+            roll_back_to(conn, depth);
             Err(error)
         }
         Err(payload) => {
-            // The rollback's own failure cannot be reported past a panic; the pool
-            // discards a connection left in a transaction in any case.
-            let _ = C::TransactionManager::rollback_transaction(conn);
+            // Nothing can be reported past a panic; a pool discards a connection
+            // whose rollback failed, as it is still in a transaction.
+            roll_back_to(conn, depth);
             panic::resume_unwind(payload)
+        }
+    }
+}
+
+/// Rolls back every transaction level above `depth`, stopping at the first
+/// rollback that fails.
+fn roll_back_to<C: Connection>(conn: &mut C, depth: u32) {
+    while matches!(transaction_depth(conn), Ok(current) if current > depth) {
+        if C::TransactionManager::rollback_transaction(conn).is_err() {
+            break;
         }
     }
 }

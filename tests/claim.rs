@@ -7,7 +7,7 @@ use std::time::Duration;
 use diesel::connection::{Instrumentation, InstrumentationEvent};
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
-use diesel_claim::{ClaimReport, Error};
+use diesel_claim::{ClaimReport, Error, LockStrength};
 
 use crate::fixtures::{customers, on_every_backend, orders, outbox, Order};
 
@@ -215,6 +215,40 @@ on_every_backend! {
         assert_eq!(emails, 0, "no partial write survives the panic");
     }
 
+    /// Diesel's `transaction` does not roll back when a panic goes through it;
+    /// the claim still unwinds every level it opened.
+    #[test]
+    fn panic_inside_a_nested_transaction_unwinds_every_level() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 1);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pending().claim_each(&mut conn, |conn, order: Order| {
+                conn.transaction(|conn| {
+                    send_email(conn, &order, 0)?;
+                    panic!("worker bug");
+                    #[allow(unreachable_code)]
+                    Ok::<_, Error>(())
+                })
+            })
+        }));
+        assert!(panicked.is_err());
+        // Another worker can claim the row: no lock is left behind.
+        let mut other = pool.get().unwrap();
+        let report = pending()
+            .build_claim()
+            .nowait()
+            .each(&mut other, |_, _: Order| Ok::<_, Error>(()))
+            .unwrap();
+        assert_eq!(report.processed, 1);
+        let emails: i64 = outbox::table.count().get_result(&mut other).unwrap();
+        assert_eq!(emails, 0, "no partial write survives the panic");
+        // And the panicking connection is not left in a transaction.
+        pending()
+            .claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()))
+            .unwrap();
+    }
+
     #[test]
     fn max_rows_caps_the_call_and_small_pages_see_every_row() {
         let (_db, pool) = test_db(1);
@@ -351,6 +385,9 @@ on_every_backend! {
             pending().build_claim().nowait().wait(),
             pending().build_claim().max_rows(0),
             pending().build_claim().page_size(0),
+            // Shared locks would let two claimers process the same row.
+            pending().build_claim().strength(LockStrength::Share),
+            pending().build_claim().strength(LockStrength::KeyShare),
         ] {
             assert!(matches!(run(claim, &mut conn), Err(Error::InvalidArgument(_))));
         }
@@ -382,7 +419,6 @@ mod pg_row_locks {
     use std::sync::mpsc;
 
     use diesel::connection::SimpleConnection;
-    use diesel_claim::LockStrength;
 
     use super::pg::{insert_pending, send_email, test_db, Conn, Pool};
     use super::*;

@@ -195,6 +195,37 @@ on_every_backend! {
         assert_eq!(balance, 200);
     }
 
+    /// `with_locks` hands over every selected row, locked, in the query's order;
+    /// no row is an empty `Vec`, not an error.
+    #[test]
+    fn with_locks_passes_every_row() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[100, 50]);
+
+        accounts::table
+            .order(accounts::id)
+            .with_locks(conn, |conn, accounts: Vec<Account>| {
+                let [from, to] = &accounts[..] else {
+                    panic!("expected two accounts, got {accounts:?}");
+                };
+                diesel::update(from).set(accounts::balance.eq(from.balance - 30)).execute(conn)?;
+                diesel::update(to).set(accounts::balance.eq(to.balance + 30)).execute(conn)?;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        let balances: Vec<i64> = accounts::table.order(accounts::id).select(accounts::balance).load(conn).unwrap();
+        assert_eq!(balances, [70, 80]);
+
+        let none = accounts::table
+            .filter(accounts::id.gt(10))
+            .with_locks(conn, |_, rows: Vec<Account>| Ok::<_, Error>(rows.len()))
+            .unwrap();
+        assert_eq!(none, 0);
+        assert_eq!(transaction_depth(conn), 0);
+    }
+
     /// Conflicting wait policies are refused before any SQL: on a missing row
     /// any SQL would have said NotFound.
     #[test]
@@ -436,6 +467,47 @@ mod pg_only {
     }
 
     const HOLD_ROW_1: &str = "SELECT id FROM accounts WHERE id = 1 FOR UPDATE";
+
+    /// With several rows, `nowait` fails when any one of them is locked, for
+    /// `with_locks` and for `with_lock` alike: skip-locked must not quietly hand
+    /// the closure a subset.
+    #[test]
+    fn nowait_fails_when_any_selected_row_is_locked() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        let conn: &mut PgConnection = &mut conn;
+        let both = || {
+            accounts::table
+                .filter(accounts::id.eq_any([1, 2]))
+                .order(accounts::id)
+        };
+
+        let (all, one) = while_held(
+            &pool,
+            "SELECT * FROM accounts WHERE id = 2 FOR UPDATE",
+            || {
+                let all = both()
+                    .build_lock()
+                    .nowait()
+                    .run_all(conn, |_, rows: Vec<Account>| Ok::<_, Error>(rows.len()));
+                let one = both()
+                    .build_lock()
+                    .on_locked(OnLocked::Skip)
+                    .run(conn, |_, a: Account| Ok::<_, Error>(a.id));
+                (all, one)
+            },
+        );
+        assert!(matches!(all, Err(Error::LockNotAvailable)), "{all:?}");
+        assert!(matches!(one, Err(Error::LockNotAvailable)), "{one:?}");
+        assert_eq!(transaction_depth(conn), 0);
+
+        let ids = both()
+            .with_locks(conn, |_, rows: Vec<Account>| {
+                Ok::<_, Error>(rows.iter().map(|a| a.id).collect::<Vec<_>>())
+            })
+            .unwrap();
+        assert_eq!(ids, [1, 2]);
+    }
 
     #[test]
     fn nowait_and_skip_fail_at_once_on_a_locked_row() {
