@@ -110,6 +110,110 @@ impl Transient for BankError {
     }
 }
 
+/// What a bank run did.
+#[derive(Debug)]
+pub struct BankFigures {
+    pub transfers: u64,
+    pub refused: u64,
+    pub retries: u64,
+    pub reads: u64,
+    pub elapsed: std::time::Duration,
+}
+
+/// `threads` clients each make `per_thread` random transfers of 1 to 300 among
+/// accounts `1..=accounts` with `transfer` (which says how it went and how many
+/// retries it took), while one more client keeps reading every balance with
+/// `read_balances`. Every read, and the end state, must sum to `total` with no
+/// negative balance; any error but a refusal fails the run.
+#[allow(clippy::too_many_arguments)]
+pub fn run_bank<M>(
+    pool: &diesel::r2d2::Pool<M>,
+    accounts: u64,
+    total: i64,
+    threads: usize,
+    per_thread: usize,
+    read_balances: impl Fn(&mut M::Connection) -> Vec<i64> + Sync,
+    transfer: impl Fn(&mut M::Connection, i32, i32, i64) -> (Result<(), BankError>, u64) + Sync,
+) -> BankFigures
+where
+    M: diesel::r2d2::ManageConnection,
+{
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::Barrier;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    let [transfers, refused, retries, reads] = [(); 4].map(|()| AtomicU64::new(0));
+    let running = AtomicBool::new(true);
+    let start = Barrier::new(threads + 1);
+    let check = |seen: &[i64], when: &str| {
+        assert_eq!(
+            seen.iter().sum::<i64>(),
+            total,
+            "{when}: money appeared or vanished: {seen:?}"
+        );
+        assert!(
+            seen.iter().all(|b| *b >= 0),
+            "{when}: a negative balance: {seen:?}"
+        );
+    };
+    let started = Instant::now();
+    thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut conn = pool.get().unwrap();
+            start.wait();
+            while running.load(Relaxed) {
+                check(&read_balances(&mut conn), "a reader");
+                reads.fetch_add(1, Relaxed);
+                thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let clients: Vec<_> = (0..threads)
+            .map(|t| {
+                let (start, transfer) = (&start, &transfer);
+                let (transfers, refused, retries) = (&transfers, &refused, &retries);
+                scope.spawn(move || {
+                    let mut conn = pool.get().unwrap();
+                    let mut rng = XorShift::new(t as u64 + 1);
+                    start.wait();
+                    for _ in 0..per_thread {
+                        let (from, to) = rng.pair(accounts);
+                        let amount = 1 + rng.below(300) as i64;
+                        let (outcome, retried) = transfer(&mut conn, from, to, amount);
+                        retries.fetch_add(retried, Relaxed);
+                        match outcome {
+                            Ok(()) => transfers.fetch_add(1, Relaxed),
+                            Err(BankError::Insufficient) => refused.fetch_add(1, Relaxed),
+                            Err(BankError::Claim(e)) => {
+                                panic!("transfer {from} -> {to} failed: {e:?}")
+                            }
+                        };
+                    }
+                })
+            })
+            .collect();
+        for client in clients {
+            client.join().unwrap();
+        }
+        running.store(false, Relaxed);
+        reader.join().unwrap();
+    });
+    check(&read_balances(&mut pool.get().unwrap()), "at the end");
+    let figures = BankFigures {
+        transfers: transfers.into_inner(),
+        refused: refused.into_inner(),
+        retries: retries.into_inner(),
+        reads: reads.into_inner(),
+        elapsed: started.elapsed(),
+    };
+    assert_eq!(
+        figures.transfers + figures.refused,
+        (threads * per_thread) as u64
+    );
+    assert!(figures.transfers > 0 && figures.reads > 0, "{figures:?}");
+    figures
+}
+
 /// A tiny deterministic PRNG (xorshift64), so that no dependency is needed.
 pub struct XorShift(u64);
 

@@ -2,7 +2,7 @@
 //! and 9, and the conflicting-options bad input).
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, OnLocked};
 
-use crate::fixtures::{accounts, on_every_backend, Account, BankError, XorShift};
+use crate::fixtures::{accounts, on_every_backend, run_bank, Account, BankError};
 
 /// How deep the connection's transaction nesting is (0: none open).
 fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
@@ -67,61 +67,15 @@ on_every_backend! {
         seed_accounts(&mut pool.get().unwrap(), &[1_000; 10]);
         let total = 10_000i64;
 
-        let transfers = AtomicU64::new(0);
-        let refused = AtomicU64::new(0);
-        let reads = AtomicU64::new(0);
-        let running = AtomicBool::new(true);
-        let start = Barrier::new(THREADS + 1);
-        let started = Instant::now();
-        thread::scope(|scope| {
-            let reader = scope.spawn(|| {
-                let mut pooled = pool.get().unwrap();
-                let conn: &mut Conn = &mut pooled;
-                start.wait();
-                while running.load(Ordering::Relaxed) {
-                    let seen = balances(conn);
-                    assert_eq!(seen.iter().sum::<i64>(), total, "a reader saw money appear or vanish: {seen:?}");
-                    assert!(seen.iter().all(|b| *b >= 0), "a reader saw a negative balance: {seen:?}");
-                    reads.fetch_add(1, Ordering::Relaxed);
-                    thread::sleep(Duration::from_millis(1));
-                }
-            });
-            let clients: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    let (pool, start, transfers, refused) = (&pool, &start, &transfers, &refused);
-                    scope.spawn(move || {
-                        let mut pooled = pool.get().unwrap();
-                        let conn: &mut Conn = &mut pooled;
-                        let mut rng = XorShift::new(t as u64 + 1);
-                        start.wait();
-                        for _ in 0..per_thread {
-                            let (from, to) = rng.pair(10);
-                            let amount = 1 + rng.below(300) as i64;
-                            match locked_transfer(conn, from, to, amount) {
-                                Ok(()) => transfers.fetch_add(1, Ordering::Relaxed),
-                                Err(BankError::Insufficient) => refused.fetch_add(1, Ordering::Relaxed),
-                                Err(BankError::Claim(e)) => panic!("transfer {from} -> {to} failed: {e:?}"),
-                            };
-                            assert_eq!(transaction_depth(conn), 0);
-                        }
-                    })
-                })
-                .collect();
-            for client in clients {
-                client.join().unwrap();
-            }
-            running.store(false, Ordering::Relaxed);
-            reader.join().unwrap();
+        let figures = run_bank(&pool, 10, total, THREADS, per_thread, balances, |conn, from, to, amount| {
+            let outcome = locked_transfer(conn, from, to, amount);
+            assert_eq!(transaction_depth(conn), 0);
+            (outcome, 0)
         });
-        let elapsed = started.elapsed();
-
-        let after = balances(&mut pool.get().unwrap());
-        let (transfers, refused, reads) = (transfers.into_inner(), refused.into_inner(), reads.into_inner());
-        eprintln!("pessimistic bank: {transfers} transfers, {refused} refused, {reads} full reads, {elapsed:?}");
-        assert_eq!(transfers + refused, (THREADS * per_thread) as u64);
-        assert!(transfers > 0 && reads > 0);
-        assert_eq!(after.iter().sum::<i64>(), total, "money not conserved: {after:?}");
-        assert!(after.iter().all(|b| *b >= 0), "negative balance: {after:?}");
+        eprintln!(
+            "pessimistic bank: {} transfers, {} refused, {} full reads, {:?}",
+            figures.transfers, figures.refused, figures.reads, figures.elapsed
+        );
     }
 
     /// Scenario 13. Each withdrawal reads the balance, pauses, and writes back

@@ -1,7 +1,7 @@
 //! Optimistic updates: `update_versioned` and the `retry` helper (scenarios 11, 12
 //! and 15 of the design, plus the "matches nothing" bad input).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{retry, Error, RetryPolicy};
 
-use crate::fixtures::{accounts, on_every_backend, Account, BankError, XorShift};
+use crate::fixtures::{accounts, on_every_backend, run_bank, Account, BankError, BankFigures};
 
 /// A changeset whose fields may all be `None`: then it is empty.
 #[derive(Debug, Clone, AsChangeset)]
@@ -71,15 +71,6 @@ on_every_backend! {
         })
     }
 
-    #[derive(Debug, Default)]
-    struct BankFigures {
-        transfers: u64,
-        refused: u64,
-        retries: u64,
-        reads: u64,
-        elapsed: Duration,
-    }
-
     /// `threads` clients each make `per_thread` random transfers among
     /// `balances.len()` accounts with `optimistic_transfer` + `retry`, while
     /// one more thread keeps summing all balances. Checks conservation at
@@ -89,77 +80,21 @@ on_every_backend! {
         let (_db, pool) = test_db(threads as u32 + 2);
         seed_accounts(&mut pool.get().unwrap(), balances);
         let total: i64 = balances.iter().sum();
-        let count = balances.len() as u64;
-
-        let transfers = AtomicU64::new(0);
-        let refused = AtomicU64::new(0);
-        let retries = AtomicU64::new(0);
-        let reads = AtomicU64::new(0);
-        let running = AtomicBool::new(true);
-        let start = Barrier::new(threads + 1);
-        let started = Instant::now();
-        thread::scope(|scope| {
-            let reader = scope.spawn(|| {
-                let mut pooled = pool.get().unwrap();
-                let conn: &mut Conn = &mut pooled;
-                start.wait();
-                while running.load(Ordering::Relaxed) {
-                    // One statement: one consistent snapshot on both backends.
-                    let seen: Vec<i64> = accounts::table.select(accounts::balance).load(conn).unwrap();
-                    assert_eq!(seen.iter().sum::<i64>(), total, "a reader saw money appear or vanish: {seen:?}");
-                    assert!(seen.iter().all(|b| *b >= 0), "a reader saw a negative balance: {seen:?}");
-                    reads.fetch_add(1, Ordering::Relaxed);
-                    thread::sleep(Duration::from_millis(1));
-                }
-            });
-            let clients: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (pool, start, transfers, refused, retries) = (&pool, &start, &transfers, &refused, &retries);
-                    scope.spawn(move || {
-                        let mut pooled = pool.get().unwrap();
-                        let conn: &mut Conn = &mut pooled;
-                        let mut rng = XorShift::new(t as u64 + 1);
-                        start.wait();
-                        for _ in 0..per_thread {
-                            let (from, to) = rng.pair(count);
-                            let amount = 1 + rng.below(300) as i64;
-                            let mut attempts = 0;
-                            let outcome = retry(conn, patient(), |conn| {
-                                attempts += 1;
-                                optimistic_transfer(conn, from, to, amount, pause)
-                            });
-                            retries.fetch_add(attempts - 1, Ordering::Relaxed);
-                            match outcome {
-                                Ok(()) => transfers.fetch_add(1, Ordering::Relaxed),
-                                Err(BankError::Insufficient) => refused.fetch_add(1, Ordering::Relaxed),
-                                Err(BankError::Claim(e)) => panic!("transfer {from} -> {to} failed after {attempts} attempts: {e:?}"),
-                            };
-                        }
-                    })
-                })
-                .collect();
-            for client in clients {
-                client.join().unwrap();
-            }
-            running.store(false, Ordering::Relaxed);
-            reader.join().unwrap();
-        });
-        let elapsed = started.elapsed();
-
-        let after = all(&mut pool.get().unwrap());
-        let figures = BankFigures {
-            transfers: transfers.into_inner(),
-            refused: refused.into_inner(),
-            retries: retries.into_inner(),
-            reads: reads.into_inner(),
-            elapsed,
+        // One statement: one consistent snapshot on both backends.
+        let read_balances = |conn: &mut Conn| -> Vec<i64> {
+            accounts::table.select(accounts::balance).load(conn).unwrap()
         };
-        assert_eq!(figures.transfers + figures.refused, (threads * per_thread) as u64);
-        assert_eq!(after.iter().map(|a| a.balance).sum::<i64>(), total, "money not conserved: {after:?}");
-        assert!(after.iter().all(|a| a.balance >= 0), "negative balance: {after:?}");
+        let figures = run_bank(&pool, balances.len() as u64, total, threads, per_thread, read_balances, |conn, from, to, amount| {
+            let mut attempts = 0;
+            let outcome = retry(conn, patient(), |conn| {
+                attempts += 1;
+                optimistic_transfer(conn, from, to, amount, pause)
+            });
+            (outcome, attempts - 1)
+        });
+        let after = all(&mut pool.get().unwrap());
         // Every successful transfer bumped exactly two versions, once each.
         assert_eq!(after.iter().map(|a| a.version as u64).sum::<u64>(), 2 * figures.transfers);
-        assert!(figures.transfers > 0 && figures.reads > 0, "{figures:?}");
         figures
     }
 
@@ -386,6 +321,7 @@ on_every_backend! {
 #[cfg(feature = "postgres")]
 #[test]
 fn naive_read_modify_write_loses_money() {
+    use crate::fixtures::XorShift;
     use diesel::PgConnection;
 
     const THREADS: usize = 8;
