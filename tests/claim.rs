@@ -63,7 +63,7 @@ on_every_backend! {
         Ok(())
     }
 
-    /// `(emails sent, orders emailed more than once, shipped orders still pending)`.
+    /// `(emails sent, duplicate emails beyond one per order, shipped orders still pending)`.
     fn email_figures(conn: &mut Conn) -> (i64, i64, i64) {
         let sent: i64 = outbox::table.count().get_result(conn).unwrap();
         let distinct: i64 = outbox::table
@@ -151,7 +151,7 @@ on_every_backend! {
             }
         });
         let (_, duplicates, left) = email_figures(&mut pool.get().unwrap());
-        eprintln!("without the lock: {duplicates} orders emailed more than once");
+        eprintln!("without the lock: {duplicates} duplicate emails for 100 orders");
         assert_eq!(left, 0);
         assert!(duplicates > 0, "the unlocked control should double-process");
     }
