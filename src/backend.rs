@@ -48,6 +48,8 @@ pub(crate) mod strategy {
         where
             C: LoadConnection<Backend = Self>;
 
+        // The lease statements' SQL, with `?` where the arguments go, in the
+        // order `LeaseStatement::arguments` gives them.
         /// `(name, ttl in µs) -> token`: takes a free or expired lease.
         const LEASE_ACQUIRE: &'static str;
         /// `(ttl in µs, name, token) -> token`: extends a live lease still owned.
@@ -76,53 +78,94 @@ pub enum LeaseStatement<'a> {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[derive(diesel::QueryableByName)]
-pub struct LeaseToken {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    token: i64,
-}
+use lease_query::LeaseQuery;
 
+/// Lease statements as queries; only backends run them.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-/// The body of `Strategy::lease_statement`, the same for every backend but
-/// written per backend: `sql_query` cannot be run generically over backends.
-macro_rules! lease_statement {
-    () => {
-        fn lease_statement<C>(
-            conn: &mut C,
-            statement: LeaseStatement<'_>,
-        ) -> QueryResult<Option<i64>>
-        where
-            C: diesel::connection::LoadConnection<Backend = Self>,
-        {
-            use diesel::sql_types::{BigInt, Text};
-            use diesel::{OptionalExtension, RunQueryDsl};
-            let query = diesel::sql_query(match statement {
-                LeaseStatement::Acquire { .. } => Self::LEASE_ACQUIRE,
-                LeaseStatement::Renew { .. } => Self::LEASE_RENEW,
-                LeaseStatement::Release { .. } => Self::LEASE_RELEASE,
-            });
-            let row = match statement {
-                LeaseStatement::Acquire { name, ttl_micros } => query
-                    .bind::<Text, _>(name)
-                    .bind::<BigInt, _>(ttl_micros)
-                    .get_result::<LeaseToken>(conn),
+mod lease_query {
+    use super::*;
+    use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+    use diesel::serialize::ToSql;
+    use diesel::sql_types::{BigInt, HasSqlType, Text};
+    use diesel::RunQueryDsl;
+
+    impl LeaseStatement<'_> {
+        /// The arguments, in the order the statements' SQL takes them.
+        fn arguments(&self) -> Vec<Argument<'_>> {
+            match self {
+                LeaseStatement::Acquire { name, ttl_micros } => {
+                    vec![Argument::Text(name), Argument::BigInt(ttl_micros)]
+                }
                 LeaseStatement::Renew {
                     name,
                     token,
                     ttl_micros,
-                } => query
-                    .bind::<BigInt, _>(ttl_micros)
-                    .bind::<Text, _>(name)
-                    .bind::<BigInt, _>(token)
-                    .get_result::<LeaseToken>(conn),
-                LeaseStatement::Release { name, token } => query
-                    .bind::<Text, _>(name)
-                    .bind::<BigInt, _>(token)
-                    .get_result::<LeaseToken>(conn),
-            };
-            Ok(row.optional()?.map(|row| row.token))
+                } => vec![
+                    Argument::BigInt(ttl_micros),
+                    Argument::Text(name),
+                    Argument::BigInt(token),
+                ],
+                LeaseStatement::Release { name, token } => {
+                    vec![Argument::Text(name), Argument::BigInt(token)]
+                }
+            }
         }
-    };
+    }
+
+    enum Argument<'a> {
+        Text(&'a str),
+        BigInt(&'a i64),
+    }
+
+    /// A lease statement as a query Diesel prepares once per connection and caches:
+    /// the backend's SQL, each `?` in it replaced by the next argument's bind.
+    pub struct LeaseQuery<'a> {
+        sql: &'static str,
+        statement: LeaseStatement<'a>,
+    }
+
+    impl<'a> LeaseQuery<'a> {
+        pub fn new<DB: strategy::Strategy>(statement: LeaseStatement<'a>) -> Self {
+            let sql = match statement {
+                LeaseStatement::Acquire { .. } => DB::LEASE_ACQUIRE,
+                LeaseStatement::Renew { .. } => DB::LEASE_RENEW,
+                LeaseStatement::Release { .. } => DB::LEASE_RELEASE,
+            };
+            LeaseQuery { sql, statement }
+        }
+    }
+
+    impl QueryId for LeaseQuery<'_> {
+        type QueryId = ();
+        // Three statements share the type; Diesel then caches each by its SQL.
+        const HAS_STATIC_QUERY_ID: bool = false;
+    }
+
+    impl Query for LeaseQuery<'_> {
+        type SqlType = BigInt;
+    }
+
+    impl<DB> QueryFragment<DB> for LeaseQuery<'_>
+    where
+        DB: Backend + HasSqlType<Text> + HasSqlType<BigInt>,
+        str: ToSql<Text, DB>,
+        i64: ToSql<BigInt, DB>,
+    {
+        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+            let mut pieces = self.sql.split('?');
+            out.push_sql(pieces.next().unwrap_or_default());
+            for (argument, piece) in self.statement.arguments().into_iter().zip(pieces) {
+                match argument {
+                    Argument::Text(text) => out.push_bind_param::<Text, str>(text)?,
+                    Argument::BigInt(number) => out.push_bind_param::<BigInt, i64>(number)?,
+                }
+                out.push_sql(piece);
+            }
+            Ok(())
+        }
+    }
+
+    impl<Conn> RunQueryDsl<Conn> for LeaseQuery<'_> {}
 }
 
 /// How deep the connection's transaction nesting is (0: none open).
@@ -135,11 +178,13 @@ pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> QueryResult<u32>
 mod postgres {
     use super::strategy::Strategy;
     use super::*;
-    use super::{LeaseStatement, LeaseToken};
+    use super::{LeaseQuery, LeaseStatement};
     use crate::query::LockClause;
     use crate::LockStrength;
+    use diesel::connection::LoadConnection;
     use diesel::pg::Pg;
     use diesel::query_builder::AstPass;
+    use diesel::{OptionalExtension, RunQueryDsl};
 
     impl ClaimBackend for Pg {}
 
@@ -179,23 +224,33 @@ mod postgres {
 
         // The database clock decides: `clock_timestamp()` rather than `now()`, which
         // is frozen at the start of a caller's surrounding transaction.
-        lease_statement!();
+        fn lease_statement<C>(
+            conn: &mut C,
+            statement: LeaseStatement<'_>,
+        ) -> QueryResult<Option<i64>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            LeaseQuery::new::<Self>(statement)
+                .get_result(conn)
+                .optional()
+        }
 
         const LEASE_ACQUIRE: &'static str = "\
             INSERT INTO diesel_claim_leases AS lease (name, token, expires_at) \
-            VALUES ($1, 1, clock_timestamp() + $2 * interval '1 microsecond') \
+            VALUES (?, 1, clock_timestamp() + ? * interval '1 microsecond') \
             ON CONFLICT (name) DO UPDATE \
             SET token = lease.token + 1, expires_at = excluded.expires_at \
             WHERE lease.expires_at <= clock_timestamp() \
             RETURNING token";
         const LEASE_RENEW: &'static str = "\
             UPDATE diesel_claim_leases \
-            SET expires_at = clock_timestamp() + $1 * interval '1 microsecond' \
-            WHERE name = $2 AND token = $3 AND expires_at > clock_timestamp() \
+            SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
+            WHERE name = ? AND token = ? AND expires_at > clock_timestamp() \
             RETURNING token";
         const LEASE_RELEASE: &'static str = "\
             UPDATE diesel_claim_leases SET expires_at = clock_timestamp() \
-            WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() \
+            WHERE name = ? AND token = ? AND expires_at > clock_timestamp() \
             RETURNING token";
     }
 }
@@ -204,11 +259,13 @@ mod postgres {
 mod sqlite {
     use super::strategy::Strategy;
     use super::*;
-    use super::{LeaseStatement, LeaseToken};
+    use super::{LeaseQuery, LeaseStatement};
     use crate::query::LockClause;
+    use diesel::connection::LoadConnection;
     use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
     use diesel::query_builder::AstPass;
     use diesel::sqlite::Sqlite;
+    use diesel::{OptionalExtension, RunQueryDsl};
 
     impl ClaimBackend for Sqlite {}
 
@@ -260,7 +317,17 @@ mod sqlite {
             }
         }
 
-        lease_statement!();
+        fn lease_statement<C>(
+            conn: &mut C,
+            statement: LeaseStatement<'_>,
+        ) -> QueryResult<Option<i64>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            LeaseQuery::new::<Self>(statement)
+                .get_result(conn)
+                .optional()
+        }
 
         const LEASE_ACQUIRE: &'static str = concat!(
             "INSERT INTO diesel_claim_leases (name, token, expires_at) VALUES (?, 1, ",
