@@ -25,6 +25,10 @@ pub(crate) mod strategy {
         /// Whether the backend has row locks (and a locking clause to append).
         const ROW_LOCKS: bool;
 
+        /// The SQL on either side of a subquery of keys, as in
+        /// `<key><open>subquery<close>`, run once per statement.
+        const KEYS_IN_SUBQUERY: (&'static str, &'static str);
+
         /// The crate's embedded migrations for this backend.
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations;
 
@@ -191,6 +195,9 @@ mod postgres {
     impl Strategy for Pg {
         const ROW_LOCKS: bool = true;
 
+        // `ARRAY(subquery)` is an init plan, run exactly once.
+        const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" = ANY(ARRAY(", "))");
+
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
             diesel_migrations::embed_migrations!("migrations/postgres");
 
@@ -279,6 +286,8 @@ mod sqlite {
 
     impl Strategy for Sqlite {
         const ROW_LOCKS: bool = false;
+
+        const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
 
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
             diesel_migrations::embed_migrations!("migrations/sqlite");

@@ -1,19 +1,22 @@
 //! Claiming: process each row of a query at most once across workers.
 
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use diesel::associations::HasTable;
 use diesel::connection::Connection;
 use diesel::dsl;
-use diesel::expression::AsExpression;
 use diesel::prelude::*;
 use diesel::query_builder::{Query, QueryFragment};
 use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
-use diesel::sql_types::SingleValue;
 
+use crate::backend::strategy::Strategy;
 use crate::backend::{transaction_depth, ClaimBackend};
-use crate::query::{lock_target, After, LockClause, LockOptions, Locked};
+use crate::query::{
+    lock_target, InRange, KeyRange, KeysIn, LockClause, LockOptions, Locked, Lower, UpdateReturning,
+};
 use crate::transaction::locking_transaction;
 use crate::{Error, LockStrength, OnLocked};
 
@@ -99,6 +102,7 @@ pub struct ClaimBuilder<Q> {
     max_rows: Option<u64>,
     drain: bool,
     page_size: i64,
+    batch: i64,
 }
 
 impl<Q> ClaimBuilder<Q> {
@@ -109,6 +113,7 @@ impl<Q> ClaimBuilder<Q> {
             max_rows: None,
             drain: false,
             page_size: DEFAULT_PAGE_SIZE,
+            batch: 1,
         }
     }
 
@@ -124,8 +129,10 @@ impl<Q> ClaimBuilder<Q> {
         self.on_locked(OnLocked::Skip)
     }
 
-    /// Fails with [`Error::LockNotAvailable`] on the first candidate that is locked
-    /// by another transaction.
+    /// Fails with [`Error::LockNotAvailable`] when a candidate is locked by another
+    /// transaction, before processing any row past it (it costs one more,
+    /// unlocked, read per batch). Not available with
+    /// [`mark_and_commit`](Self::mark_and_commit).
     pub fn nowait(self) -> Self {
         self.on_locked(OnLocked::Fail)
     }
@@ -159,14 +166,32 @@ impl<Q> ClaimBuilder<Q> {
         self
     }
 
+    /// Claims up to `rows` rows per transaction (at least 1; the default is 1).
+    ///
+    /// One statement locks the batch, the closure runs for every row of it (or
+    /// once for the whole batch, with [`each_batch`](Self::each_batch)), and one
+    /// commit ends it. The guarantees are those of a single row — each row is
+    /// re-checked under its lock and processed at most once — but an error or a
+    /// panic in the closure rolls back the **whole batch**: rows the closure had
+    /// already handled in it stay pending too, so work outside the database (an
+    /// email sent) may be done again by the next claim. Locks are held until the
+    /// batch commits.
+    pub fn batch(mut self, rows: u32) -> Self {
+        if rows == 0 {
+            self.lock.reject("batch must be at least 1 row".to_owned());
+        }
+        self.batch = i64::from(rows);
+        self
+    }
+
     /// Repeats until a pass claims nothing new: rows skipped because they were
-    /// locked are tried again, and rows added after the scan are picked up.
-    /// (A skipped row costs one more read, to tell "locked" from "done by
-    /// someone else"; only locked ones are kept, so memory stays bounded.)
+    /// locked are tried again, and rows added beyond the highest key already
+    /// scanned are picked up.
     ///
     /// A row is never processed twice in one call, even when the closure leaves it
-    /// matching the filter: later passes revisit only the rows skipped before and
-    /// the rows beyond the highest key already scanned.
+    /// matching the filter: later passes revisit only the rows found locked
+    /// (one read per page tells those from rows others processed; they are then
+    /// retried one row at a time) and the rows beyond the highest key scanned.
     pub fn drain(mut self) -> Self {
         self.drain = true;
         self
@@ -182,7 +207,8 @@ impl<Q> ClaimBuilder<Q> {
         self
     }
 
-    /// Runs the claim: see [`ClaimDsl::claim_each`].
+    /// Runs the claim, calling `f` for every claimed row: see
+    /// [`ClaimDsl::claim_each`] and [`batch`](Self::batch).
     pub fn each<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
@@ -191,133 +217,477 @@ impl<Q> ClaimBuilder<Q> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
+        self.each_batch(conn, |conn, rows| {
+            rows.into_iter().try_for_each(|row| f(&mut *conn, row))
+        })
+    }
+
+    /// Runs the claim, calling `f` once per claimed batch with its rows, in key
+    /// order, inside the batch's transaction.
+    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let query = &self.query;
+        self.start(
+            conn,
+            true,
+            false,
+            |conn: &mut C, range, limit, clause: &LockClause| {
+                query.rows(conn, range, limit, clause)
+            },
+        )?
+        .run(conn, f)
+    }
+
+    /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
+    /// WHERE <key> IN (<the query, locked, skipping locked rows, LIMIT batch>)
+    /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
+    /// batch's transaction: an error in the closure rolls the mark back.
+    ///
+    /// The changes must take the rows out of the query (set the flag the filter
+    /// tests): a row that comes back a second time in one call ends it with
+    /// [`Error::InvalidArgument`]. The rows' type must be
+    /// [`Selectable`](diesel::Selectable) from the claimed table.
+    pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V> {
+        MarkedClaim {
+            claim: self,
+            changes,
+            commit_first: false,
+        }
+    }
+
+    /// Like [`mark`](Self::mark), but the marking statement commits on its own,
+    /// before the closure runs: one round trip claims a batch (PostgreSQL: no
+    /// `BEGIN`/`COMMIT`; SQLite: `BEGIN IMMEDIATE` around the one statement).
+    ///
+    /// **The closure's failure cannot un-mark the rows**: if it returns an error
+    /// or panics, the batch stays marked and nobody processes it again. Use this
+    /// when the mark is the processing (or when losing a batch to a crash is
+    /// acceptable), and [`mark`](Self::mark) when the closure's work must succeed
+    /// for the mark to stand.
+    pub fn mark_and_commit<V>(self, changes: V) -> MarkedClaim<Q, V> {
+        MarkedClaim {
+            claim: self,
+            changes,
+            commit_first: true,
+        }
+    }
+
+    /// Checks the options and the connection, and sets up one run of the claim,
+    /// taking its rows with `take`: a locking select (rows come back `ordered`
+    /// by key) or a marking update (in no order), committed before the closure
+    /// runs when `commit_first`.
+    fn start<'q, C, R, T>(
+        &self,
+        conn: &mut C,
+        ordered: bool,
+        commit_first: bool,
+        take: T,
+    ) -> Result<Claim<'_, Q, Q::Key, T>, Error>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+    {
         let (on_locked, clause) = self
             .lock
+            .clone()
             .resolve(OnLocked::Skip, || self.query.claimed_table())?;
-        if transaction_depth(conn).map_err(Error::from)? > 0 {
+        if commit_first && on_locked == OnLocked::Fail {
             return Err(Error::InvalidArgument(
-                "claim_each must run outside a transaction: each row needs a transaction of \
+                "nowait cannot be combined with mark_and_commit: the mark commits before a \
+                 locked row could roll it back"
+                    .to_owned(),
+            ));
+        }
+        if transaction_depth(conn)? > 0 {
+            return Err(Error::InvalidArgument(
+                "a claim must run outside a transaction: each batch needs a transaction of \
                  its own, committed before the next"
                     .to_owned(),
-            )
-            .into());
+            ));
         }
-        let mut claim = Claim {
+        let row_locks = <C::Backend as Strategy>::ROW_LOCKS;
+        Ok(Claim {
             query: &self.query,
             clause,
-            check_locked: on_locked == OnLocked::Fail,
+            take,
+            ordered,
+            commit_first,
+            row_locks,
+            fail_on_locked: row_locks && on_locked == OnLocked::Fail,
+            batch: self.batch,
+            page_size: self.page_size,
+            drain: self.drain,
             remaining: self.max_rows.unwrap_or(u64::MAX),
             report: ClaimReport::default(),
-            skipped_keys: self.drain.then(Vec::new),
-            skipped_in_pass: 0,
-        };
-
-        let mut cursor = None;
-        loop {
-            claim.report.passes += 1;
-            claim.skipped_in_pass = 0;
-            let processed_before = claim.report.processed;
-            // Draining: first the rows skipped last pass, then rows beyond the
-            // highest key seen. Rows processed before are never visited again.
-            let retry = claim.skipped_keys.as_mut().map(std::mem::take);
-            for key in retry.iter().flatten() {
-                claim.row(conn, key, &mut f)?;
-            }
-            while claim.remaining > 0 {
-                let mut keys = self
-                    .query
-                    .candidates(conn, cursor.clone(), self.page_size)
-                    .map_err(Error::from)?;
-                let full_page = keys.len() as i64 == self.page_size;
-                // A join to many rows repeats a key; keys come sorted.
-                keys.dedup();
-                for key in keys {
-                    claim.row(conn, &key, &mut f)?;
-                    cursor = Some(key);
-                }
-                if !full_page {
-                    break;
-                }
-            }
-            let claimed_nothing_new = claim.report.processed == processed_before;
-            if !self.drain || claimed_nothing_new || claim.remaining == 0 {
-                claim.report.skipped = claim.skipped_in_pass;
-                return Ok(claim.report);
-            }
-        }
+            retry: Vec::new(),
+        })
     }
 }
 
-/// What became of one candidate.
-enum Claimed {
-    Processed,
-    /// Still matching, but locked by someone else.
-    Locked,
-    /// Locked by someone else or no longer matching, not told apart.
-    Skipped,
+/// A claim that marks its rows in the statement that claims them, made by
+/// [`ClaimBuilder::mark`] or [`ClaimBuilder::mark_and_commit`].
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+///
+/// # fn main() -> Result<(), diesel_claim::Error> {
+/// # let mut conn = establish_connection();
+/// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+/// let report = pending
+///     .build_claim()
+///     .batch(100)
+///     .mark(orders::email_sent.eq(true))
+///     .each_batch(&mut conn, |conn, orders: Vec<Order>| {
+///         assert!(orders.iter().all(|order| order.email_sent));
+///         Ok::<_, diesel_claim::Error>(())
+///     })?;
+/// assert_eq!(report.processed, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
+pub struct MarkedClaim<Q, V> {
+    claim: ClaimBuilder<Q>,
+    changes: V,
+    commit_first: bool,
 }
 
-/// The state of one `each` call.
-struct Claim<'a, Q, K> {
-    query: &'a Q,
-    clause: LockClause,
-    check_locked: bool,
-    remaining: u64,
-    report: ClaimReport,
-    /// Keys found locked in this pass, kept only when draining, to try again.
-    skipped_keys: Option<Vec<K>>,
-    skipped_in_pass: u64,
-}
-
-impl<Q, K: Clone> Claim<'_, Q, K> {
-    /// Claims one candidate in a transaction of its own.
-    fn row<'q, C, R, E, F>(&mut self, conn: &mut C, key: &K, f: &mut F) -> Result<(), E>
+impl<Q, V> MarkedClaim<Q, V> {
+    /// Runs the claim, calling `f` for every claimed (and marked) row.
+    pub fn each<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
     where
-        Q: ClaimQuery<'q, C, R, Key = K>,
+        Q: MarkQuery<'q, C, R, V>,
         C: Connection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
-        if self.remaining == 0 {
-            return Ok(());
+        self.each_batch(conn, |conn, rows| {
+            rows.into_iter().try_for_each(|row| f(&mut *conn, row))
+        })
+    }
+
+    /// Runs the claim, calling `f` once per claimed (and marked) batch, rows in no
+    /// particular order.
+    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: MarkQuery<'q, C, R, V>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let MarkedClaim {
+            claim,
+            changes,
+            commit_first,
+        } = self;
+        Q::check_changes(&changes)?;
+        let query = &claim.query;
+        claim
+            .start(
+                conn,
+                false,
+                commit_first,
+                |conn: &mut C, range, limit, clause: &LockClause| {
+                    query.mark(conn, range, limit, clause, &changes)
+                },
+            )?
+            .run(conn, f)
+    }
+}
+
+/// One run of a claim: its options, how it takes rows, and its progress.
+struct Claim<'a, Q, K, T> {
+    query: &'a Q,
+    clause: LockClause,
+    /// Claims up to `limit` rows of a key range: `(conn, range, limit, clause)`.
+    take: T,
+    /// `take` returns rows in key order (a select) rather than in no order (an
+    /// `UPDATE … RETURNING`).
+    ordered: bool,
+    /// `take` commits on its own, before the closure runs.
+    commit_first: bool,
+    row_locks: bool,
+    fail_on_locked: bool,
+    batch: i64,
+    page_size: i64,
+    drain: bool,
+    remaining: u64,
+    report: ClaimReport,
+    /// Candidates found locked by others in this pass, to retry in the next
+    /// (only when draining, on backends with row locks).
+    retry: Vec<K>,
+}
+
+impl<'a, Q, K, T> Claim<'a, Q, K, T>
+where
+    K: Clone + Eq + Hash,
+{
+    fn run<'q, C, R, E, F>(mut self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
+    where
+        Q: ClaimQuery<'q, C, R, Key = K>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let mut cursor = None;
+        loop {
+            self.report.passes += 1;
+            let processed_before = self.report.processed;
+            let mut skipped = 0;
+            // Draining: first the rows found locked last pass, then rows beyond
+            // the highest key seen. Rows processed before are never visited again.
+            for key in std::mem::take(&mut self.retry) {
+                let page = Page::new(Lower::From(key.clone()), vec![key]);
+                skipped += self.page(conn, page, &mut f)?;
+            }
+            while self.remaining > 0 {
+                let range = KeyRange::after(cursor.clone());
+                let mut keys = self
+                    .query
+                    .keys(conn, range, self.page_size)
+                    .map_err(Error::from)?;
+                let full_page = keys.len() as i64 == self.page_size;
+                // A join to many rows repeats a key; keys come sorted.
+                keys.dedup();
+                let Some(last) = keys.last().cloned() else {
+                    break;
+                };
+                let start = cursor.replace(last).map_or(Lower::Unbounded, Lower::After);
+                skipped += self.page(conn, Page::new(start, keys), &mut f)?;
+                if !full_page {
+                    break;
+                }
+            }
+            let claimed_nothing_new = self.report.processed == processed_before;
+            if !self.drain || claimed_nothing_new || self.remaining == 0 {
+                self.report.skipped = skipped;
+                return Ok(self.report);
+            }
         }
-        let claimed = locking_transaction(conn, |conn| {
-            match self
+    }
+
+    /// Claims batches from one page of candidates until it has no more to give;
+    /// returns how many of its candidates were not processed.
+    fn page<'q, C, R, E, F>(&mut self, conn: &mut C, mut page: Page<K>, f: &mut F) -> Result<u64, E>
+    where
+        Q: ClaimQuery<'q, C, R, Key = K>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        while self.remaining > 0 && !page.exhausted {
+            self.batch(conn, &mut page, f)?;
+        }
+        let skipped = page.unprocessed().count() as u64;
+        if self.drain && self.row_locks && skipped > 0 && self.remaining > 0 {
+            // One read tells the candidates locked by others (still matching)
+            // from those others have processed since the scan.
+            let still_matching: HashSet<K> = self
                 .query
-                .row(conn, key, Some(&self.clause))
+                .keys(conn, page.whole_range(), i64::MAX)
                 .map_err(Error::from)?
-            {
-                Some(row) => f(conn, row).map(|()| Claimed::Processed),
-                // Skip-locked found nothing: the row is locked by someone, or no
-                // longer matches. Where it matters (failing on locked rows, or
-                // keeping them to try again) an unlocked read tells which, without
-                // an error that would abort the transaction.
-                None if self.check_locked || self.skipped_keys.is_some() => {
-                    match self.query.row(conn, key, None) {
-                        Ok(Some(_)) if self.check_locked => Err(Error::LockNotAvailable.into()),
-                        Ok(Some(_)) => Ok(Claimed::Locked),
-                        Ok(None) => Ok(Claimed::Skipped),
-                        Err(error) => Err(Error::from(error).into()),
-                    }
+                .into_iter()
+                .collect();
+            let locked = page
+                .unprocessed()
+                .filter(|key| still_matching.contains(key));
+            self.retry.extend(locked.cloned());
+        }
+        Ok(skipped)
+    }
+
+    /// Claims the page's next batch, in a transaction of its own, and runs `f`
+    /// on it.
+    fn batch<'q, C, R, E, F>(
+        &mut self,
+        conn: &mut C,
+        page: &mut Page<K>,
+        f: &mut F,
+    ) -> Result<(), E>
+    where
+        Q: ClaimQuery<'q, C, R, Key = K>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let limit = i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch));
+        let range = page.next_range();
+        let processed = if self.commit_first {
+            let rows = if self.row_locks {
+                (self.take)(conn, range, limit, &self.clause).map_err(Error::from)?
+            } else {
+                // SQLite: a lone `UPDATE` would read first and then fail to take
+                // the write lock if another writer got in between.
+                locking_transaction(conn, |conn| {
+                    (self.take)(conn, range, limit, &self.clause).map_err(Error::from)
+                })?
+            };
+            let rows = page.record::<Q, _, _>(rows, limit, self.ordered)?;
+            let processed = rows.len();
+            if processed > 0 {
+                f(conn, rows)?;
+            }
+            processed
+        } else {
+            locking_transaction(conn, |conn| {
+                let rows =
+                    (self.take)(conn, range.clone(), limit, &self.clause).map_err(Error::from)?;
+                let rows = page.record::<Q, _, _>(rows, limit, self.ordered)?;
+                if self.fail_on_locked {
+                    self.check_none_locked(conn, range, page, &rows)?;
                 }
-                None => Ok(Claimed::Skipped),
-            }
-        })?;
-        match claimed {
-            Claimed::Processed => {
-                self.report.processed += 1;
-                self.remaining -= 1;
-            }
-            Claimed::Locked => {
-                self.skipped_in_pass += 1;
-                if let Some(keys) = &mut self.skipped_keys {
-                    keys.push(key.clone());
+                let processed = rows.len();
+                if processed > 0 {
+                    f(conn, rows)?;
                 }
-            }
-            Claimed::Skipped => self.skipped_in_pass += 1,
+                Ok::<_, E>(processed)
+            })?
+        };
+        self.report.processed += processed as u64;
+        self.remaining -= processed as u64;
+        Ok(())
+    }
+
+    /// Fails if a row of `range` up to where this batch reached still matches
+    /// the query but is not in the batch: someone else holds its lock.
+    fn check_none_locked<'q, C, R>(
+        &self,
+        conn: &mut C,
+        mut range: KeyRange<K>,
+        page: &Page<K>,
+        rows: &[R],
+    ) -> Result<(), Error>
+    where
+        Q: ClaimQuery<'q, C, R, Key = K>,
+    {
+        range.through = Some(page.reached());
+        let taken: HashSet<K> = rows.iter().map(Q::key).collect();
+        let keys = self.query.keys(conn, range, i64::MAX)?;
+        if keys.iter().any(|key| !taken.contains(key)) {
+            return Err(Error::LockNotAvailable);
         }
         Ok(())
+    }
+}
+
+/// A page of candidate keys, in key order, and what has become of them.
+struct Page<K> {
+    /// Where the page's range starts.
+    start: Lower<K>,
+    /// Where the next batch starts: past the furthest candidate claimed so far.
+    next: Lower<K>,
+    keys: Vec<K>,
+    position: HashMap<K, usize>,
+    processed: Vec<bool>,
+    /// The last batch reached the end of the range.
+    exhausted: bool,
+}
+
+impl<K: Clone + Eq + Hash> Page<K> {
+    fn new(start: Lower<K>, keys: Vec<K>) -> Self {
+        let position = keys.iter().cloned().zip(0..).collect();
+        Page {
+            next: start.clone(),
+            start,
+            processed: vec![false; keys.len()],
+            keys,
+            position,
+            exhausted: false,
+        }
+    }
+
+    fn last(&self) -> &K {
+        self.keys.last().expect("a page has at least one key")
+    }
+
+    fn whole_range(&self) -> KeyRange<K> {
+        KeyRange {
+            lower: self.start.clone(),
+            through: Some(self.last().clone()),
+        }
+    }
+
+    fn next_range(&self) -> KeyRange<K> {
+        KeyRange {
+            lower: self.next.clone(),
+            through: Some(self.last().clone()),
+        }
+    }
+
+    /// The key up to which the page has been gone through.
+    fn reached(&self) -> K {
+        match &self.next {
+            Lower::After(key) if !self.exhausted => key.clone(),
+            _ => self.last().clone(),
+        }
+    }
+
+    fn unprocessed(&self) -> impl Iterator<Item = &K> {
+        self.keys
+            .iter()
+            .zip(&self.processed)
+            .filter(|(_, processed)| !**processed)
+            .map(|(key, _)| key)
+    }
+
+    /// Records the rows a batch claimed (`limit` asked for) and moves the page on.
+    fn record<'q, Q, C, R>(
+        &mut self,
+        mut rows: Vec<R>,
+        limit: i64,
+        ordered: bool,
+    ) -> Result<Vec<R>, Error>
+    where
+        Q: ClaimQuery<'q, C, R, Key = K>,
+    {
+        // Fewer rows than asked for: nothing more in the range is claimable now.
+        self.exhausted = (rows.len() as i64) < limit;
+        // A join to many rows repeats a key, next to each other in key order.
+        rows.dedup_by(|a, b| Q::key(a) == Q::key(b));
+        let mut furthest = None;
+        for row in &rows {
+            let Some(&index) = self.position.get(&Q::key(row)) else {
+                continue; // inserted since the scan
+            };
+            if std::mem::replace(&mut self.processed[index], true) {
+                return Err(Error::InvalidArgument(
+                    "a claimed row came back a second time in one call: the mark must take \\
+                     rows out of the query (set what its filter tests)"
+                        .to_owned(),
+                ));
+            }
+            furthest = furthest.max(Some(index));
+        }
+        let next = if ordered {
+            rows.last().map(Q::key)
+        } else {
+            // No order to go by: past the furthest candidate claimed. A batch that
+            // claimed no candidate made no progress through the page.
+            self.exhausted |= furthest.is_none();
+            furthest.map(|index| self.keys[index].clone())
+        };
+        if let Some(next) = next {
+            self.exhausted |= &next == self.last();
+            self.next = Lower::After(next);
+        }
+        Ok(rows)
     }
 }
 
@@ -335,53 +705,94 @@ impl<Q, K: Clone> Claim<'_, Q, K> {
 )]
 pub trait ClaimQuery<'q, C, R> {
     /// The claimed table's primary-key value.
-    type Key: Clone + PartialEq;
+    type Key: Clone + Eq + Hash;
 
     /// The locking clause's `OF` table, where the backend has row locks.
     #[doc(hidden)]
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
 
-    /// Up to `limit` keys after `after`, in key order, read without locks.
+    /// The key of a row.
     #[doc(hidden)]
-    fn candidates(
+    fn key(row: &R) -> Self::Key;
+
+    /// Up to `limit` keys of matching rows in `range`, in key order, read
+    /// without locks.
+    #[doc(hidden)]
+    fn keys(
         &self,
         conn: &mut C,
-        after: Option<Self::Key>,
+        range: KeyRange<Self::Key>,
         limit: i64,
     ) -> QueryResult<Vec<Self::Key>>;
 
-    /// The row with this key if it still matches the query, locked by `lock`.
+    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
     #[doc(hidden)]
-    fn row(
+    fn rows(
         &self,
         conn: &mut C,
-        key: &Self::Key,
-        lock: Option<&LockClause>,
-    ) -> QueryResult<Option<R>>;
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> QueryResult<Vec<R>>;
+}
+
+/// A query [`mark`](ClaimBuilder::mark) can claim rows of type `R` from, on a
+/// connection `C`, marking them with the changeset `V`.
+///
+/// Implemented for the queries of [`ClaimQuery`] whose rows are also
+/// [`Selectable`](diesel::Selectable) from the claimed table, with changesets
+/// for that table.
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}` and marked with `{V}`",
+    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
+            the changes an `AsChangeset` for that table"
+)]
+pub trait MarkQuery<'q, C, R, V>: ClaimQuery<'q, C, R> {
+    /// Rejects a changeset that changes nothing.
+    #[doc(hidden)]
+    fn check_changes(changes: &V) -> Result<(), Error>;
+
+    /// Up to `limit` matching rows in `range`, locked by `lock`, updated by
+    /// `changes`, as updated.
+    #[doc(hidden)]
+    fn mark(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+        changes: &V,
+    ) -> QueryResult<Vec<R>>;
 }
 
 type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
-type CandidatesQuery<Q, Pk, K> =
-    dsl::Limit<dsl::Order<dsl::Select<dsl::Filter<Q, After<Pk, K>>, Pk>, Pk>>;
-type RowQuery<Q, Pk, K> = dsl::Filter<Q, dsl::Eq<Pk, K>>;
+type InQuery<Q, Pk, K> = dsl::Filter<Q, InRange<Pk, K>>;
+type KeysQuery<Q, Pk, K> = dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>>;
+type RowsQuery<Q, Pk, K> = dsl::Limit<dsl::Order<InQuery<Q, Pk, K>, Pk>>;
+type MarkStatement<R, V, KQ, DB> = UpdateReturning<
+    <<R as HasTable>::Table as diesel::QuerySource>::FromClause,
+    <V as AsChangeset>::Changeset,
+    KeysIn<PrimaryKey<R>, Locked<KQ>>,
+    dsl::AsSelect<R, DB>,
+>;
 
 impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
 where
-    Q: Clone + FilterDsl<After<Pk, K>> + FilterDsl<dsl::Eq<Pk, K>>,
+    Q: Clone + FilterDsl<InRange<Pk, K>>,
     C: Connection,
     C::Backend: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
     for<'a> &'a R: Identifiable<Id = &'a K>,
-    K: Clone + PartialEq + AsExpression<Pk::SqlType>,
-    Pk: Column + ExpressionMethods + Copy,
-    Pk::SqlType: SingleValue,
-    dsl::Filter<Q, After<Pk, K>>: SelectDsl<Pk>,
-    dsl::Select<dsl::Filter<Q, After<Pk, K>>, Pk>: OrderDsl<Pk>,
-    dsl::Order<dsl::Select<dsl::Filter<Q, After<Pk, K>>, Pk>, Pk>: LimitDsl,
-    CandidatesQuery<Q, Pk, K>: LoadQuery<'q, C, K>,
-    Locked<RowQuery<Q, Pk, K>>: LoadQuery<'q, C, R>,
+    K: Clone + Eq + Hash,
+    Pk: Column + Copy,
+    InQuery<Q, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
+    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
+    dsl::Order<InQuery<Q, Pk, K>, Pk>: LimitDsl,
+    KeysQuery<Q, Pk, K>: LoadQuery<'q, C, K>,
+    Locked<RowsQuery<Q, Pk, K>>: LoadQuery<'q, C, R>,
 {
     type Key = K;
 
@@ -389,28 +800,100 @@ where
         lock_target::<_, C::Backend>(&R::table())
     }
 
-    fn candidates(&self, conn: &mut C, after: Option<K>, limit: i64) -> QueryResult<Vec<K>> {
-        let key = primary_key::<R>();
-        let after = After {
-            column: key,
-            cursor: after,
-        };
-        FilterDsl::filter(self.clone(), after)
-            .select(key)
-            .order(key)
-            .limit(limit)
-            .load(conn)
+    fn key(row: &R) -> K {
+        row.id().clone()
     }
 
-    fn row(&self, conn: &mut C, key: &K, lock: Option<&LockClause>) -> QueryResult<Option<R>> {
-        let query = FilterDsl::filter(self.clone(), primary_key::<R>().eq(key.clone()));
-        let locked = Locked {
-            query,
-            clause: lock.cloned(),
-        };
-        let mut rows = locked.load::<R>(conn)?;
-        Ok(rows.pop())
+    fn keys(&self, conn: &mut C, range: KeyRange<K>, limit: i64) -> QueryResult<Vec<K>> {
+        keys_query::<Q, R, K>(self, range, limit).load(conn)
     }
+
+    fn rows(
+        &self,
+        conn: &mut C,
+        range: KeyRange<K>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> QueryResult<Vec<R>> {
+        let key = primary_key::<R>();
+        let query = FilterDsl::filter(self.clone(), InRange { column: key, range })
+            .order(key)
+            .limit(limit);
+        Locked {
+            query,
+            clause: Some(lock.clone()),
+        }
+        .load(conn)
+    }
+}
+
+impl<'q, Q, C, R, V, K, Pk> MarkQuery<'q, C, R, V> for Q
+where
+    Q: ClaimQuery<'q, C, R, Key = K> + Clone + FilterDsl<InRange<Pk, K>>,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable + Selectable<C::Backend>,
+    R::Table: Table<PrimaryKey = Pk>,
+    Pk: Column + Copy,
+    V: AsChangeset<Target = R::Table> + Clone,
+    V::Changeset: QueryFragment<C::Backend>,
+    InQuery<Q, Pk, K>: SelectDsl<Pk>,
+    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
+    MarkStatement<R, V, KeysQuery<Q, Pk, K>, C::Backend>: LoadQuery<'q, C, R>,
+{
+    fn check_changes(changes: &V) -> Result<(), Error> {
+        if changes
+            .clone()
+            .as_changeset()
+            .is_noop(&C::Backend::default())?
+        {
+            return Err(Error::InvalidArgument(
+                "the mark is empty: it must change what the query's filter tests".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn mark(
+        &self,
+        conn: &mut C,
+        range: KeyRange<K>,
+        limit: i64,
+        lock: &LockClause,
+        changes: &V,
+    ) -> QueryResult<Vec<R>> {
+        UpdateReturning {
+            from: R::table().from_clause(),
+            changes: changes.clone().as_changeset(),
+            filter: KeysIn {
+                column: primary_key::<R>(),
+                subquery: Locked {
+                    query: keys_query::<Q, R, K>(self, range, limit),
+                    clause: Some(lock.clone()),
+                },
+            },
+            returning: R::as_select(),
+        }
+        .load(conn)
+    }
+}
+
+/// Up to `limit` keys of the query's rows in `range`, in key order.
+fn keys_query<Q, R, K>(query: &Q, range: KeyRange<K>, limit: i64) -> KeysQuery<Q, PrimaryKey<R>, K>
+where
+    Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
+    R: HasTable,
+    PrimaryKey<R>: Copy,
+    InQuery<Q, PrimaryKey<R>, K>: SelectDsl<PrimaryKey<R>>,
+    dsl::Select<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>: OrderDsl<PrimaryKey<R>>,
+    dsl::Order<dsl::Select<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>, PrimaryKey<R>>: LimitDsl,
+{
+    let key = primary_key::<R>();
+    FilterDsl::filter(query.clone(), InRange { column: key, range })
+        .select(key)
+        .order(key)
+        .limit(limit)
 }
 
 fn primary_key<R: HasTable>() -> PrimaryKey<R> {

@@ -210,7 +210,7 @@ mod transaction;
 mod versioned;
 
 pub use backend::ClaimBackend;
-pub use claim::{ClaimBuilder, ClaimDsl, ClaimQuery, ClaimReport};
+pub use claim::{ClaimBuilder, ClaimDsl, ClaimQuery, ClaimReport, MarkQuery, MarkedClaim};
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres")]
 pub use lease::advisory;

@@ -142,15 +142,59 @@ where
 
 impl<Q, Conn> RunQueryDsl<Conn> for Locked<Q> {}
 
-/// `column > cursor`, or `TRUE` on the first page: keyset pagination over the
-/// primary key with a single statement shape per page position.
-#[derive(Debug, Clone, Copy)]
-pub struct After<Column, Cursor> {
-    pub column: Column,
-    pub cursor: Option<Cursor>,
+/// A range of primary-key values, in the database's order of the key.
+#[derive(Debug, Clone)]
+pub struct KeyRange<K> {
+    pub lower: Lower<K>,
+    /// Inclusive upper bound.
+    pub through: Option<K>,
 }
 
-impl<Column, Cursor> Expression for After<Column, Cursor>
+/// The lower end of a [`KeyRange`].
+#[derive(Debug, Clone)]
+pub enum Lower<K> {
+    Unbounded,
+    /// Exclusive: the keyset cursor after the last key seen.
+    After(K),
+    /// Inclusive.
+    From(K),
+}
+
+impl<K: Clone> KeyRange<K> {
+    /// Every key after `cursor` (every key when there is none).
+    pub fn after(cursor: Option<K>) -> Self {
+        KeyRange {
+            lower: cursor.map_or(Lower::Unbounded, Lower::After),
+            through: None,
+        }
+    }
+
+    /// Keys after `cursor` up to `through`, inclusive.
+    pub fn between(cursor: Option<K>, through: K) -> Self {
+        KeyRange {
+            through: Some(through),
+            ..Self::after(cursor)
+        }
+    }
+
+    /// Just `key`.
+    pub fn exactly(key: K) -> Self {
+        KeyRange {
+            lower: Lower::From(key.clone()),
+            through: Some(key),
+        }
+    }
+}
+
+/// `column` within a [`KeyRange`]: keyset pagination over the primary key, with
+/// one statement shape per kind of range.
+#[derive(Debug, Clone)]
+pub struct InRange<Column, K> {
+    pub column: Column,
+    pub range: KeyRange<K>,
+}
+
+impl<Column, K> Expression for InRange<Column, K>
 where
     Column: Expression,
     Column::SqlType: SingleValue,
@@ -158,43 +202,151 @@ where
     type SqlType = Bool;
 }
 
-impl<Column, Cursor, QS> AppearsOnTable<QS> for After<Column, Cursor>
+impl<Column, K, QS> AppearsOnTable<QS> for InRange<Column, K>
 where
     Self: Expression,
     Column: AppearsOnTable<QS>,
 {
 }
 
-impl<Column, Cursor, GroupBy> ValidGrouping<GroupBy> for After<Column, Cursor> {
+impl<Column, K, GroupBy> ValidGrouping<GroupBy> for InRange<Column, K> {
     type IsAggregate = is_aggregate::Never;
 }
 
-impl<Column, Cursor> QueryId for After<Column, Cursor> {
+impl<Column, K> QueryId for InRange<Column, K> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<Column, Cursor, DB> QueryFragment<DB> for After<Column, Cursor>
+impl<Column, K, DB> QueryFragment<DB> for InRange<Column, K>
 where
     DB: Backend,
     Column: QueryFragment<DB> + Expression,
-    Cursor: diesel::serialize::ToSql<Column::SqlType, DB>,
+    K: diesel::serialize::ToSql<Column::SqlType, DB>,
     Column::SqlType: diesel::sql_types::SqlType,
     DB: diesel::sql_types::HasSqlType<Column::SqlType>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        match &self.cursor {
-            Some(cursor) => {
-                self.column.walk_ast(out.reborrow())?;
-                out.push_sql(" > ");
-                out.push_bind_param::<Column::SqlType, _>(cursor)
-            }
-            None => {
-                out.push_sql("1 = 1");
-                Ok(())
+        let lower = match &self.range.lower {
+            Lower::Unbounded => None,
+            Lower::After(key) => Some((" > ", key)),
+            Lower::From(key) => Some((" >= ", key)),
+        };
+        let through = self.range.through.as_ref().map(|key| (" <= ", key));
+        let bounds = [lower, through];
+        let mut bounds = bounds.iter().flatten().peekable();
+        if bounds.peek().is_none() {
+            out.push_sql("1 = 1");
+            return Ok(());
+        }
+        out.push_sql("(");
+        while let Some((operator, key)) = bounds.next() {
+            self.column.walk_ast(out.reborrow())?;
+            out.push_sql(operator);
+            out.push_bind_param::<Column::SqlType, _>(*key)?;
+            if bounds.peek().is_some() {
+                out.push_sql(" AND ");
             }
         }
+        out.push_sql(")");
+        Ok(())
     }
+}
+
+/// `column` among the keys a subquery selects, evaluated once per statement:
+/// PostgreSQL `= ANY(ARRAY(…))` (an `IN (…)` subquery with `LIMIT` and `SKIP
+/// LOCKED` may be re-run by the planner and lock more rows than its limit),
+/// SQLite `IN (…)`.
+#[derive(Debug, Clone)]
+pub struct KeysIn<Column, Subquery> {
+    pub column: Column,
+    pub subquery: Subquery,
+}
+
+impl<Column: Expression, Subquery> Expression for KeysIn<Column, Subquery> {
+    type SqlType = Bool;
+}
+
+impl<Column, Subquery, QS> AppearsOnTable<QS> for KeysIn<Column, Subquery>
+where
+    Self: Expression,
+    Column: AppearsOnTable<QS>,
+{
+}
+
+impl<Column, Subquery, GroupBy> ValidGrouping<GroupBy> for KeysIn<Column, Subquery> {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<Column, Subquery> QueryId for KeysIn<Column, Subquery> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Column, Subquery, DB> QueryFragment<DB> for KeysIn<Column, Subquery>
+where
+    DB: ClaimBackend,
+    Column: QueryFragment<DB>,
+    Subquery: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        let (open, close) = <DB as crate::backend::strategy::Strategy>::KEYS_IN_SUBQUERY;
+        self.column.walk_ast(out.reborrow())?;
+        out.push_sql(open);
+        self.subquery.walk_ast(out.reborrow())?;
+        out.push_sql(close);
+        Ok(())
+    }
+}
+
+/// `UPDATE <table> SET <changes> WHERE <filter> RETURNING <returning>`.
+///
+/// Diesel's own update statement cannot be named in generic code (its `WHERE`
+/// clause types are private), so the marking claim renders its own.
+#[derive(Debug, Clone)]
+pub struct UpdateReturning<From, Changes, Where, Returning> {
+    /// The table's `FROM` clause.
+    pub from: From,
+    pub changes: Changes,
+    pub filter: Where,
+    pub returning: Returning,
+}
+
+impl<From, Changes, Where, Returning> QueryId for UpdateReturning<From, Changes, Where, Returning> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<From, Changes, Where, Returning: Expression> Query
+    for UpdateReturning<From, Changes, Where, Returning>
+{
+    type SqlType = Returning::SqlType;
+}
+
+impl<From, Changes, Where, Returning, DB> QueryFragment<DB>
+    for UpdateReturning<From, Changes, Where, Returning>
+where
+    DB: Backend,
+    From: QueryFragment<DB>,
+    Changes: QueryFragment<DB>,
+    Where: QueryFragment<DB>,
+    Returning: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("UPDATE ");
+        self.from.walk_ast(out.reborrow())?;
+        out.push_sql(" SET ");
+        self.changes.walk_ast(out.reborrow())?;
+        out.push_sql(" WHERE ");
+        self.filter.walk_ast(out.reborrow())?;
+        out.push_sql(" RETURNING ");
+        self.returning.walk_ast(out.reborrow())
+    }
+}
+
+impl<From, Changes, Where, Returning, Conn> RunQueryDsl<Conn>
+    for UpdateReturning<From, Changes, Where, Returning>
+{
 }
 
 /// `SELECT <version> FROM <table> <where>`: reads the version of the row an update
