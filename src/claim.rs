@@ -596,6 +596,8 @@ struct Page<K> {
     keys: Vec<K>,
     position: HashMap<K, usize>,
     processed: Vec<bool>,
+    /// Rows processed that were not candidates: inserted since the scan.
+    newcomers: HashSet<K>,
     /// The last batch reached the end of the range.
     exhausted: bool,
 }
@@ -609,6 +611,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
             processed: vec![false; keys.len()],
             keys,
             position,
+            newcomers: HashSet::new(),
             exhausted: false,
         }
     }
@@ -663,17 +666,23 @@ impl<K: Clone + Eq + Hash> Page<K> {
         rows.dedup_by(|a, b| Q::key(a) == Q::key(b));
         let mut furthest = None;
         for row in &rows {
-            let Some(&index) = self.position.get(&Q::key(row)) else {
-                continue; // inserted since the scan
+            let key = Q::key(row);
+            let seen_before = match self.position.get(&key) {
+                Some(&index) => {
+                    furthest = furthest.max(Some(index));
+                    std::mem::replace(&mut self.processed[index], true)
+                }
+                None => !self.newcomers.insert(key),
             };
-            if std::mem::replace(&mut self.processed[index], true) {
+            // Only possible when rows come back in no order (a mark), from a key
+            // range the page has not gone past yet.
+            if seen_before {
                 return Err(Error::InvalidArgument(
-                    "a claimed row came back a second time in one call: the mark must take \\
+                    "a claimed row came back a second time in one call: the mark must take \
                      rows out of the query (set what its filter tests)"
                         .to_owned(),
                 ));
             }
-            furthest = furthest.max(Some(index));
         }
         let next = if ordered {
             rows.last().map(Q::key)

@@ -41,6 +41,33 @@ impl Instrumentation for StatementLog {
     }
 }
 
+/// The ways to claim a batch.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// `batch(n).each`: the closure per row, one transaction per batch.
+    EachRow(u32),
+    /// `batch(n).each_batch`.
+    EachBatch(u32),
+    /// `batch(n).mark(..)`: marked and processed in one transaction.
+    Mark(u32),
+    /// `batch(n).mark_and_commit(..)`: marked and committed, then processed.
+    MarkAndCommit(u32),
+}
+
+const MODES: [Mode; 4] = [
+    Mode::EachRow(7),
+    Mode::EachBatch(50),
+    Mode::Mark(25),
+    Mode::MarkAndCommit(25),
+];
+
+/// Counts the transactions a connection opened, by their `BEGIN` statements
+/// (SQLite's `BEGIN IMMEDIATE` is not reported as a transaction by Diesel).
+fn begins(log: &StatementLog) -> usize {
+    let begin = |entry: &&String| entry.starts_with("query: BEGIN");
+    log.entries().iter().filter(begin).count()
+}
+
 on_every_backend! {
     /// Inserts `count` shipped orders whose email is not sent yet.
     pub fn insert_pending(conn: &mut Conn, count: usize) {
@@ -64,7 +91,7 @@ on_every_backend! {
     }
 
     /// `(emails sent, duplicate emails beyond one per order, shipped orders still pending)`.
-    fn email_figures(conn: &mut Conn) -> (i64, i64, i64) {
+    pub fn email_figures(conn: &mut Conn) -> (i64, i64, i64) {
         let sent: i64 = outbox::table.count().get_result(conn).unwrap();
         let distinct: i64 = outbox::table
             .select(outbox::order_id)
@@ -411,6 +438,264 @@ on_every_backend! {
             .unwrap();
         assert_eq!(report.processed, 2);
     }
+
+    // Batches and marks.
+
+    /// One outbox row per order, for orders a mark has already flagged.
+    fn write_emails(conn: &mut Conn, orders: &[Order], worker: i32) -> QueryResult<()> {
+        assert!(orders.iter().all(|order| order.email_sent), "rows come back marked");
+        let rows: Vec<_> = orders
+            .iter()
+            .map(|order| (outbox::order_id.eq(order.id), outbox::worker.eq(worker)))
+            .collect();
+        diesel::insert_into(outbox::table).values(rows).execute(conn)?;
+        Ok(())
+    }
+
+    /// Runs one claim in `mode`: every row gets one email and is marked done.
+    fn claim(mode: Mode, conn: &mut Conn, worker: i32) -> Result<ClaimReport, Error> {
+        let done = orders::email_sent.eq(true);
+        let emails = |conn: &mut Conn, batch: Vec<Order>| Ok(write_emails(conn, &batch, worker)?);
+        match mode {
+            Mode::EachRow(n) => pending().build_claim().batch(n).each(conn, |conn, order: Order| {
+                Ok(send_email(conn, &order, worker)?)
+            }),
+            Mode::EachBatch(n) => {
+                pending().build_claim().batch(n).each_batch(conn, |conn, batch: Vec<Order>| {
+                    assert!(batch.len() <= n as usize);
+                    assert!(batch.windows(2).all(|w| w[0].id < w[1].id), "key order");
+                    for order in &batch {
+                        send_email(conn, order, worker)?;
+                    }
+                    Ok(())
+                })
+            }
+            Mode::Mark(n) => pending().build_claim().batch(n).mark(done).each_batch(conn, emails),
+            Mode::MarkAndCommit(n) => pending()
+                .build_claim()
+                .batch(n)
+                .mark_and_commit(done)
+                .each_batch(conn, emails),
+        }
+    }
+
+    /// Every batched mode, many workers: duplicates 0, leftovers 0, Σ processed = N.
+    #[test]
+    fn concurrent_batched_workers_process_each_row_exactly_once() {
+        for mode in MODES {
+            let (_db, pool) = test_db(WORKERS as u32 + 1);
+            insert_pending(&mut pool.get().unwrap(), ORDERS);
+            let start = Barrier::new(WORKERS);
+            let processed: u64 = thread::scope(|scope| {
+                let workers: Vec<_> = (0..WORKERS)
+                    .map(|worker| {
+                        let (pool, start) = (&pool, &start);
+                        scope.spawn(move || {
+                            let mut conn = pool.get().unwrap();
+                            start.wait();
+                            claim(mode, &mut conn, worker as i32).unwrap().processed
+                        })
+                    })
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap()).sum()
+            });
+            let (sent, duplicates, left) = email_figures(&mut pool.get().unwrap());
+            eprintln!(
+                "{mode:?}, {WORKERS} workers, {ORDERS} orders: processed {processed}, \
+                 emails {sent}, duplicates {duplicates}, left {left}"
+            );
+            assert_eq!((sent, duplicates, left), (ORDERS as i64, 0, 0), "{mode:?}");
+            assert_eq!(processed, ORDERS as u64, "{mode:?}");
+        }
+    }
+
+    /// A batch is one transaction: `n` rows a commit, and no transaction spent on
+    /// the end of the candidates. Nothing pending is one query in every mode.
+    #[test]
+    fn a_batch_is_one_transaction() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        for mode in MODES {
+            let log = StatementLog::default();
+            conn.set_instrumentation(log.clone());
+            let report = claim(mode, &mut conn, 0).unwrap();
+            assert_eq!((report.processed, report.skipped), (0, 0), "{mode:?}");
+            assert_eq!(log.entries().len(), 1, "{mode:?}: {:#?}", log.entries());
+        }
+        for (mode, transactions) in [
+            (Mode::EachRow(1), 25),
+            (Mode::EachRow(10), 3),
+            (Mode::EachBatch(25), 1),
+            (Mode::Mark(10), 3),
+            // PostgreSQL: the marking statement is a transaction of its own.
+            (Mode::MarkAndCommit(10), if ROW_LOCKS { 0 } else { 3 }),
+        ] {
+            diesel::delete(outbox::table).execute(&mut conn).unwrap();
+            diesel::delete(orders::table).execute(&mut conn).unwrap();
+            insert_pending(&mut conn, 25);
+            let log = StatementLog::default();
+            conn.set_instrumentation(log.clone());
+            let report = claim(mode, &mut conn, 0).unwrap();
+            assert_eq!(report.processed, 25, "{mode:?}");
+            assert_eq!(begins(&log), transactions, "{mode:?}: {:#?}", log.entries());
+            assert_eq!(email_figures(&mut conn), (25, 0, 0), "{mode:?}");
+        }
+    }
+
+    /// An error in the closure rolls back the whole batch, rows handled before it
+    /// in the batch included; batches committed before stay committed.
+    #[test]
+    fn an_error_rolls_back_the_whole_batch() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let result = pending()
+            .build_claim()
+            .batch(4)
+            .each(&mut conn, |conn, order: Order| {
+                send_email(conn, &order, 0)?;
+                if order.id == 7 {
+                    return Err(Error::InvalidArgument("no address".to_owned()));
+                }
+                Ok(())
+            });
+        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        let left: Vec<i32> = pending().select(orders::id).order(orders::id).load(&mut conn).unwrap();
+        assert_eq!(left, [5, 6, 7, 8, 9, 10]);
+        assert_eq!(email_figures(&mut conn), (4, 0, 6));
+
+        // A panic too, and the connection is usable afterwards.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pending().build_claim().batch(4).each_batch(
+                &mut conn,
+                |conn, batch: Vec<Order>| -> Result<(), Error> {
+                    for order in &batch {
+                        send_email(conn, order, 0)?;
+                    }
+                    panic!("the mail server caught fire");
+                },
+            )
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(email_figures(&mut conn), (4, 0, 6));
+        let report = claim(Mode::EachBatch(4), &mut conn, 0).unwrap();
+        assert_eq!(report.processed, 6);
+    }
+
+    /// `mark`: the closure's failure un-marks the batch. `mark_and_commit`: it
+    /// cannot; the batch stays marked, and the error still reaches the caller.
+    #[test]
+    fn only_the_transactional_mark_is_undone_by_a_failing_closure() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 6);
+        let fail = |_: &mut _, _: Vec<Order>| Err::<(), _>(Error::InvalidArgument("no".into()));
+        let done = orders::email_sent.eq(true);
+
+        let result = pending().build_claim().batch(4).mark(done).each_batch(&mut conn, fail);
+        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        assert_eq!(pending().count().get_result::<i64>(&mut conn).unwrap(), 6);
+
+        let result = pending()
+            .build_claim()
+            .batch(4)
+            .mark_and_commit(done)
+            .each_batch(&mut conn, fail);
+        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        assert_eq!(pending().count().get_result::<i64>(&mut conn).unwrap(), 2);
+    }
+
+    /// A mark that leaves rows matching still never hands a row over twice in one
+    /// call. Candidates are passed by key; rows inserted since the scan (here by
+    /// the closure, into the page's key range) are caught coming back, and the
+    /// call stops.
+    #[test]
+    fn a_mark_that_leaves_rows_matching_never_hands_a_row_over_twice() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let with_ids = |ids: &[i32]| -> Vec<_> { ids.iter().map(|id| orders::id.eq(*id)).collect() };
+        diesel::insert_into(orders::table)
+            .values(with_ids(&[1, 2, 5, 10]))
+            .execute(&mut conn)
+            .unwrap();
+        let keep_matching = orders::customer_id.eq(None::<i32>);
+
+        let mut seen = Vec::new();
+        let result = pending()
+            .build_claim()
+            .batch(2)
+            .mark(keep_matching)
+            .each_batch(&mut conn, |conn, batch: Vec<Order>| {
+                seen.extend(batch.iter().map(|order| order.id));
+                if seen.len() == 2 {
+                    diesel::insert_into(orders::table).values(with_ids(&[6])).execute(conn)?;
+                }
+                Ok::<_, Error>(())
+            });
+        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        seen.sort();
+        assert_eq!(seen, [1, 2, 5, 6]);
+    }
+
+    /// A claim through a join marks only the rows the join selects.
+    #[test]
+    fn a_mark_through_a_join_marks_what_the_join_selects() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        diesel::insert_into(customers::table)
+            .values(vec![
+                (customers::id.eq(1), customers::name.eq("ada"), customers::vip.eq(true)),
+                (customers::id.eq(2), customers::name.eq("bob"), customers::vip.eq(false)),
+            ])
+            .execute(&mut conn)
+            .unwrap();
+        let order_of = |customer: i32| orders::customer_id.eq(Some(customer));
+        diesel::insert_into(orders::table)
+            .values(vec![order_of(1), order_of(2), order_of(1), order_of(2)])
+            .execute(&mut conn)
+            .unwrap();
+        let vip_pending = pending()
+            .inner_join(customers::table)
+            .filter(customers::vip.eq(true))
+            .select(Order::as_select());
+        let mut marked = Vec::new();
+        let report = vip_pending
+            .build_claim()
+            .batch(10)
+            .mark_and_commit(orders::email_sent.eq(true))
+            .each(&mut conn, |_, order: Order| {
+                marked.push(order.id);
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        marked.sort();
+        assert_eq!((marked, report.processed), (vec![1, 3], 2));
+        let left: Vec<i32> = pending().select(orders::id).order(orders::id).load(&mut conn).unwrap();
+        assert_eq!(left, [2, 4]);
+    }
+
+    #[test]
+    fn bad_batch_options_are_rejected_before_any_sql() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 1);
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let ok = |_: &mut _, _: Vec<Order>| Ok::<_, Error>(());
+        let done = orders::email_sent.eq(true);
+        let nothing = None::<diesel::dsl::Eq<orders::email_sent, bool>>;
+        let results = [
+            pending().build_claim().batch(0).each_batch(&mut conn, ok),
+            pending().build_claim().batch(0).mark(done).each_batch(&mut conn, ok),
+            pending().build_claim().mark(nothing).each_batch(&mut conn, ok),
+            // The mark would be committed before a locked row could undo it.
+            pending().build_claim().nowait().mark_and_commit(done).each_batch(&mut conn, ok),
+        ];
+        for result in results {
+            assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        }
+        assert_eq!(log.entries(), Vec::<String>::new());
+    }
 }
 
 /// Row-lock behaviour only PostgreSQL has.
@@ -420,7 +705,7 @@ mod pg_row_locks {
 
     use diesel::connection::SimpleConnection;
 
-    use super::pg::{insert_pending, send_email, test_db, Conn, Pool};
+    use super::pg::{email_figures, insert_pending, send_email, test_db, Conn, Pool};
     use super::*;
 
     /// Runs `sql` in a transaction on its own connection and holds what it locks
@@ -666,5 +951,100 @@ mod pg_row_locks {
             Some(Err(true)),
             "FOR UPDATE blocks the FK check"
         );
+    }
+
+    // Batches and marks.
+
+    /// Rows others hold are jumped in the statement that claims the next row, not
+    /// re-checked one transaction each: 5 rows processed in 5 transactions, 5
+    /// locked rows skipped.
+    #[test]
+    fn claims_jump_past_locked_rows_in_one_statement() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id <= 5 FOR UPDATE");
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let report = pending()
+            .claim_each(&mut conn, |conn, order: Order| {
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
+            .unwrap();
+        assert_eq!((report.processed, report.skipped), (5, 5));
+        assert_eq!(begins(&log), 5, "{:#?}", log.entries());
+        drop(release);
+        holder.join().unwrap();
+    }
+
+    /// `nowait` with batches: the batch that meets a locked row fails whole, before
+    /// its closure runs; batches before it stay committed.
+    #[test]
+    fn nowait_fails_the_batch_that_meets_a_locked_row() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 6 FOR UPDATE");
+        let result = pending()
+            .build_claim()
+            .batch(4)
+            .nowait()
+            .each(&mut conn, |conn, order: Order| {
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            });
+        assert!(matches!(result, Err(Error::LockNotAvailable)), "{result:?}");
+        assert_eq!(email_figures(&mut conn), (4, 0, 6));
+        drop(release);
+        holder.join().unwrap();
+    }
+
+    /// Marking skips rows others hold, and leaves them pending.
+    #[test]
+    fn marks_skip_locked_rows() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id IN (2, 9) FOR UPDATE");
+        let report = pending()
+            .build_claim()
+            .batch(3)
+            .mark_and_commit(orders::email_sent.eq(true))
+            .each_batch(&mut conn, |_, _: Vec<Order>| Ok::<_, Error>(()))
+            .unwrap();
+        assert_eq!((report.processed, report.skipped), (8, 2));
+        drop(release);
+        holder.join().unwrap();
+        let left: Vec<i32> = pending()
+            .select(orders::id)
+            .order(orders::id)
+            .load(&mut conn)
+            .unwrap();
+        assert_eq!(left, [2, 9]);
+    }
+
+    /// Draining with batches retries the rows that were locked.
+    #[test]
+    fn draining_batches_retry_rows_that_were_locked() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let mut holder = Some(hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR UPDATE"));
+        let mut seen = Vec::new();
+        let report = pending()
+            .build_claim()
+            .batch(2)
+            .drain()
+            .each(&mut conn, |conn, order: Order| {
+                seen.push(order.id);
+                if order.id == 3 {
+                    let (release, thread) = holder.take().unwrap();
+                    drop(release);
+                    thread.join().unwrap();
+                }
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
+            .unwrap();
+        assert_eq!(seen, [2, 3, 1]);
+        assert_eq!((report.processed, report.skipped, report.passes), (3, 0, 3));
     }
 }
