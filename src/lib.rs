@@ -25,7 +25,7 @@
 //!
 //! | | PostgreSQL | SQLite |
 //! |---|---|---|
-//! | [`claim_each`](ClaimDsl::claim_each) | row locks: `SKIP LOCKED`, fail at once, or wait; `OF <table>` | `BEGIN IMMEDIATE` per row: workers queue instead of skipping |
+//! | [`claim_each`](ClaimDsl::claim_each) | row locks: `SKIP LOCKED`, fail at once, or wait; `OF <table>` | `BEGIN IMMEDIATE` per row or batch: workers queue instead of skipping |
 //! | [`update_versioned`](VersionedDsl::update_versioned) | yes | yes |
 //! | [`with_lock`](LockDsl::with_lock) | row locks | `BEGIN IMMEDIATE` |
 //! | leases | table (+ [`advisory`] locks) | table |
@@ -57,18 +57,67 @@
 //!
 //! This is double-checked locking. An unlocked read pages through the query's
 //! primary keys (so nothing pending costs one query and no transaction, and memory
-//! does not grow with the number of pending rows). Then, per candidate, in a
-//! transaction of its own, the *same* query restricted to that key is re-run under
-//! `FOR NO KEY UPDATE OF <table> SKIP LOCKED`; if the row still matches and nobody
-//! else holds it, the closure runs in that transaction, which then commits. The
-//! closure sees the row as it is under the lock, not as the unlocked read saw it.
+//! does not grow with the number of pending rows). Then, in a transaction of its
+//! own, the *same* query, restricted to the page's keys not yet passed, is re-run
+//! in key order under `FOR NO KEY UPDATE OF <table> SKIP LOCKED LIMIT 1`: the first
+//! candidate that still matches and that nobody else holds is locked. Rows other
+//! workers have taken or are holding are passed over inside that one statement,
+//! not re-checked one transaction each, so workers do not slow each other down.
+//! The closure runs in the transaction, which then commits. It sees the row as it
+//! is under the lock, not as the unlocked read saw it.
 //!
 //! Options are set with [`build_claim`](ClaimDsl::build_claim): what to do with a
 //! locked row (skip, fail with [`Error::LockNotAvailable`], or wait and re-check),
-//! lock strength, a cap on processed rows, the page size, and draining (repeat
-//! until a pass claims nothing new, never processing a row twice in one call).
+//! lock strength, a cap on processed rows, the page size, draining (repeat until a
+//! pass claims nothing new, never processing a row twice in one call), and batches.
 //!
-//! Things to know, all of them consequences of the design:
+//! ## Batches, and claiming in one statement
+//!
+//! [`batch(n)`](ClaimBuilder::batch) claims up to `n` rows per transaction: one
+//! locking read and one commit for the batch. The closure runs per row
+//! ([`each`](ClaimBuilder::each)) or once per batch
+//! ([`each_batch`](ClaimBuilder::each_batch)); an error in it rolls back the whole
+//! batch.
+//!
+//! When the work on the database's side is a plain column update, the claim can
+//! make it in the statement that claims the rows: [`mark`](ClaimBuilder::mark)
+//! sends `UPDATE … SET <changes> WHERE <key> = ANY(ARRAY(SELECT <key> FROM <your
+//! query> … LIMIT n FOR NO KEY UPDATE SKIP LOCKED)) RETURNING …` and hands the rows,
+//! as updated, to the closure in the same transaction;
+//! [`mark_and_commit`](ClaimBuilder::mark_and_commit) lets that statement commit on
+//! its own first, so a batch costs one round trip.
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let pending = orders::table
+//!     .filter(orders::shipped.eq(true))
+//!     .filter(orders::email_sent.eq(false));
+//!
+//! let report = pending
+//!     .build_claim()
+//!     .batch(100)
+//!     .mark_and_commit(orders::email_sent.eq(true))
+//!     .each_batch(&mut conn, |_conn, orders: Vec<Order>| {
+//!         send_shipped_emails(&orders) // the rows are already marked, and committed
+//!     })?;
+//! assert_eq!(report.processed, 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Whether the closure's failure (an `Err` or a panic) puts the rows back:
+//!
+//! | | rows back to pending | transactions per batch |
+//! |---|---|---|
+//! | [`each`](ClaimBuilder::each), [`each_batch`](ClaimBuilder::each_batch) | yes, the whole batch | one |
+//! | [`mark(…)`](ClaimBuilder::mark) | yes, the whole batch | one |
+//! | [`mark_and_commit(…)`](ClaimBuilder::mark_and_commit) | **no**: the batch stays marked and nobody processes it | none of the crate's (PostgreSQL); `BEGIN IMMEDIATE` around the statement (SQLite) |
+//!
+////! Things to know, all of them consequences of the design:
 //!
 //! - **At most once, possibly zero times.** Under skip-locked, a row locked by
 //!   anyone else — another claimer, or an unrelated transaction holding
@@ -89,10 +138,12 @@
 //!   `REPEATABLE READ` or `SERIALIZABLE`, a row changed since the transaction's
 //!   snapshot fails with [`Error::SerializationFailure`] instead, which is safe but
 //!   must be retried.
-//! - **Cost.** Per row: one locked read, the closure, and a commit; plus one
-//!   unlocked read per page. Workers spread the rows among themselves, but each
-//!   may try rows another already took. Index the pending predicate (for example
-//!   a partial index `WHERE NOT email_sent`) and the primary key.
+//! - **Cost.** Per row: `BEGIN`, one locked read, the closure, `COMMIT`; plus one
+//!   unlocked read per page (1000 keys by default). Batches divide the
+//!   transactions by their size. Index the pending predicate over the primary
+//!   key, for example `CREATE INDEX orders_pending ON orders (id) WHERE shipped AND
+//!   NOT email_sent`: both reads then walk only pending rows, however many rows
+//!   are done. The repository's `BENCHMARKS.md` has the figures.
 //! - **Joins lock one table.** Only the claimed table's rows are locked
 //!   (`OF <table>`), so a claim never blocks updates of joined rows. The rows'
 //!   type names that table (`#[derive(Identifiable)]`); with a join, select it
@@ -100,8 +151,8 @@
 //!   replaced by the key order and [`max_rows`](ClaimBuilder::max_rows).
 //! - **Never on a replica.** Candidates must be read from the primary: a lagging
 //!   replica only costs wasted re-checks, but the re-check must see the primary.
-//! - **Errors and panics.** An `Err` from the closure rolls back that row and ends
-//!   the call with it; rows committed before stay committed. A panic rolls back,
+//! - **Errors and panics.** An `Err` from the closure rolls back that row (or
+//!   batch) and ends the call with it; rows committed before stay committed. A panic rolls back,
 //!   leaves no lock held and no transaction open, and resumes unwinding.
 //! - **SQLite** has no row locks: each row's transaction is `BEGIN IMMEDIATE`,
 //!   which takes the database write lock before the re-check. Still at most once;
