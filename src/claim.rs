@@ -233,15 +233,10 @@ impl<Q> ClaimBuilder<Q> {
         E: From<Error>,
     {
         let query = &self.query;
-        self.start(
-            conn,
-            true,
-            false,
-            |conn: &mut C, range, limit, clause: &LockClause| {
-                query.rows(conn, range, limit, clause)
-            },
-        )?
-        .run(conn, f)
+        let select = |conn: &mut C, range, limit, clause: &LockClause| {
+            query.rows(conn, range, limit, clause)
+        };
+        self.start(conn, Taking::Select, select)?.run(conn, f)
     }
 
     /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
@@ -249,15 +244,17 @@ impl<Q> ClaimBuilder<Q> {
     /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
     /// batch's transaction: an error in the closure rolls the mark back.
     ///
-    /// The changes must take the rows out of the query (set the flag the filter
-    /// tests): a row that comes back a second time in one call ends it with
-    /// [`Error::InvalidArgument`]. The rows' type must be
+    /// The changes should take the rows out of the query (set the flag its filter
+    /// tests); rows they leave matching are claimed again by the next call. One
+    /// call never hands a row over twice: the batches move on by key, and a row
+    /// inserted into a range already claimed from that comes back ends the call
+    /// with [`Error::InvalidArgument`]. The rows' type must be
     /// [`Selectable`](diesel::Selectable) from the claimed table.
     pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V> {
         MarkedClaim {
             claim: self,
             changes,
-            commit_first: false,
+            taking: Taking::Mark,
         }
     }
 
@@ -274,19 +271,16 @@ impl<Q> ClaimBuilder<Q> {
         MarkedClaim {
             claim: self,
             changes,
-            commit_first: true,
+            taking: Taking::MarkAndCommit,
         }
     }
 
     /// Checks the options and the connection, and sets up one run of the claim,
-    /// taking its rows with `take`: a locking select (rows come back `ordered`
-    /// by key) or a marking update (in no order), committed before the closure
-    /// runs when `commit_first`.
+    /// taking its rows with `take`, the statement `taking` describes.
     fn start<'q, C, R, T>(
         &self,
         conn: &mut C,
-        ordered: bool,
-        commit_first: bool,
+        taking: Taking,
         take: T,
     ) -> Result<Claim<'_, Q, Q::Key, T>, Error>
     where
@@ -298,7 +292,7 @@ impl<Q> ClaimBuilder<Q> {
             .lock
             .clone()
             .resolve(OnLocked::Skip, || self.query.claimed_table())?;
-        if commit_first && on_locked == OnLocked::Fail {
+        if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
             return Err(Error::InvalidArgument(
                 "nowait cannot be combined with mark_and_commit: the mark commits before a \
                  locked row could roll it back"
@@ -317,8 +311,7 @@ impl<Q> ClaimBuilder<Q> {
             query: &self.query,
             clause,
             take,
-            ordered,
-            commit_first,
+            taking,
             row_locks,
             fail_on_locked: row_locks && on_locked == OnLocked::Fail,
             batch: self.batch,
@@ -358,7 +351,18 @@ impl<Q> ClaimBuilder<Q> {
 pub struct MarkedClaim<Q, V> {
     claim: ClaimBuilder<Q>,
     changes: V,
-    commit_first: bool,
+    taking: Taking,
+}
+
+/// The statement a claim takes its rows with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taking {
+    /// A locking select: rows come back in key order.
+    Select,
+    /// A marking `UPDATE … RETURNING`: rows come back in no particular order.
+    Mark,
+    /// The same, committed on its own before the closure runs.
+    MarkAndCommit,
 }
 
 impl<Q, V> MarkedClaim<Q, V> {
@@ -389,20 +393,14 @@ impl<Q, V> MarkedClaim<Q, V> {
         let MarkedClaim {
             claim,
             changes,
-            commit_first,
+            taking,
         } = self;
         Q::check_changes(&changes)?;
         let query = &claim.query;
-        claim
-            .start(
-                conn,
-                false,
-                commit_first,
-                |conn: &mut C, range, limit, clause: &LockClause| {
-                    query.mark(conn, range, limit, clause, &changes)
-                },
-            )?
-            .run(conn, f)
+        let mark = |conn: &mut C, range, limit, clause: &LockClause| {
+            query.mark(conn, range, limit, clause, &changes)
+        };
+        claim.start(conn, taking, mark)?.run(conn, f)
     }
 }
 
@@ -412,11 +410,7 @@ struct Claim<'a, Q, K, T> {
     clause: LockClause,
     /// Claims up to `limit` rows of a key range: `(conn, range, limit, clause)`.
     take: T,
-    /// `take` returns rows in key order (a select) rather than in no order (an
-    /// `UPDATE … RETURNING`).
-    ordered: bool,
-    /// `take` commits on its own, before the closure runs.
-    commit_first: bool,
+    taking: Taking,
     row_locks: bool,
     fail_on_locked: bool,
     batch: i64,
@@ -529,7 +523,8 @@ where
     {
         let limit = i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch));
         let range = page.next_range();
-        let processed = if self.commit_first {
+        let ordered = self.taking == Taking::Select;
+        let processed = if self.taking == Taking::MarkAndCommit {
             let rows = if self.row_locks {
                 (self.take)(conn, range, limit, &self.clause).map_err(Error::from)?
             } else {
@@ -539,7 +534,7 @@ where
                     (self.take)(conn, range, limit, &self.clause).map_err(Error::from)
                 })?
             };
-            let rows = page.record::<Q, _, _>(rows, limit, self.ordered)?;
+            let rows = page.record::<Q, _, _>(rows, limit, ordered)?;
             let processed = rows.len();
             if processed > 0 {
                 f(conn, rows)?;
@@ -549,7 +544,7 @@ where
             locking_transaction(conn, |conn| {
                 let rows =
                     (self.take)(conn, range.clone(), limit, &self.clause).map_err(Error::from)?;
-                let rows = page.record::<Q, _, _>(rows, limit, self.ordered)?;
+                let rows = page.record::<Q, _, _>(rows, limit, ordered)?;
                 if self.fail_on_locked {
                     self.check_none_locked(conn, range, page, &rows)?;
                 }
