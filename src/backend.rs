@@ -25,6 +25,12 @@ pub(crate) mod strategy {
         /// Whether the backend has row locks (and a locking clause to append).
         const ROW_LOCKS: bool;
 
+        /// Whether the locking clause can name the one table to lock (`OF`).
+        const LOCK_OF: bool;
+
+        /// Whether `UPDATE … RETURNING` exists.
+        const UPDATE_RETURNING: bool;
+
         /// The SQL on either side of a subquery of keys, as in
         /// `<key><open>subquery<close>`, run once per statement.
         const KEYS_IN_SUBQUERY: (&'static str, &'static str);
@@ -84,7 +90,7 @@ pub enum LeaseStatement<'a> {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use lease_query::LeaseQuery;
 
-/// Lease statements as queries; only backends run them.
+/// Lease statements as queries; only backends with `RETURNING` run them.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod lease_query {
     use super::*;
@@ -194,6 +200,8 @@ mod postgres {
 
     impl Strategy for Pg {
         const ROW_LOCKS: bool = true;
+        const LOCK_OF: bool = true;
+        const UPDATE_RETURNING: bool = true;
 
         // `ARRAY(subquery)` is an init plan, run exactly once.
         const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" = ANY(ARRAY(", "))");
@@ -286,6 +294,8 @@ mod sqlite {
 
     impl Strategy for Sqlite {
         const ROW_LOCKS: bool = false;
+        const LOCK_OF: bool = false;
+        const UPDATE_RETURNING: bool = true;
 
         const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
 
@@ -361,5 +371,165 @@ mod sqlite {
             sqlite_now_micros!(),
             " RETURNING token"
         );
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::strategy::Strategy;
+    use super::LeaseStatement;
+    use super::*;
+    use crate::query::LockClause;
+    use crate::LockStrength;
+    use diesel::connection::LoadConnection;
+    use diesel::mysql::Mysql;
+    use diesel::query_builder::AstPass;
+    use diesel::sql_types::{BigInt, Text};
+    use diesel::{sql_query, RunQueryDsl};
+
+    impl ClaimBackend for Mysql {}
+
+    /// Microseconds since the Unix epoch by the server's clock, whatever the
+    /// session's time zone. `SYSDATE` rather than `NOW`, which is frozen for the
+    /// statement (and replicated as such).
+    macro_rules! mysql_now_micros {
+        () => {
+            "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)"
+        };
+    }
+
+    impl Strategy for Mysql {
+        const ROW_LOCKS: bool = true;
+        // MySQL 8 has `OF`, MariaDB has not; the crate sends what both take.
+        const LOCK_OF: bool = false;
+        const UPDATE_RETURNING: bool = false;
+
+        // MySQL refuses `LIMIT` in an `IN` subquery; marks are made by key there.
+        const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
+
+        const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+            diesel_migrations::embed_migrations!("migrations/mysql");
+
+        fn walk_lock_clause(
+            clause: &LockClause,
+            mut out: AstPass<'_, '_, Mysql>,
+        ) -> QueryResult<()> {
+            // InnoDB has no `NO KEY UPDATE` (a foreign-key check takes a shared
+            // lock, which `FOR UPDATE` blocks) and, on MariaDB, no `FOR SHARE`.
+            out.push_sql(match clause.strength {
+                LockStrength::Update | LockStrength::NoKeyUpdate => " FOR UPDATE",
+                LockStrength::Share | LockStrength::KeyShare => " LOCK IN SHARE MODE",
+            });
+            if clause.skip_locked {
+                out.push_sql(" SKIP LOCKED");
+            }
+            Ok(())
+        }
+
+        fn query_builder() -> diesel::mysql::MysqlQueryBuilder {
+            Default::default()
+        }
+
+        fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+        where
+            C: Connection<Backend = Mysql>,
+        {
+            C::TransactionManager::begin_transaction(conn)
+        }
+
+        // No `RETURNING`: statements by affected rows (Diesel counts the rows an
+        // `UPDATE` matched), and the acquiring `UPDATE`'s new token read back
+        // under its row lock, in one transaction.
+        fn lease_statement<C>(
+            conn: &mut C,
+            statement: LeaseStatement<'_>,
+        ) -> QueryResult<Option<i64>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            let updated = |count: usize, token: i64| (count == 1).then_some(token);
+            match statement {
+                LeaseStatement::Acquire { name, ttl_micros } => {
+                    // Without gap locks (`REPEATABLE READ` takes them), two
+                    // acquirers of a new name would deadlock on their inserts.
+                    conn.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+                    conn.transaction(|conn| {
+                        // An expired lease: taken over, under the row's lock.
+                        let taken = sql_query(lease_sql::MYSQL_TAKE_EXPIRED)
+                            .bind::<BigInt, _>(ttl_micros)
+                            .bind::<Text, _>(name)
+                            .execute(conn)?;
+                        if taken == 1 {
+                            let token: lease_sql::Token = sql_query(lease_sql::MYSQL_TOKEN)
+                                .bind::<Text, _>(name)
+                                .get_result(conn)?;
+                            return Ok(Some(token.token));
+                        }
+                        // A new name: inserted with token 1; a live lease is left be.
+                        let inserted = sql_query(Self::LEASE_ACQUIRE)
+                            .bind::<Text, _>(name)
+                            .bind::<BigInt, _>(ttl_micros)
+                            .execute(conn)?;
+                        Ok((inserted == 1).then_some(1))
+                    })
+                }
+                LeaseStatement::Renew {
+                    name,
+                    token,
+                    ttl_micros,
+                } => Ok(updated(
+                    sql_query(Self::LEASE_RENEW)
+                        .bind::<BigInt, _>(ttl_micros)
+                        .bind::<Text, _>(name)
+                        .bind::<BigInt, _>(token)
+                        .execute(conn)?,
+                    token,
+                )),
+                LeaseStatement::Release { name, token } => Ok(updated(
+                    sql_query(Self::LEASE_RELEASE)
+                        .bind::<Text, _>(name)
+                        .bind::<BigInt, _>(token)
+                        .execute(conn)?,
+                    token,
+                )),
+            }
+        }
+
+        const LEASE_ACQUIRE: &'static str = concat!(
+            "INSERT IGNORE INTO diesel_claim_leases (name, token, expires_at) VALUES (?, 1, ",
+            mysql_now_micros!(),
+            " + ?)"
+        );
+        const LEASE_RENEW: &'static str = concat!(
+            "UPDATE diesel_claim_leases SET expires_at = ",
+            mysql_now_micros!(),
+            " + ? WHERE name = ? AND token = ? AND expires_at > ",
+            mysql_now_micros!()
+        );
+        const LEASE_RELEASE: &'static str = concat!(
+            "UPDATE diesel_claim_leases SET expires_at = ",
+            mysql_now_micros!(),
+            " WHERE name = ? AND token = ? AND expires_at > ",
+            mysql_now_micros!()
+        );
+    }
+
+    /// The acquiring statements beyond the `INSERT` of a new name.
+    mod lease_sql {
+        use diesel::sql_types::BigInt;
+
+        pub const MYSQL_TAKE_EXPIRED: &str = concat!(
+            "UPDATE diesel_claim_leases SET token = token + 1, expires_at = ",
+            mysql_now_micros!(),
+            " + ? WHERE name = ? AND expires_at <= ",
+            mysql_now_micros!()
+        );
+        pub const MYSQL_TOKEN: &str = "SELECT token FROM diesel_claim_leases WHERE name = ?";
+
+        #[derive(diesel::QueryableByName)]
+        pub struct Token {
+            #[diesel(sql_type = BigInt)]
+            pub token: i64,
+        }
     }
 }

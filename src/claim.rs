@@ -9,13 +9,15 @@ use diesel::connection::Connection;
 use diesel::dsl;
 use diesel::prelude::*;
 use diesel::query_builder::{Query, QueryFragment};
+use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
 
 use crate::backend::strategy::Strategy;
 use crate::backend::{transaction_depth, ClaimBackend};
 use crate::query::{
-    lock_target, InRange, KeyRange, KeysIn, LockClause, LockOptions, Locked, Lower, UpdateReturning,
+    lock_target, InList, InRange, KeyRange, KeysIn, LockClause, LockOptions, Locked, Lower,
+    Returning, SelectWhere, Update,
 };
 use crate::transaction::locking_transaction;
 use crate::{Error, LockStrength, OnLocked};
@@ -313,6 +315,7 @@ impl<Q> ClaimBuilder<Q> {
             take,
             taking,
             row_locks,
+            one_statement_mark: row_locks && <C::Backend as Strategy>::UPDATE_RETURNING,
             fail_on_locked: row_locks && on_locked == OnLocked::Fail,
             batch: self.batch,
             page_size: self.page_size,
@@ -412,6 +415,9 @@ struct Claim<'a, Q, K, T> {
     take: T,
     taking: Taking,
     row_locks: bool,
+    /// A mark is one statement that is atomic on its own (`UPDATE … RETURNING`
+    /// with row locks).
+    one_statement_mark: bool,
     fail_on_locked: bool,
     batch: i64,
     page_size: i64,
@@ -525,11 +531,12 @@ where
         let range = page.next_range();
         let ordered = self.taking == Taking::Select;
         let processed = if self.taking == Taking::MarkAndCommit {
-            let rows = if self.row_locks {
+            let rows = if self.one_statement_mark {
                 (self.take)(conn, range, limit, &self.clause).map_err(Error::from)?
             } else {
                 // SQLite: a lone `UPDATE` would read first and then fail to take
-                // the write lock if another writer got in between.
+                // the write lock if another writer got in between. MySQL: the mark
+                // is three statements.
                 locking_transaction(conn, |conn| {
                     (self.take)(conn, range, limit, &self.clause).map_err(Error::from)
                 })?
@@ -773,12 +780,14 @@ type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
 type InQuery<Q, Pk, K> = dsl::Filter<Q, InRange<Pk, K>>;
 type KeysQuery<Q, Pk, K> = dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>>;
 type RowsQuery<Q, Pk, K> = dsl::Limit<dsl::Order<InQuery<Q, Pk, K>, Pk>>;
-type MarkStatement<R, V, KQ, DB> = UpdateReturning<
-    <<R as HasTable>::Table as diesel::QuerySource>::FromClause,
-    <V as AsChangeset>::Changeset,
-    KeysIn<PrimaryKey<R>, Locked<KQ>>,
+type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
+type MarkStatement<R, V, KQ, DB> = Returning<
+    Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<PrimaryKey<R>, Locked<KQ>>>,
     dsl::AsSelect<R, DB>,
 >;
+type ByKeys<R, K> = InList<PrimaryKey<R>, K>;
+type MarkByKeys<R, V, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, ByKeys<R, K>>;
+type ReadByKeys<R, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, ByKeys<R, K>>;
 
 impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
 where
@@ -838,6 +847,7 @@ where
     C::Backend: ClaimBackend,
     R: HasTable + Selectable<C::Backend>,
     R::Table: Table<PrimaryKey = Pk>,
+    K: Clone + Eq + Hash,
     Pk: Column + Copy,
     V: AsChangeset<Target = R::Table> + Clone,
     V::Changeset: QueryFragment<C::Backend>,
@@ -845,6 +855,8 @@ where
     dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
     dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
     MarkStatement<R, V, KeysQuery<Q, Pk, K>, C::Backend>: LoadQuery<'q, C, R>,
+    MarkByKeys<R, V, K>: ExecuteDsl<C>,
+    ReadByKeys<R, K, C::Backend>: LoadQuery<'q, C, R>,
 {
     fn check_changes(changes: &V) -> Result<(), Error> {
         if changes
@@ -867,17 +879,50 @@ where
         lock: &LockClause,
         changes: &V,
     ) -> QueryResult<Vec<R>> {
-        UpdateReturning {
-            from: R::table().from_clause(),
-            changes: changes.clone().as_changeset(),
-            filter: KeysIn {
-                column: primary_key::<R>(),
+        let key = primary_key::<R>();
+        if <C::Backend as Strategy>::UPDATE_RETURNING {
+            let claimed = KeysIn {
+                column: key,
                 subquery: Locked {
                     query: keys_query::<Q, R, K>(self, range, limit),
                     clause: Some(lock.clone()),
                 },
-            },
-            returning: R::as_select(),
+            };
+            return Returning {
+                statement: Update {
+                    from: R::table().from_clause(),
+                    changes: changes.clone().as_changeset(),
+                    filter: claimed,
+                },
+                columns: R::as_select(),
+            }
+            .load(conn);
+        }
+        // Without `RETURNING` (MySQL): lock, mark by key, and read the rows back,
+        // in the caller's transaction.
+        let mut keys: Vec<K> = self
+            .rows(conn, range, limit, lock)?
+            .iter()
+            .map(Q::key)
+            .collect();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let by_keys = || InList {
+            column: key,
+            keys: keys.clone(),
+        };
+        Update {
+            from: R::table().from_clause(),
+            changes: changes.clone().as_changeset(),
+            filter: by_keys(),
+        }
+        .execute(conn)?;
+        SelectWhere {
+            columns: R::as_select(),
+            from: R::table().from_clause(),
+            filter: by_keys(),
         }
         .load(conn)
     }

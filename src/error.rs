@@ -157,6 +157,10 @@ fn classify(error: &diesel::result::Error) -> Option<Transient> {
         return None;
     };
     if let DatabaseErrorKind::SerializationFailure = kind {
+        // Diesel reports MySQL's deadlock (1213) as a serialization failure.
+        if info.message().starts_with("Deadlock found") {
+            return Some(Transient::Deadlock);
+        }
         return Some(Transient::SerializationFailure);
     }
     if !matches!(kind, DatabaseErrorKind::Unknown) {
@@ -168,11 +172,15 @@ fn classify(error: &diesel::result::Error) -> Option<Transient> {
 fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
     let message = info.message();
     // PostgreSQL 55P03: NOWAIT ("could not obtain lock on row in relation ...") and
-    // lock_timeout ("canceling statement due to lock timeout"); SQLite SQLITE_BUSY.
-    const LOCK_NOT_AVAILABLE: [&str; 4] = [
+    // lock_timeout ("canceling statement due to lock timeout"); SQLite SQLITE_BUSY;
+    // MySQL and MariaDB 1205 (innodb_lock_wait_timeout, and MariaDB's NOWAIT) and
+    // MySQL 3572 (NOWAIT).
+    const LOCK_NOT_AVAILABLE: [&str; 6] = [
         "could not obtain lock",
         "canceling statement due to lock timeout",
         "database is locked",
+        "Lock wait timeout exceeded",
+        "Statement aborted because lock(s) could not be acquired immediately",
         LOCK_NOT_AVAILABLE_MESSAGE,
     ];
     if message.starts_with("deadlock detected") {
@@ -187,13 +195,15 @@ fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
 }
 
 /// Whether `error` means a lock could not be taken: PostgreSQL `55P03` (`NOWAIT`,
-/// `lock_timeout`) or SQLite `SQLITE_BUSY` (`busy_timeout` elapsed).
+/// `lock_timeout`), SQLite `SQLITE_BUSY` (`busy_timeout` elapsed), MySQL and
+/// MariaDB 1205 (`innodb_lock_wait_timeout`; MariaDB's `NOWAIT`) and MySQL 3572
+/// (`NOWAIT`).
 pub fn is_lock_not_available(error: &diesel::result::Error) -> bool {
     classify(error) == Some(Transient::LockNotAvailable)
 }
 
 /// Whether `error` is a deadlock the database broke by aborting this transaction
-/// (PostgreSQL `40P01`).
+/// (PostgreSQL `40P01`, MySQL and MariaDB 1213).
 pub fn is_deadlock(error: &diesel::result::Error) -> bool {
     classify(error) == Some(Transient::Deadlock)
 }
@@ -220,6 +230,20 @@ mod tests {
         let timeout = database_error("canceling statement due to lock timeout");
         let busy = database_error("database is locked");
         let deadlock = database_error("deadlock detected");
+        let mysql_timeout =
+            database_error("Lock wait timeout exceeded; try restarting transaction");
+        let mysql_nowait = database_error(
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT \
+             is set.",
+        );
+        let mysql_deadlock = diesel::result::Error::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new(
+                "Deadlock found when trying to get lock; try restarting transaction".to_owned(),
+            ),
+        );
+        assert!(is_lock_not_available(&mysql_timeout) && is_lock_not_available(&mysql_nowait));
+        assert!(is_deadlock(&mysql_deadlock) && !is_serialization_failure(&mysql_deadlock));
         let other = database_error(r#"relation "nope" does not exist"#);
         assert!(is_lock_not_available(&nowait));
         assert!(is_lock_not_available(&timeout));

@@ -16,6 +16,11 @@ pub const POSTGRES: diesel_migrations::EmbeddedMigrations =
 pub const SQLITE: diesel_migrations::EmbeddedMigrations =
     <diesel::sqlite::Sqlite as Strategy>::MIGRATIONS;
 
+/// The migrations for MySQL and MariaDB, to run with your own [`MigrationHarness`].
+#[cfg(feature = "mysql")]
+pub const MYSQL: diesel_migrations::EmbeddedMigrations =
+    <diesel::mysql::Mysql as Strategy>::MIGRATIONS;
+
 /// Creates (or brings up to date) the crate's tables on `conn`'s database:
 /// today the `diesel_claim_leases` table that named leases need.
 ///

@@ -299,38 +299,29 @@ where
     }
 }
 
-/// `UPDATE <table> SET <changes> WHERE <filter> RETURNING <returning>`.
+/// `UPDATE <table> SET <changes> WHERE <filter>`.
 ///
 /// Diesel's own update statement cannot be named in generic code (its `WHERE`
 /// clause types are private), so the marking claim renders its own.
 #[derive(Debug, Clone)]
-pub struct UpdateReturning<From, Changes, Where, Returning> {
+pub struct Update<From, Changes, Where> {
     /// The table's `FROM` clause.
     pub from: From,
     pub changes: Changes,
     pub filter: Where,
-    pub returning: Returning,
 }
 
-impl<From, Changes, Where, Returning> QueryId for UpdateReturning<From, Changes, Where, Returning> {
+impl<From, Changes, Where> QueryId for Update<From, Changes, Where> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<From, Changes, Where, Returning: Expression> Query
-    for UpdateReturning<From, Changes, Where, Returning>
-{
-    type SqlType = Returning::SqlType;
-}
-
-impl<From, Changes, Where, Returning, DB> QueryFragment<DB>
-    for UpdateReturning<From, Changes, Where, Returning>
+impl<From, Changes, Where, DB> QueryFragment<DB> for Update<From, Changes, Where>
 where
     DB: Backend,
     From: QueryFragment<DB>,
     Changes: QueryFragment<DB>,
     Where: QueryFragment<DB>,
-    Returning: QueryFragment<DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql("UPDATE ");
@@ -338,15 +329,133 @@ where
         out.push_sql(" SET ");
         self.changes.walk_ast(out.reborrow())?;
         out.push_sql(" WHERE ");
-        self.filter.walk_ast(out.reborrow())?;
-        out.push_sql(" RETURNING ");
-        self.returning.walk_ast(out.reborrow())
+        self.filter.walk_ast(out.reborrow())
     }
 }
 
-impl<From, Changes, Where, Returning, Conn> RunQueryDsl<Conn>
-    for UpdateReturning<From, Changes, Where, Returning>
+impl<From, Changes, Where, Conn> RunQueryDsl<Conn> for Update<From, Changes, Where> {}
+
+/// `<statement> RETURNING <columns>`.
+#[derive(Debug, Clone)]
+pub struct Returning<Statement, Columns> {
+    pub statement: Statement,
+    pub columns: Columns,
+}
+
+impl<Statement, Columns> QueryId for Returning<Statement, Columns> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Statement, Columns: Expression> Query for Returning<Statement, Columns> {
+    type SqlType = Columns::SqlType;
+}
+
+impl<Statement, Columns, DB> QueryFragment<DB> for Returning<Statement, Columns>
+where
+    DB: Backend,
+    Statement: QueryFragment<DB>,
+    Columns: QueryFragment<DB>,
 {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.statement.walk_ast(out.reborrow())?;
+        out.push_sql(" RETURNING ");
+        self.columns.walk_ast(out.reborrow())
+    }
+}
+
+impl<Statement, Columns, Conn> RunQueryDsl<Conn> for Returning<Statement, Columns> {}
+
+/// `SELECT <columns> FROM <table> WHERE <filter>`.
+#[derive(Debug, Clone)]
+pub struct SelectWhere<Columns, From, Where> {
+    pub columns: Columns,
+    /// The table's `FROM` clause.
+    pub from: From,
+    pub filter: Where,
+}
+
+impl<Columns, From, Where> QueryId for SelectWhere<Columns, From, Where> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Columns: Expression, From, Where> Query for SelectWhere<Columns, From, Where> {
+    type SqlType = Columns::SqlType;
+}
+
+impl<Columns, From, Where, DB> QueryFragment<DB> for SelectWhere<Columns, From, Where>
+where
+    DB: Backend,
+    Columns: QueryFragment<DB>,
+    From: QueryFragment<DB>,
+    Where: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("SELECT ");
+        self.columns.walk_ast(out.reborrow())?;
+        out.push_sql(" FROM ");
+        self.from.walk_ast(out.reborrow())?;
+        out.push_sql(" WHERE ");
+        self.filter.walk_ast(out.reborrow())
+    }
+}
+
+impl<Columns, From, Where, Conn> RunQueryDsl<Conn> for SelectWhere<Columns, From, Where> {}
+
+/// `column IN (?, ?, …)`, one bind per key (at least one key).
+#[derive(Debug, Clone)]
+pub struct InList<Column, K> {
+    pub column: Column,
+    pub keys: Vec<K>,
+}
+
+impl<Column, K> Expression for InList<Column, K>
+where
+    Column: Expression,
+    Column::SqlType: SingleValue,
+{
+    type SqlType = Bool;
+}
+
+impl<Column, K, QS> AppearsOnTable<QS> for InList<Column, K>
+where
+    Self: Expression,
+    Column: AppearsOnTable<QS>,
+{
+}
+
+impl<Column, K, GroupBy> ValidGrouping<GroupBy> for InList<Column, K> {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<Column, K> QueryId for InList<Column, K> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Column, K, DB> QueryFragment<DB> for InList<Column, K>
+where
+    DB: Backend,
+    Column: QueryFragment<DB> + Expression,
+    K: diesel::serialize::ToSql<Column::SqlType, DB>,
+    Column::SqlType: diesel::sql_types::SqlType,
+    DB: diesel::sql_types::HasSqlType<Column::SqlType>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        // The statement's text depends on the number of keys.
+        out.unsafe_to_cache_prepared();
+        self.column.walk_ast(out.reborrow())?;
+        out.push_sql(" IN (");
+        for (index, key) in self.keys.iter().enumerate() {
+            if index > 0 {
+                out.push_sql(", ");
+            }
+            out.push_bind_param::<Column::SqlType, _>(key)?;
+        }
+        out.push_sql(")");
+        Ok(())
+    }
 }
 
 /// `SELECT <version> FROM <table> <where>`: reads the version of the row an update
@@ -386,14 +495,14 @@ where
 
 impl<Table, Where, Column, Conn> RunQueryDsl<Conn> for VersionProbe<Table, Where, Column> {}
 
-/// The table a locking clause is restricted to (`OF …`), on backends with row locks.
+/// The table a locking clause is restricted to (`OF …`), on backends that have it.
 pub fn lock_target<T, DB>(table: &T) -> Result<Option<std::sync::Arc<str>>, crate::Error>
 where
     T: diesel::Table,
     T::FromClause: QueryFragment<DB>,
     DB: ClaimBackend,
 {
-    if !<DB as crate::backend::strategy::Strategy>::ROW_LOCKS {
+    if !<DB as crate::backend::strategy::Strategy>::LOCK_OF {
         return Ok(None);
     }
     Ok(Some(unqualified_table_name::<T, DB>(table)?.into()))

@@ -84,6 +84,29 @@ pub const SQLITE_SCHEMA: &str = "
     CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
 ";
 
+#[cfg(feature = "mysql")]
+pub const MYSQL_SCHEMA: &str = "
+    CREATE TABLE customers (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE
+    ) ENGINE = InnoDB;
+    CREATE TABLE orders (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        customer_id INTEGER,
+        shipped BOOLEAN NOT NULL DEFAULT TRUE,
+        email_sent BOOLEAN NOT NULL DEFAULT FALSE,
+        FOREIGN KEY (customer_id) REFERENCES customers (id)
+    ) ENGINE = InnoDB;
+    CREATE TABLE outbox (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        order_id INTEGER NOT NULL,
+        worker INTEGER NOT NULL,
+        FOREIGN KEY (order_id) REFERENCES orders (id)
+    ) ENGINE = InnoDB;
+    CREATE TABLE accounts (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0
+    ) ENGINE = InnoDB;
+";
+
 /// The error of a transfer: the domain's own refusal, or the crate's error.
 #[derive(Debug)]
 pub enum BankError {
@@ -244,11 +267,12 @@ impl XorShift {
     }
 }
 
-/// Expands its test functions once per enabled backend, in modules `pg` and
-/// `sqlite`. Inside, `Conn` is the backend's connection type, `Pool` its r2d2
-/// pool, `ROW_LOCKS` says whether it has row locks, and `test_db(size)` gives a
-/// fresh database with the shop schema and the crate's migrations, plus a pool
-/// of `size` connections to it.
+/// Expands its test functions once per enabled backend, in modules `pg`,
+/// `sqlite` and `mysql` (`except_mysql;` first: tests that need `RETURNING`,
+/// which MySQL lacks). Inside, `Conn` is the backend's connection type, `Pool`
+/// its r2d2 pool, `ROW_LOCKS` says whether it has row locks, and `test_db(size)`
+/// gives a fresh database with the shop schema and the crate's migrations, plus
+/// a pool of `size` connections to it.
 macro_rules! on_every_backend {
     (@backend $module:ident, $conn:ty, $row_locks:expr,
         $test_db:ident, $pool:ident, $schema:ident, $($tests:tt)*) => {
@@ -258,6 +282,10 @@ macro_rules! on_every_backend {
             pub type Conn = $conn;
             pub type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Conn>>;
             pub const ROW_LOCKS: bool = $row_locks;
+            /// The backend: `pg`, `sqlite` or `mysql`.
+            pub const BACKEND: &str = stringify!($module);
+            /// Makes the session give up waiting for a lock after a short while.
+            pub const SHORT_LOCK_WAIT: &str = $crate::fixtures::short_lock_wait!($module);
 
             pub fn test_db(size: u32) -> (crate::common::$test_db, Pool) {
                 let db = crate::common::$test_db::new();
@@ -281,7 +309,7 @@ macro_rules! on_every_backend {
             $($tests)*
         }
     };
-    ($($tests:tt)*) => {
+    (except_mysql; $($tests:tt)*) => {
         #[cfg(feature = "postgres")]
         $crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
             PgTestDb, pg_pool, POSTGRES_SCHEMA, $($tests)*);
@@ -289,8 +317,29 @@ macro_rules! on_every_backend {
         $crate::fixtures::on_every_backend!(@backend sqlite, diesel::SqliteConnection, false,
             SqliteTestDb, sqlite_pool, SQLITE_SCHEMA, $($tests)*);
     };
+    ($($tests:tt)*) => {
+        $crate::fixtures::on_every_backend!(except_mysql; $($tests)*);
+        #[cfg(feature = "mysql")]
+        $crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
+            MysqlTestDb, mysql_pool, MYSQL_SCHEMA, $($tests)*);
+    };
 }
 pub(crate) use on_every_backend;
+
+/// SQL that makes a session of the backend give up waiting for a lock soon.
+macro_rules! short_lock_wait {
+    (pg) => {
+        "SET lock_timeout = '200ms'"
+    };
+    (sqlite) => {
+        "PRAGMA busy_timeout = 200"
+    };
+    // Whole seconds only.
+    (mysql) => {
+        "SET SESSION innodb_lock_wait_timeout = 1"
+    };
+}
+pub(crate) use short_lock_wait;
 
 pub fn create_schema<C>(conn: &mut C, schema: &str)
 where

@@ -2,9 +2,10 @@
 //!
 //! Run them with `cargo nextest run --all-features`. PostgreSQL tests use
 //! `PG_DATABASE_URL` (see `common::pg_url` for the fallbacks); SQLite tests
-//! need nothing. Without a backend feature there is nothing to test.
+//! need nothing; MySQL tests use `MYSQL_DATABASE_URL` (see `common::mysql_url`).
+//! Without a backend feature there is nothing to test.
 
-#![cfg(any(feature = "postgres", feature = "sqlite"))]
+#![cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 
 mod common;
 mod fixtures;

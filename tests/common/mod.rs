@@ -10,10 +10,34 @@
 //! SQLite tests get a fresh database file in a temporary directory from
 //! [`SqliteTestDb::new`].
 
+#[cfg(feature = "mysql")]
+pub use self::mysql::*;
 #[cfg(feature = "postgres")]
 pub use self::pg::*;
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::*;
+
+/// `url` with its path, the database name, replaced by `database`.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base
+        .find("://")
+        .unwrap_or_else(|| panic!("not a database URL: {url}"))
+        + "://".len();
+    let authority_end = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |i| authority_start + i);
+
+    let mut result = format!("{}/{database}", &base[..authority_end]);
+    if let Some(query) = query {
+        result.push('?');
+        result.push_str(query);
+    }
+    result
+}
 
 #[cfg(feature = "postgres")]
 mod pg {
@@ -108,7 +132,7 @@ mod pg {
                 .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
 
             PgTestDb {
-                url: with_database(&admin_url, &name),
+                url: super::with_database(&admin_url, &name),
                 name,
                 admin_url,
             }
@@ -145,28 +169,6 @@ mod pg {
             .connection_timeout(Duration::from_secs(10))
             .build(ConnectionManager::new(url))
             .unwrap_or_else(|e| panic!("cannot build a pool for {url}: {e}"))
-    }
-
-    /// `url` with its path, the database name, replaced by `database`.
-    fn with_database(url: &str, database: &str) -> String {
-        let (base, query) = match url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (url, None),
-        };
-        let authority_start = base
-            .find("://")
-            .unwrap_or_else(|| panic!("not a postgres:// URL: {url}"))
-            + "://".len();
-        let authority_end = base[authority_start..]
-            .find('/')
-            .map_or(base.len(), |i| authority_start + i);
-
-        let mut result = format!("{}/{database}", &base[..authority_end]);
-        if let Some(query) = query {
-            result.push('?');
-            result.push_str(query);
-        }
-        result
     }
 
     /// The directory holding both `initdb` and `pg_ctl`, newest version first.
@@ -402,5 +404,91 @@ mod sqlite {
             )
             .map_err(r2d2::Error::QueryError)
         }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use std::env;
+    use std::process;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use diesel::prelude::*;
+    use diesel::r2d2::{ConnectionManager, Pool};
+    use diesel::sql_query;
+
+    /// The URL of a MySQL or MariaDB server the tests may create databases on:
+    /// `MYSQL_DATABASE_URL`, or `DATABASE_URL` if it is a `mysql://` URL, or
+    /// `mysql://root@127.0.0.1:3306/test`. A server that cannot be reached fails
+    /// the MySQL tests: they are never skipped silently.
+    pub fn mysql_url() -> String {
+        if let Ok(url) = env::var("MYSQL_DATABASE_URL") {
+            return url;
+        }
+        match env::var("DATABASE_URL") {
+            Ok(url) if url.starts_with("mysql") => url,
+            _ => "mysql://root@127.0.0.1:3306/test".to_owned(),
+        }
+    }
+
+    /// A database of its own for one test, dropped when this value is dropped.
+    pub struct MysqlTestDb {
+        /// Connection URL of the new database.
+        pub url: String,
+        name: String,
+        admin_url: String,
+    }
+
+    impl MysqlTestDb {
+        /// Creates a uniquely named, empty database on the server of [`mysql_url`].
+        pub fn new() -> Self {
+            static COUNTER: AtomicU32 = AtomicU32::new(0);
+            let admin_url = mysql_url();
+            let name = format!(
+                "dc_test_{}_{}",
+                process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            );
+            let mut admin = MysqlConnection::establish(&admin_url).unwrap_or_else(|e| {
+                panic!(
+                    "cannot connect to {admin_url}: {e}; the MySQL tests need a server: set \
+                     MYSQL_DATABASE_URL=mysql://user@host/db (the user must be allowed to create \
+                     databases)"
+                )
+            });
+            sql_query(format!("CREATE DATABASE `{name}`"))
+                .execute(&mut admin)
+                .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
+            MysqlTestDb {
+                url: super::with_database(&admin_url, &name),
+                name,
+                admin_url,
+            }
+        }
+    }
+
+    impl Drop for MysqlTestDb {
+        fn drop(&mut self) {
+            let dropped = MysqlConnection::establish(&self.admin_url)
+                .map_err(|e| e.to_string())
+                .and_then(|mut admin| {
+                    sql_query(format!("DROP DATABASE IF EXISTS `{}`", self.name))
+                        .execute(&mut admin)
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(e) = dropped {
+                eprintln!("could not drop test database {}: {e}", self.name);
+            }
+        }
+    }
+
+    /// A pool of `size` connections to `url`.
+    pub fn mysql_pool(url: &str, size: u32) -> Pool<ConnectionManager<MysqlConnection>> {
+        Pool::builder()
+            .max_size(size)
+            .connection_timeout(Duration::from_secs(10))
+            .build(ConnectionManager::new(url))
+            .unwrap_or_else(|e| panic!("cannot build a pool for {url}: {e}"))
     }
 }
