@@ -699,32 +699,34 @@ on_every_backend! {
     }
 }
 
-/// Row-lock behaviour only PostgreSQL has.
-#[cfg(feature = "postgres")]
-mod pg_row_locks {
-    use std::sync::mpsc;
-
+/// Runs `sql` in a transaction on a connection of its own and holds what it
+/// locks until the returned sender is dropped or signalled.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn hold<C>(
+    pool: &diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    sql: &str,
+) -> (std::sync::mpsc::Sender<()>, thread::JoinHandle<()>)
+where
+    C: diesel::r2d2::R2D2Connection + Send + 'static,
+{
     use diesel::connection::SimpleConnection;
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let mut conn = pool.get().unwrap();
+    let sql = sql.to_owned();
+    let holder = thread::spawn(move || {
+        conn.batch_execute(&format!("BEGIN; {sql}")).unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = release_rx.recv();
+        conn.batch_execute("COMMIT").unwrap();
+    });
+    locked_rx.recv().unwrap();
+    (release_tx, holder)
+}
 
-    use super::pg::{email_figures, insert_pending, send_email, test_db, Conn, Pool};
-    use super::*;
-
-    /// Runs `sql` in a transaction on its own connection and holds what it locks
-    /// until the returned sender is dropped or signalled.
-    fn hold(pool: &Pool, sql: &str) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
-        let (locked_tx, locked_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let mut conn = pool.get().unwrap();
-        let sql = sql.to_owned();
-        let holder = thread::spawn(move || {
-            conn.batch_execute(&format!("BEGIN; {sql}")).unwrap();
-            locked_tx.send(()).unwrap();
-            let _ = release_rx.recv();
-            conn.batch_execute("COMMIT").unwrap();
-        });
-        locked_rx.recv().unwrap();
-        (release_tx, holder)
-    }
+// Row locks: PostgreSQL and MySQL.
+on_every_backend! {
+    row_locks;
 
     #[test]
     fn locked_rows_are_skipped_by_default() {
@@ -748,26 +750,6 @@ mod pg_row_locks {
         );
     }
 
-    /// Even `FOR SHARE` and `FOR KEY SHARE` holders never block a skip-locked claim.
-    #[test]
-    fn shared_lock_holders_do_not_block_the_claim() {
-        let (_db, pool) = test_db(3);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 2);
-        let (share, share_holder) = hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR SHARE");
-        let (key_share, key_share_holder) =
-            hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR KEY SHARE");
-        conn.batch_execute("SET lock_timeout = '2s'").unwrap();
-        let report = pending()
-            .claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()))
-            .unwrap();
-        // FOR SHARE conflicts with FOR NO KEY UPDATE: skipped, not waited for.
-        // FOR KEY SHARE does not conflict: claimed.
-        assert_eq!((report.processed, report.skipped), (1, 1));
-        drop((share, key_share));
-        share_holder.join().unwrap();
-        key_share_holder.join().unwrap();
-    }
 
     /// A row skipped because it was locked is tried again by the next pass of a
     /// draining claim, and processed once its holder is gone.
@@ -795,23 +777,6 @@ mod pg_row_locks {
         assert_eq!((report.processed, report.skipped), (3, 0));
     }
 
-    /// A claimer whose connection is killed gets an error, never "nothing to do".
-    #[test]
-    fn a_terminated_connection_is_an_error_not_an_empty_report() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 1);
-        let pid: i32 = diesel::select(diesel::dsl::sql::<diesel::sql_types::Integer>(
-            "pg_backend_pid()",
-        ))
-        .get_result(&mut conn)
-        .unwrap();
-        diesel::sql_query(format!("SELECT pg_terminate_backend({pid})"))
-            .execute(&mut pool.get().unwrap())
-            .unwrap();
-        let result = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
-        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
-    }
 
     #[test]
     fn nowait_fails_on_a_locked_row_with_a_typed_error() {
@@ -860,6 +825,158 @@ mod pg_row_locks {
         holder.join().unwrap();
         assert_eq!(seen, [2]);
         assert_eq!((report.processed, report.skipped), (1, 1));
+    }
+
+
+
+    // Batches and marks.
+
+    /// Rows others hold are jumped in the statement that claims the next row, not
+    /// re-checked one transaction each: 5 rows processed in 5 transactions, 5
+    /// locked rows skipped.
+    #[test]
+    fn claims_jump_past_locked_rows_in_one_statement() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let (release, holder) = hold(
+            &pool,
+            // One key at a time: a range or a scan would lock more under InnoDB's
+            // `REPEATABLE READ`, which locks every row it reads.
+            &(1..=5)
+                .map(|id| format!("SELECT * FROM orders WHERE id = {id} FOR UPDATE;"))
+                .collect::<String>(),
+        );
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let report = pending()
+            .claim_each(&mut conn, |conn, order: Order| {
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
+            .unwrap();
+        assert_eq!((report.processed, report.skipped), (5, 5));
+        assert_eq!(begins(&log), 5, "{:#?}", log.entries());
+        drop(release);
+        holder.join().unwrap();
+    }
+
+    /// `nowait` with batches: the batch that meets a locked row fails whole, before
+    /// its closure runs; batches before it stay committed.
+    #[test]
+    fn nowait_fails_the_batch_that_meets_a_locked_row() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 6 FOR UPDATE");
+        let result = pending()
+            .build_claim()
+            .batch(4)
+            .nowait()
+            .each(&mut conn, |conn, order: Order| {
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            });
+        assert!(matches!(result, Err(Error::LockNotAvailable)), "{result:?}");
+        assert_eq!(email_figures(&mut conn), (4, 0, 6));
+        drop(release);
+        holder.join().unwrap();
+    }
+
+    /// Marking skips rows others hold, and leaves them pending.
+    #[test]
+    fn marks_skip_locked_rows() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id IN (2, 9) FOR UPDATE");
+        let report = pending()
+            .build_claim()
+            .batch(3)
+            .mark_and_commit(orders::email_sent.eq(true))
+            .each_batch(&mut conn, |_, _: Vec<Order>| Ok::<_, Error>(()))
+            .unwrap();
+        assert_eq!((report.processed, report.skipped), (8, 2));
+        drop(release);
+        holder.join().unwrap();
+        let left: Vec<i32> = pending()
+            .select(orders::id)
+            .order(orders::id)
+            .load(&mut conn)
+            .unwrap();
+        assert_eq!(left, [2, 9]);
+    }
+
+    /// Draining with batches retries the rows that were locked.
+    #[test]
+    fn draining_batches_retry_rows_that_were_locked() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let mut holder = Some(hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR UPDATE"));
+        let mut seen = Vec::new();
+        let report = pending()
+            .build_claim()
+            .batch(2)
+            .drain()
+            .each(&mut conn, |conn, order: Order| {
+                seen.push(order.id);
+                if order.id == 3 {
+                    let (release, thread) = holder.take().unwrap();
+                    drop(release);
+                    thread.join().unwrap();
+                }
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
+            .unwrap();
+        assert_eq!(seen, [2, 3, 1]);
+        assert_eq!((report.processed, report.skipped, report.passes), (3, 0, 3));
+    }
+}
+
+/// Row-lock behaviour only PostgreSQL has.
+#[cfg(feature = "postgres")]
+mod pg_only {
+    use diesel::connection::SimpleConnection;
+
+    use super::pg::{insert_pending, test_db, Conn};
+    use super::*;
+
+    /// Even `FOR SHARE` and `FOR KEY SHARE` holders never block a skip-locked claim.
+    #[test]
+    fn shared_lock_holders_do_not_block_the_claim() {
+        let (_db, pool) = test_db(3);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let (share, share_holder) = hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR SHARE");
+        let (key_share, key_share_holder) =
+            hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR KEY SHARE");
+        conn.batch_execute("SET lock_timeout = '2s'").unwrap();
+        let report = pending()
+            .claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()))
+            .unwrap();
+        // FOR SHARE conflicts with FOR NO KEY UPDATE: skipped, not waited for.
+        // FOR KEY SHARE does not conflict: claimed.
+        assert_eq!((report.processed, report.skipped), (1, 1));
+        drop((share, key_share));
+        share_holder.join().unwrap();
+        key_share_holder.join().unwrap();
+    }
+
+    /// A claimer whose connection is killed gets an error, never "nothing to do".
+    #[test]
+    fn a_terminated_connection_is_an_error_not_an_empty_report() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 1);
+        let pid: i32 = diesel::select(diesel::dsl::sql::<diesel::sql_types::Integer>(
+            "pg_backend_pid()",
+        ))
+        .get_result(&mut conn)
+        .unwrap();
+        diesel::sql_query(format!("SELECT pg_terminate_backend({pid})"))
+            .execute(&mut pool.get().unwrap())
+            .unwrap();
+        let result = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
+        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
     }
 
     /// Under `REPEATABLE READ` a row its lock holder changed while the claimer
@@ -953,99 +1070,85 @@ mod pg_row_locks {
             "FOR UPDATE blocks the FK check"
         );
     }
+}
 
-    // Batches and marks.
+/// MySQL and MariaDB: InnoDB's isolation levels and killed connections.
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    use diesel::connection::SimpleConnection;
 
-    /// Rows others hold are jumped in the statement that claims the next row, not
-    /// re-checked one transaction each: 5 rows processed in 5 transactions, 5
-    /// locked rows skipped.
+    use super::mysql::{email_figures, insert_pending, send_email, test_db};
+    use super::*;
+
+    /// The isolation trap: under `REPEATABLE READ` (InnoDB's default) a plain
+    /// read sees the transaction's snapshot, so a re-check that did not lock
+    /// could pass a row another worker has just processed. The claim's re-check
+    /// is a locking read, which sees the latest version: at most once under
+    /// both levels, per row and batched.
     #[test]
-    fn claims_jump_past_locked_rows_in_one_statement() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 10);
-        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id <= 5 FOR UPDATE");
-        let log = StatementLog::default();
-        conn.set_instrumentation(log.clone());
-        let report = pending()
-            .claim_each(&mut conn, |conn, order: Order| {
-                Ok::<_, Error>(send_email(conn, &order, 0)?)
-            })
-            .unwrap();
-        assert_eq!((report.processed, report.skipped), (5, 5));
-        assert_eq!(begins(&log), 5, "{:#?}", log.entries());
-        drop(release);
-        holder.join().unwrap();
+    fn claims_are_at_most_once_under_repeatable_read_and_read_committed() {
+        const WORKERS: usize = 8;
+        const ORDERS: usize = 1_000;
+        for isolation in ["REPEATABLE READ", "READ COMMITTED"] {
+            for batch in [1, 10] {
+                let (_db, pool) = test_db(WORKERS as u32 + 1);
+                insert_pending(&mut pool.get().unwrap(), ORDERS);
+                let start = Barrier::new(WORKERS);
+                let processed: u64 = thread::scope(|scope| {
+                    let workers: Vec<_> = (0..WORKERS)
+                        .map(|worker| {
+                            let (pool, start) = (&pool, &start);
+                            scope.spawn(move || {
+                                let mut conn = pool.get().unwrap();
+                                conn.batch_execute(&format!(
+                                    "SET SESSION TRANSACTION ISOLATION LEVEL {isolation}"
+                                ))
+                                .unwrap();
+                                start.wait();
+                                pending()
+                                    .build_claim()
+                                    .batch(batch)
+                                    .each(&mut conn, |conn, order: Order| {
+                                        Ok::<_, Error>(send_email(conn, &order, worker as i32)?)
+                                    })
+                                    .unwrap()
+                                    .processed
+                            })
+                        })
+                        .collect();
+                    workers.into_iter().map(|w| w.join().unwrap()).sum()
+                });
+                let (sent, duplicates, left) = email_figures(&mut pool.get().unwrap());
+                eprintln!(
+                    "{isolation}, batch {batch}: processed {processed}, emails {sent}, \
+                     duplicates {duplicates}, left {left}"
+                );
+                assert_eq!(
+                    (sent, duplicates, left),
+                    (ORDERS as i64, 0, 0),
+                    "{isolation}"
+                );
+                assert_eq!(processed, ORDERS as u64, "{isolation}");
+            }
+        }
     }
 
-    /// `nowait` with batches: the batch that meets a locked row fails whole, before
-    /// its closure runs; batches before it stay committed.
+    /// A claimer whose connection is killed gets an error, never "nothing to do".
     #[test]
-    fn nowait_fails_the_batch_that_meets_a_locked_row() {
+    fn a_killed_connection_is_an_error_not_an_empty_report() {
         let (_db, pool) = test_db(2);
         let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 10);
-        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 6 FOR UPDATE");
-        let result = pending()
-            .build_claim()
-            .batch(4)
-            .nowait()
-            .each(&mut conn, |conn, order: Order| {
-                Ok::<_, Error>(send_email(conn, &order, 0)?)
-            });
-        assert!(matches!(result, Err(Error::LockNotAvailable)), "{result:?}");
-        assert_eq!(email_figures(&mut conn), (4, 0, 6));
-        drop(release);
-        holder.join().unwrap();
-    }
-
-    /// Marking skips rows others hold, and leaves them pending.
-    #[test]
-    fn marks_skip_locked_rows() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 10);
-        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id IN (2, 9) FOR UPDATE");
-        let report = pending()
-            .build_claim()
-            .batch(3)
-            .mark_and_commit(orders::email_sent.eq(true))
-            .each_batch(&mut conn, |_, _: Vec<Order>| Ok::<_, Error>(()))
+        insert_pending(&mut conn, 1);
+        let id: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "CONNECTION_ID()",
+        ))
+        .get_result(&mut conn)
+        .unwrap();
+        pool.get()
+            .unwrap()
+            .batch_execute(&format!("KILL {id}"))
             .unwrap();
-        assert_eq!((report.processed, report.skipped), (8, 2));
-        drop(release);
-        holder.join().unwrap();
-        let left: Vec<i32> = pending()
-            .select(orders::id)
-            .order(orders::id)
-            .load(&mut conn)
-            .unwrap();
-        assert_eq!(left, [2, 9]);
-    }
-
-    /// Draining with batches retries the rows that were locked.
-    #[test]
-    fn draining_batches_retry_rows_that_were_locked() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 3);
-        let mut holder = Some(hold(&pool, "SELECT * FROM orders WHERE id = 1 FOR UPDATE"));
-        let mut seen = Vec::new();
-        let report = pending()
-            .build_claim()
-            .batch(2)
-            .drain()
-            .each(&mut conn, |conn, order: Order| {
-                seen.push(order.id);
-                if order.id == 3 {
-                    let (release, thread) = holder.take().unwrap();
-                    drop(release);
-                    thread.join().unwrap();
-                }
-                Ok::<_, Error>(send_email(conn, &order, 0)?)
-            })
-            .unwrap();
-        assert_eq!(seen, [2, 3, 1]);
-        assert_eq!((report.processed, report.skipped, report.passes), (3, 0, 3));
+        let result = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
+        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
     }
 }

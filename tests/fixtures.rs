@@ -269,7 +269,7 @@ impl XorShift {
 
 /// Expands its test functions once per enabled backend, in modules `pg`,
 /// `sqlite` and `mysql` (`except_mysql;` first: tests that need `RETURNING`,
-/// which MySQL lacks). Inside, `Conn` is the backend's connection type, `Pool`
+/// which MySQL lacks; `row_locks;`: see below). Inside, `Conn` is the backend's connection type, `Pool`
 /// its r2d2 pool, `ROW_LOCKS` says whether it has row locks, and `test_db(size)`
 /// gives a fresh database with the shop schema and the crate's migrations, plus
 /// a pool of `size` connections to it.
@@ -306,6 +306,25 @@ macro_rules! on_every_backend {
                 diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
             }
 
+            $($tests)*
+        }
+    };
+    // Tests of row-lock behaviour, for the backends that have row locks, in
+    // modules `pg_row_locks` and `mysql_row_locks` that see everything the
+    // file's main block (`pg`, `mysql`) defines.
+    (row_locks; $($tests:tt)*) => {
+        #[cfg(feature = "postgres")]
+        mod pg_row_locks {
+            #![allow(unused_imports)]
+            use super::*;
+            use super::pg::*;
+            $($tests)*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql_row_locks {
+            #![allow(unused_imports)]
+            use super::*;
+            use super::mysql::*;
             $($tests)*
         }
     };

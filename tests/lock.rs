@@ -360,32 +360,20 @@ mod sqlite_only {
     }
 }
 
-/// Row locks, wait policies, lock timeouts and deadlocks: PostgreSQL only.
-#[cfg(feature = "postgres")]
-mod pg_only {
-    use super::*;
-    use diesel::PgConnection;
+// Row locks, wait policies, lock timeouts and deadlocks: PostgreSQL and MySQL.
+on_every_backend! {
+    row_locks;
+
     use diesel_claim::{is_deadlock, is_lock_not_available, retry, LockStrength, RetryPolicy};
 
-    type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<PgConnection>>;
-
     /// A fresh database with accounts 1 and 2 holding 100 each.
-    fn test_db(size: u32) -> (crate::common::PgTestDb, Pool) {
-        let db = crate::common::PgTestDb::new();
-        let pool = crate::common::pg_pool(&db.url, size);
-        let mut conn = pool.get().unwrap();
-        crate::fixtures::create_schema(&mut conn, crate::fixtures::POSTGRES_SCHEMA);
-        diesel::insert_into(accounts::table)
-            .values(&vec![
-                (accounts::id.eq(1), accounts::balance.eq(100i64)),
-                (accounts::id.eq(2), accounts::balance.eq(100i64)),
-            ])
-            .execute(&mut conn)
-            .unwrap();
+    pub fn accounts_db(size: u32) -> (impl Sized, Pool) {
+        let (db, pool) = test_db(size);
+        seed_accounts(&mut pool.get().unwrap(), &[100, 100]);
         (db, pool)
     }
 
-    fn balances(conn: &mut PgConnection) -> Vec<i64> {
+    pub fn balances(conn: &mut Conn) -> Vec<i64> {
         accounts::table
             .order(accounts::id)
             .select(accounts::balance)
@@ -396,7 +384,7 @@ mod pg_only {
     /// Runs `body` while another connection holds a transaction that ran
     /// `lock_sql`, and releases that transaction afterwards (also when `body`
     /// panics).
-    fn while_held<R>(pool: &Pool, lock_sql: &str, body: impl FnOnce() -> R) -> R {
+    pub fn while_held<R>(pool: &Pool, lock_sql: &str, body: impl FnOnce() -> R) -> R {
         let locked = Barrier::new(2);
         let release = Barrier::new(2);
         thread::scope(|scope| {
@@ -420,16 +408,16 @@ mod pg_only {
         })
     }
 
-    const HOLD_ROW_1: &str = "SELECT id FROM accounts WHERE id = 1 FOR UPDATE";
+    pub const HOLD_ROW_1: &str = "SELECT id FROM accounts WHERE id = 1 FOR UPDATE";
 
     /// With several rows, `nowait` fails when any one of them is locked, for
     /// `with_locks` and for `with_lock` alike: skip-locked must not quietly hand
     /// the closure a subset.
     #[test]
     fn nowait_fails_when_any_selected_row_is_locked() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let mut conn = pool.get().unwrap();
-        let conn: &mut PgConnection = &mut conn;
+        let conn: &mut Conn = &mut conn;
         let both = || {
             accounts::table
                 .filter(accounts::id.eq_any([1, 2]))
@@ -465,9 +453,9 @@ mod pg_only {
 
     #[test]
     fn nowait_and_skip_fail_at_once_on_a_locked_row() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let mut conn = pool.get().unwrap();
-        let conn: &mut PgConnection = &mut conn;
+        let conn: &mut Conn = &mut conn;
 
         let (nowait, skip, elapsed, other_row) = while_held(&pool, HOLD_ROW_1, || {
             let started = Instant::now();
@@ -510,45 +498,15 @@ mod pg_only {
         assert_eq!(balance, 100);
     }
 
-    /// The default strength, `FOR NO KEY UPDATE`, coexists with a foreign-key
-    /// check's `FOR KEY SHARE`; `FOR UPDATE` does not.
-    #[test]
-    fn lock_strength_is_applied() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        let conn: &mut PgConnection = &mut conn;
-
-        let (default, update) = while_held(
-            &pool,
-            "SELECT id FROM accounts WHERE id = 1 FOR KEY SHARE",
-            || {
-                let default = accounts::table
-                    .find(1)
-                    .build_lock()
-                    .nowait()
-                    .run(conn, |_, a: Account| Ok::<_, Error>(a.balance));
-                let update = accounts::table
-                    .find(1)
-                    .build_lock()
-                    .strength(LockStrength::Update)
-                    .nowait()
-                    .run(conn, |_, a: Account| Ok::<_, Error>(a.balance));
-                (default, update)
-            },
-        );
-        assert_eq!(default.unwrap(), 100);
-        assert!(matches!(update, Err(Error::LockNotAvailable)), "{update:?}");
-    }
-
     /// Waiting is bounded by the session's `lock_timeout`, which surfaces as
     /// `LockNotAvailable` (and is recognised in a plain diesel error), after
     /// which the connection works.
     #[test]
     fn lock_timeout_is_lock_not_available_and_the_connection_survives() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let mut conn = pool.get().unwrap();
-        let conn: &mut PgConnection = &mut conn;
-        conn.batch_execute("SET lock_timeout = '200ms'").unwrap();
+        let conn: &mut Conn = &mut conn;
+        conn.batch_execute(SHORT_LOCK_WAIT).unwrap();
 
         let (typed, waited, raw) = while_held(&pool, HOLD_ROW_1, || {
             let started = Instant::now();
@@ -564,7 +522,7 @@ mod pg_only {
             });
             (typed, waited, raw)
         });
-        eprintln!("lock_timeout 200ms: gave up after {waited:?}");
+        eprintln!("{SHORT_LOCK_WAIT}: gave up after {waited:?}");
         assert!(matches!(typed, Err(Error::LockNotAvailable)), "{typed:?}");
         assert!(
             waited >= Duration::from_millis(180) && waited < Duration::from_secs(5),
@@ -585,7 +543,7 @@ mod pg_only {
     /// The server's own NOWAIT error, in a plain diesel error, is classified.
     #[test]
     fn raw_nowait_error_is_classified() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let mut conn = pool.get().unwrap();
         let raw = while_held(&pool, HOLD_ROW_1, || {
             conn.transaction(|conn| {
@@ -602,9 +560,9 @@ mod pg_only {
     /// A nowait failure inside the caller's transaction does not abort it.
     #[test]
     fn nowait_failure_leaves_the_callers_transaction_usable() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let mut conn = pool.get().unwrap();
-        let conn: &mut PgConnection = &mut conn;
+        let conn: &mut Conn = &mut conn;
 
         let (inner, outer) = while_held(&pool, HOLD_ROW_1, || {
             let mut inner = None;
@@ -641,7 +599,7 @@ mod pg_only {
     /// another row goes ahead while the first is held.
     #[test]
     fn with_lock_on_another_row_does_not_wait() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let sequence = AtomicU32::new(0);
         let a_inside = Barrier::new(2);
         let b_done = Barrier::new(2);
@@ -675,7 +633,7 @@ mod pg_only {
     /// Locks `first`, waits at `barrier` (when given) and then locks `second`,
     /// moving `amount` from `first` to `second`.
     fn lock_both<E>(
-        conn: &mut PgConnection,
+        conn: &mut Conn,
         first: i32,
         second: i32,
         amount: i64,
@@ -708,7 +666,7 @@ mod pg_only {
     /// typed error and the other's transfer completes.
     #[test]
     fn deadlock_surfaces_typed() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let barrier = Barrier::new(2);
         let (forward, backward) = thread::scope(|scope| {
             let forward = scope
@@ -731,7 +689,7 @@ mod pg_only {
     /// transfers complete.
     #[test]
     fn deadlock_is_recovered_by_retry() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
         let barrier = Barrier::new(2);
         let deadlocks = AtomicU32::new(0);
         let attempts = AtomicU32::new(0);
@@ -771,7 +729,7 @@ mod pg_only {
     /// `diesel::result::Error` closure, is recognised by `is_deadlock`.
     #[test]
     fn raw_deadlock_error_is_classified() {
-        let (_db, pool) = test_db(2);
+        let (_db, pool) = accounts_db(2);
 
         let barrier = Barrier::new(2);
         let plain = |first: i32, second: i32| {
@@ -827,5 +785,44 @@ mod pg_only {
         assert!(is_deadlock(&errors[0]), "{errors:?}");
         let typed = Error::from(errors.into_iter().next().unwrap());
         assert!(matches!(typed, Error::Deadlock(_)), "{typed:?}");
+    }
+}
+
+/// Lock strengths only PostgreSQL has.
+#[cfg(feature = "postgres")]
+mod pg_only {
+    use super::pg::Conn;
+    use super::pg_row_locks::{accounts_db, while_held};
+    use super::*;
+    use diesel_claim::LockStrength;
+
+    /// The default strength, `FOR NO KEY UPDATE`, coexists with a foreign-key
+    /// check's `FOR KEY SHARE`; `FOR UPDATE` does not.
+    #[test]
+    fn lock_strength_is_applied() {
+        let (_db, pool) = accounts_db(2);
+        let mut conn = pool.get().unwrap();
+        let conn: &mut Conn = &mut conn;
+
+        let (default, update) = while_held(
+            &pool,
+            "SELECT id FROM accounts WHERE id = 1 FOR KEY SHARE",
+            || {
+                let default = accounts::table
+                    .find(1)
+                    .build_lock()
+                    .nowait()
+                    .run(conn, |_, a: Account| Ok::<_, Error>(a.balance));
+                let update = accounts::table
+                    .find(1)
+                    .build_lock()
+                    .strength(LockStrength::Update)
+                    .nowait()
+                    .run(conn, |_, a: Account| Ok::<_, Error>(a.balance));
+                (default, update)
+            },
+        );
+        assert_eq!(default.unwrap(), 100);
+        assert!(matches!(update, Err(Error::LockNotAvailable)), "{update:?}");
     }
 }

@@ -18,6 +18,7 @@ pub use self::pg::*;
 pub use self::sqlite::*;
 
 /// `url` with its path, the database name, replaced by `database`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub fn with_database(url: &str, database: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
