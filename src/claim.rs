@@ -22,8 +22,11 @@ use crate::query::{
 use crate::transaction::locking_transaction;
 use crate::{Error, LockStrength, OnLocked};
 
-/// Rows read per page of the unlocked candidate scan.
+/// Rows read per page of the unlocked candidate scan, unless batches are large.
 const DEFAULT_PAGE_SIZE: i64 = 1000;
+
+/// Batches per page of the candidate scan, by default.
+const BATCHES_PER_PAGE: i64 = 10;
 
 /// What one call of [`claim_each`](ClaimDsl::claim_each) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,7 +106,8 @@ pub struct ClaimBuilder<Q> {
     lock: LockOptions,
     max_rows: Option<u64>,
     drain: bool,
-    page_size: i64,
+    /// `None`: the default, which depends on the batch size.
+    page_size: Option<i64>,
     batch: i64,
 }
 
@@ -114,7 +118,7 @@ impl<Q> ClaimBuilder<Q> {
             lock: LockOptions::default(),
             max_rows: None,
             drain: false,
-            page_size: DEFAULT_PAGE_SIZE,
+            page_size: None,
             batch: 1,
         }
     }
@@ -200,12 +204,13 @@ impl<Q> ClaimBuilder<Q> {
     }
 
     /// Sets how many candidate keys one read of the unlocked scan fetches (default
-    /// 1000). Memory use is bounded by this, not by the number of pending rows.
+    /// 1000, or ten batches when that is more). Memory use is bounded by this and
+    /// the batch size, not by the number of pending rows.
     pub fn page_size(mut self, page_size: u32) -> Self {
         if page_size == 0 {
             self.lock.reject("page_size must be at least 1".to_owned());
         }
-        self.page_size = i64::from(page_size);
+        self.page_size = Some(i64::from(page_size));
         self
     }
 
@@ -318,7 +323,11 @@ impl<Q> ClaimBuilder<Q> {
             one_statement_mark: row_locks && <C::Backend as Strategy>::UPDATE_RETURNING,
             fail_on_locked: row_locks && on_locked == OnLocked::Fail,
             batch: self.batch,
-            page_size: self.page_size,
+            // Pages of several batches: workers that arrive at a page together
+            // then take whole batches from it, each passing over the others'.
+            page_size: self
+                .page_size
+                .unwrap_or(DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE))),
             drain: self.drain,
             remaining: self.max_rows.unwrap_or(u64::MAX),
             report: ClaimReport::default(),

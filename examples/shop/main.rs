@@ -15,15 +15,18 @@
 //! cargo run --release --all-features --example shop                # SQLite file
 //! DATABASE_URL=postgres://user@host/db \
 //!     cargo run --release --all-features --example shop            # PostgreSQL
+//! DATABASE_URL=mysql://user@host/db \
+//!     cargo run --release --all-features --example shop            # MySQL, MariaDB
 //! cargo run --release --all-features --example shop -- --help
 //! ```
 //!
-//! On PostgreSQL everything happens in a schema of its own (`shop_<pid>_…`),
-//! dropped at the end, so runs on a shared database do not see each other.
+//! On PostgreSQL everything happens in a schema of its own (`shop_<pid>_…`), on
+//! MySQL in a database of its own, dropped at the end, so runs on a shared
+//! server do not see each other.
 //!
 //! Diesel checks queries per backend at compile time, so the stories in
 //! `stories/` are written against a concrete connection type and compiled once
-//! per backend: `sqlite.rs` and `postgres.rs` each include them with `#[path]`
+//! per backend: `sqlite.rs`, `postgres.rs` and `mysql.rs` each include them with `#[path]`
 //! after saying what `Conn` and `Pool` are. Generic code over
 //! `C: Connection` would need a `where` clause per query; this needs none.
 
@@ -39,6 +42,8 @@ use diesel_claim::Transient;
 
 mod schema;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -95,20 +100,21 @@ pub struct Options {
     pub orders: u32,
     /// Concurrent worker threads, each with a pooled connection of its own.
     pub workers: u32,
-    /// A `postgres://` URL; SQLite is used without one.
+    /// A `postgres://` or `mysql://` URL; SQLite is used without one.
     pub database_url: Option<String>,
 }
 
 const USAGE: &str = "\
-usage: shop [--orders N] [--workers N] [--database-url postgres://…]
+usage: shop [--orders N] [--workers N] [--database-url postgres://…|mysql://…]
 
-Runs the diesel-claim shop example on a fresh SQLite file, or on PostgreSQL
-when --database-url or DATABASE_URL names a postgres:// database (the example
-works in a schema of its own there and drops it at the end).
+Runs the diesel-claim shop example on a fresh SQLite file, or on PostgreSQL or
+MySQL/MariaDB when --database-url or DATABASE_URL names a postgres:// or
+mysql:// database (the example works in a schema, or a database, of its own
+there and drops it at the end).
 
   --orders N        orders to place and email (default 2000)
   --workers N       concurrent workers (default 4)
-  --database-url U  PostgreSQL URL (default: $DATABASE_URL if postgres://)";
+  --database-url U  server URL (default: $DATABASE_URL if postgres:// or mysql://)";
 
 impl Options {
     fn from_args() -> Result<Options, BoxError> {
@@ -135,11 +141,11 @@ impl Options {
             return Err("--orders and --workers must be at least 1".into());
         }
         // DATABASE_URL is often set for other tools (diesel CLI, .env files); only
-        // a PostgreSQL URL is taken from it, never a path to someone's SQLite file.
+        // a server URL is taken from it, never a path to someone's SQLite file.
         if options.database_url.is_none() {
             options.database_url = std::env::var("DATABASE_URL")
                 .ok()
-                .filter(|url| is_postgres_url(url));
+                .filter(|url| is_postgres_url(url) || is_mysql_url(url));
         }
         Ok(options)
     }
@@ -147,6 +153,10 @@ impl Options {
 
 fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+fn is_mysql_url(url: &str) -> bool {
+    url.starts_with("mysql://")
 }
 
 fn main() {
@@ -172,7 +182,8 @@ fn run() -> Result<bool, BoxError> {
 
     let checks = match &options.database_url {
         Some(url) if is_postgres_url(url) => run_postgres(url, &options, clock)?,
-        Some(url) => return Err(format!("not a postgres:// URL: {url}").into()),
+        Some(url) if is_mysql_url(url) => run_mysql(url, &options, clock)?,
+        Some(url) => return Err(format!("not a postgres:// or mysql:// URL: {url}").into()),
         None => run_sqlite(&options, clock)?,
     };
 
@@ -208,6 +219,20 @@ fn run_postgres(url: &str, options: &Options, clock: Clock) -> Result<Checks, Bo
 fn run_postgres(_: &str, _: &Options, _: Clock) -> Result<Checks, BoxError> {
     Err(
         "this build has no PostgreSQL support: run it with `--features postgres` (or \
+         `--all-features`)"
+            .into(),
+    )
+}
+
+#[cfg(feature = "mysql")]
+fn run_mysql(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxError> {
+    mysql::run(url, options, clock)
+}
+
+#[cfg(not(feature = "mysql"))]
+fn run_mysql(_: &str, _: &Options, _: Clock) -> Result<Checks, BoxError> {
+    Err(
+        "this build has no MySQL support: run it with `--features mysql` (or \
          `--all-features`)"
             .into(),
     )

@@ -106,14 +106,20 @@ fn sign_up(conn: &mut Conn, name: &str) -> Result<SignUp, diesel_claim::Error> {
             // The fencing token goes with the write: a later reader can tell which
             // lease holder wrote the row, and writes can be made conditional on
             // holding the newest token.
-            let user_id = diesel::insert_into(users::table)
+            diesel::insert_into(users::table)
                 .values((
                     users::name.eq(name),
                     users::active.eq(true),
                     users::lease_token.eq(lease.token()),
                 ))
-                .returning(users::id)
-                .get_result(conn)?;
+                .execute(conn)?;
+            // (name, token) is this holder's alone: tokens never repeat for a name.
+            // (Read back rather than `RETURNING`, which MySQL lacks.)
+            let user_id = users::table
+                .filter(users::name.eq(name))
+                .filter(users::lease_token.eq(lease.token()))
+                .select(users::id)
+                .first(conn)?;
             Ok(SignUp::Created {
                 user_id,
                 token: lease.token(),

@@ -1,0 +1,125 @@
+//! Running the shop on MySQL or MariaDB, in a database of its own.
+//!
+//! Every run creates a database named after the process and drops it at the
+//! end, so runs on a shared server neither see nor disturb each other. Workers
+//! read at `READ COMMITTED`, as claimers on InnoDB should: under `REPEATABLE
+//! READ` a locking read also locks the gaps between the rows it passes, which
+//! blocks inserts and makes claimers skip more than the rows others hold.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::connection::SimpleConnection;
+use diesel::r2d2::{self, ConnectionManager, CustomizeConnection, PooledConnection};
+use diesel::{Connection, MysqlConnection};
+
+use crate::{BoxError, Checks, Clock, Options};
+
+/// The connection every story works with on this backend.
+pub type Conn = PooledConnection<ConnectionManager<MysqlConnection>>;
+/// The pool the workers take their connections from.
+pub type Pool = r2d2::Pool<ConnectionManager<MysqlConnection>>;
+
+/// The stories, compiled for MySQL (see the note in `main.rs`).
+#[path = "stories/mod.rs"]
+mod stories;
+
+const SCHEMA: &str = "
+    CREATE TABLE orders (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        customer_email TEXT NOT NULL,
+        shipped_at TIMESTAMP NULL,
+        shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
+        INDEX orders_pending (shipped_email_sent, id)
+    ) ENGINE = InnoDB;
+    CREATE TABLE outbox (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        order_id INTEGER NOT NULL,
+        recipient TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        worker INTEGER NOT NULL,
+        FOREIGN KEY (order_id) REFERENCES orders (id)
+    ) ENGINE = InnoDB;
+    CREATE TABLE accounts (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        balance BIGINT NOT NULL,
+        version INTEGER NOT NULL DEFAULT 0
+    ) ENGINE = InnoDB;
+    CREATE TABLE ledger (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        account_id INTEGER NOT NULL,
+        amount BIGINT NOT NULL,
+        method TEXT NOT NULL,
+        FOREIGN KEY (account_id) REFERENCES accounts (id)
+    ) ENGINE = InnoDB;
+    CREATE TABLE users (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        name TEXT NOT NULL,
+        active BOOLEAN NOT NULL,
+        lease_token BIGINT
+    ) ENGINE = InnoDB;
+";
+
+/// Sets every pooled connection's isolation level.
+#[derive(Debug)]
+struct ReadCommitted;
+
+impl CustomizeConnection<MysqlConnection, r2d2::Error> for ReadCommitted {
+    fn on_acquire(&self, conn: &mut MysqlConnection) -> Result<(), r2d2::Error> {
+        conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .map_err(r2d2::Error::QueryError)
+    }
+}
+
+pub fn run(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxError> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
+    let database = format!("shop_{}_{nanos}", std::process::id());
+    println!(
+        "diesel-claim shop on MySQL/MariaDB (database {database}), {} workers, {} orders\n",
+        options.workers, options.orders
+    );
+
+    // A connection of its own, outside the pool, creates and drops the database.
+    let mut admin = MysqlConnection::establish(url)?;
+    admin.batch_execute(&format!("CREATE DATABASE {database}"))?;
+    let outcome = run_in_database(&with_database(url, &database), options, clock);
+    // Dropped whatever happened; a failure to drop is reported after the
+    // stories' own error, which matters more.
+    let dropped = admin.batch_execute(&format!("DROP DATABASE {database}"));
+    let checks = outcome?;
+    dropped?;
+    Ok(checks)
+}
+
+fn run_in_database(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxError> {
+    let pool = Pool::builder()
+        .max_size(options.workers + 1)
+        .connection_timeout(Duration::from_secs(30))
+        .connection_customizer(Box::new(ReadCommitted))
+        .build(ConnectionManager::new(url))?;
+
+    let mut conn = pool.get()?;
+    conn.batch_execute(SCHEMA)?;
+    // The lease table of `with_lease`, from the crate's embedded migrations.
+    diesel_claim::run_migrations(&mut conn)?;
+    drop(conn);
+
+    stories::run(&pool, options, clock)
+}
+
+/// `url` with its database (the path) replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let authority = base.find("://").map_or(0, |i| i + "://".len());
+    let path = base[authority..]
+        .find('/')
+        .map_or(base.len(), |i| authority + i);
+    let mut url = format!("{}/{database}", &base[..path]);
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    url
+}
