@@ -71,6 +71,12 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// The database server lacks what the operation needs: MySQL before 8.0.1
+    /// and MariaDB before 10.6 have no `SKIP LOCKED` or `NOWAIT`, so their
+    /// claims and row locks fail with this rather than block.
+    #[error("not supported by this database server: {0}")]
+    Unsupported(#[source] diesel::result::Error),
+
     /// Any other database error, unchanged.
     #[error(transparent)]
     Database(diesel::result::Error),
@@ -108,6 +114,7 @@ impl From<diesel::result::Error> for Error {
             Some(Transient::Deadlock) => Error::Deadlock(error),
             Some(Transient::SerializationFailure) => Error::SerializationFailure(error),
             None if matches!(error, diesel::result::Error::NotFound) => Error::NotFound,
+            None if lacks_skip_locked(&error) => Error::Unsupported(error),
             None => Error::Database(error),
         }
     }
@@ -120,6 +127,7 @@ impl From<Error> for diesel::result::Error {
     fn from(error: Error) -> Self {
         match error {
             Error::Database(error)
+            | Error::Unsupported(error)
             | Error::Deadlock(error)
             | Error::SerializationFailure(error) => error,
             Error::NotFound => diesel::result::Error::NotFound,
@@ -194,6 +202,19 @@ fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
     }
 }
 
+/// Whether `error` is MySQL's or MariaDB's syntax error (1064) at `SKIP LOCKED`
+/// or `NOWAIT`: a server older than MySQL 8.0.1 or MariaDB 10.6.
+fn lacks_skip_locked(error: &diesel::result::Error) -> bool {
+    let diesel::result::Error::DatabaseError(DatabaseErrorKind::Unknown, info) = error else {
+        return false;
+    };
+    let message = info.message().to_ascii_lowercase();
+    message.starts_with("you have an error in your sql syntax")
+        && ["near 'skip locked", "near 'nowait"]
+            .iter()
+            .any(|clause| message.contains(clause))
+}
+
 /// Whether `error` means a lock could not be taken: PostgreSQL `55P03` (`NOWAIT`,
 /// `lock_timeout`), SQLite `SQLITE_BUSY` (`busy_timeout` elapsed), MySQL and
 /// MariaDB 1205 (`innodb_lock_wait_timeout`; MariaDB's `NOWAIT`) and MySQL 3572
@@ -256,6 +277,25 @@ mod tests {
             Error::from(diesel::result::Error::NotFound),
             Error::NotFound
         ));
+    }
+
+    #[test]
+    fn old_servers_without_skip_locked_are_unsupported() {
+        let mariadb_10_5 = database_error(
+            "You have an error in your SQL syntax; check the manual that corresponds to your \
+             MariaDB server version for the right syntax to use near 'SKIP LOCKED' at line 1",
+        );
+        let mysql_5_7 = database_error(
+            "You have an error in your SQL syntax; check the manual that corresponds to your \
+             MySQL server version for the right syntax to use near 'NOWAIT' at line 1",
+        );
+        let other_syntax = database_error(
+            "You have an error in your SQL syntax; check the manual that corresponds to your \
+             MariaDB server version for the right syntax to use near 'FORM orders' at line 1",
+        );
+        assert!(matches!(Error::from(mariadb_10_5), Error::Unsupported(_)));
+        assert!(matches!(Error::from(mysql_5_7), Error::Unsupported(_)));
+        assert!(matches!(Error::from(other_syntax), Error::Database(_)));
     }
 
     #[test]

@@ -256,6 +256,8 @@ mod error;
 mod lease;
 mod lock;
 pub mod migrations;
+#[cfg(feature = "mysql")]
+pub mod named_lock;
 mod query;
 mod transaction;
 mod versioned;

@@ -17,6 +17,7 @@ mod versioned;
 
 /// Checks out every connection of `pool` at once, one per thread, and runs
 /// `check` on each of them concurrently.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn on_every_connection_at_once<M>(
     pool: &diesel::r2d2::Pool<M>,
     check: impl Fn(&mut M::Connection) + Sync,
