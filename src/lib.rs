@@ -11,6 +11,8 @@
 //!   row locks for the duration of a closure.
 //! - [`with_lease`] and [`Lease`]: named locks in the database, with a TTL by the
 //!   database clock, owner-checked release and fencing tokens.
+//! - [`advisory`] (PostgreSQL) and `named_lock` (MySQL, MariaDB): the server's
+//!   own named locks, where a liveness hint is enough.
 //! - [`Error`]: one error type whose variants say what happened.
 //!
 //! `use diesel_claim::prelude::*;` brings the extension traits into scope.
@@ -22,13 +24,16 @@
 //! - `postgres`: [`diesel::pg::Pg`], with row locks (`FOR … SKIP LOCKED`).
 //! - `sqlite`: [`diesel::sqlite::Sqlite`], with the database write lock
 //!   (`BEGIN IMMEDIATE`). Needs SQLite 3.35 or later (`RETURNING`).
+//! - `mysql`: `diesel::mysql::Mysql`, MySQL 8.0.1+ and MariaDB 10.6+, with row
+//!   locks (`FOR UPDATE SKIP LOCKED`); see [MySQL and MariaDB](#mysql-and-mariadb).
 //!
-//! | | PostgreSQL | SQLite |
-//! |---|---|---|
-//! | [`claim_each`](ClaimDsl::claim_each) | row locks: `SKIP LOCKED`, fail at once, or wait; `OF <table>` | `BEGIN IMMEDIATE` per row or batch: workers queue instead of skipping |
-//! | [`update_versioned`](VersionedDsl::update_versioned) | yes | yes |
-//! | [`with_lock`](LockDsl::with_lock) | row locks | `BEGIN IMMEDIATE` |
-//! | leases | table (+ [`advisory`] locks) | table |
+//! | | PostgreSQL | SQLite | MySQL, MariaDB |
+//! |---|---|---|---|
+//! | [`claim_each`](ClaimDsl::claim_each) | row locks: `SKIP LOCKED`, fail at once, or wait; `OF <table>` | `BEGIN IMMEDIATE` per row or batch: workers queue instead of skipping | row locks: `FOR UPDATE` with `SKIP LOCKED`, `NOWAIT` or wait; no `OF` |
+//! | [`mark`](ClaimBuilder::mark) | one `UPDATE … RETURNING` | one `UPDATE … RETURNING` | lock, update, read back: three statements |
+//! | [`update_versioned`](VersionedDsl::update_versioned) | yes | yes | yes (`execute`; no `get_result`) |
+//! | [`with_lock`](LockDsl::with_lock) | row locks | `BEGIN IMMEDIATE` | row locks |
+//! | leases | table (+ [`advisory`] locks) | table | table (+ `named_lock`) |
 //!
 //! Every function takes `&mut C where C: Connection`, so pooled connections
 //! (`diesel::r2d2`) work as they are.
@@ -152,12 +157,44 @@
 //! - **Never on a replica.** Candidates must be read from the primary: a lagging
 //!   replica only costs wasted re-checks, but the re-check must see the primary.
 //! - **Errors and panics.** An `Err` from the closure rolls back that row (or
-//!   batch) and ends the call with it; rows committed before stay committed. A panic rolls back,
-//!   leaves no lock held and no transaction open, and resumes unwinding.
+//!   batch) and ends the call with it; rows committed before stay committed. A
+//!   panic rolls back, leaves no lock held and no transaction open, and resumes
+//!   unwinding.
 //! - **SQLite** has no row locks: each row's transaction is `BEGIN IMMEDIATE`,
 //!   which takes the database write lock before the re-check. Still at most once;
 //!   claimers queue (set a `busy_timeout`) rather than skip, and the lock options
 //!   have no effect there.
+//!
+//! # MySQL and MariaDB
+//!
+//! The same guarantees, tested on MariaDB, with these differences:
+//!
+//! - **`FOR UPDATE`, and no `OF`.** InnoDB has no `FOR NO KEY UPDATE` (a
+//!   foreign-key insert referencing a claimed row waits for the claim's commit),
+//!   and MariaDB has no `OF`, so the crate sends what both servers take. A locking
+//!   read locks every row it reads, joined rows included: a claim through a join
+//!   holds the joined rows too, for the length of its batch, and skips candidates
+//!   whose joined rows someone else holds.
+//! - **`READ COMMITTED` for claimers.** The re-check is a locking read, which
+//!   reads the newest version of the row, so a claim is at most once under
+//!   `REPEATABLE READ` (InnoDB's default) as under `READ COMMITTED`. But under
+//!   `REPEATABLE READ` a locking read keeps the locks of every row it passed,
+//!   done ones included, and of the gaps between them, which holds off inserts
+//!   and makes other claimers skip more. Set `SET SESSION TRANSACTION ISOLATION
+//!   LEVEL READ COMMITTED` on claiming connections.
+//! - **No `UPDATE … RETURNING`.** [`mark`](ClaimBuilder::mark) locks the batch
+//!   with a select, updates it by key and reads it back, in the batch's
+//!   transaction; [`mark_and_commit`](ClaimBuilder::mark_and_commit) runs the same
+//!   three statements in a transaction of their own.
+//!   [`VersionedUpdate::get_result`] is not available.
+//! - **No partial indexes.** Index `(flag, id)` for a query filtering on `flag`.
+//! - **Errors.** `innodb_lock_wait_timeout` and `NOWAIT` are
+//!   [`Error::LockNotAvailable`], 1213 is [`Error::Deadlock`], and a server
+//!   without `SKIP LOCKED` (MySQL before 8.0.1, MariaDB before 10.6) gives
+//!   [`Error::Unsupported`] rather than waiting.
+//! - **Leases** use the server's clock (`SYSDATE(6)`) and compare names as bytes.
+//!   `named_lock::with_named_lock` wraps `GET_LOCK`: held by the session, freed
+//!   when it ends, without a fencing token.
 //!
 //! # Optimistic updates: `update_versioned`
 //!
