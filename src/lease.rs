@@ -79,7 +79,8 @@ impl Lease {
     /// held by then.
     ///
     /// Waiting is polling, from every 5 ms up to every 100 ms: fine for a lock
-    /// held for a request or a job, not a queue for many waiters.
+    /// held for a request or a job, not a queue for many waiters. A `patience`
+    /// of `Duration::MAX` waits without a deadline.
     pub fn acquire_within<C>(
         conn: &mut C,
         name: &str,
@@ -90,13 +91,16 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
-        let deadline = Instant::now() + patience;
+        // A patience too long for an `Instant` (`Duration::MAX`) has no deadline.
+        let deadline = Instant::now().checked_add(patience);
         let mut pause = Duration::from_millis(5);
         loop {
             if let Some(lease) = Lease::acquire(conn, name, ttl)? {
                 return Ok(lease);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
                 return Err(Error::LeaseHeld {
                     name: name.to_owned(),

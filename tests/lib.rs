@@ -13,6 +13,9 @@ mod fixtures;
 mod claim;
 mod lease;
 mod lock;
+// The torture suite covers PostgreSQL and SQLite.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod torture;
 mod versioned;
 
 /// Checks out every connection of `pool` at once, one per thread, and runs

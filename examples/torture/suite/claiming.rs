@@ -1,0 +1,308 @@
+//! Claiming scenarios on every backend: drain (1), double check (2), worker
+//! killed (4), closure error and panic (6); and the worker processes they start.
+//!
+//! "Sending an email" inserts an outbox row, which has no UNIQUE constraint:
+//! a row processed twice shows up as two outbox rows.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::thread;
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_claim::prelude::*;
+use diesel_claim::Error;
+
+use super::procs::{self, Fields};
+use super::{counted_retry, in_threads, tables, Connect, Ctx, Figures, Running, DELIBERATE};
+use crate::fixtures::{orders, outbox, Order, XorShift};
+
+/// Shipped orders whose email is not sent yet: what the scenarios claim.
+#[diesel::dsl::auto_type]
+pub fn pending() -> _ {
+    orders::table
+        .filter(orders::shipped.eq(true))
+        .filter(orders::email_sent.eq(false))
+}
+
+/// Inserts `count` pending orders, with ids `1..=count`, in one statement.
+fn insert_orders(conn: &mut impl SimpleConnection, count: usize) {
+    if count == 0 {
+        return;
+    }
+    conn.batch_execute(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {count}) \
+         INSERT INTO orders (shipped) SELECT TRUE FROM n"
+    ))
+    .expect("cannot insert orders");
+}
+
+on_suite_backends! {
+    /// A fresh database with the shop schema, the torture tables and `rows`
+    /// pending orders.
+    pub fn database(size: u32, rows: usize) -> (impl Sized, String, Pool) {
+        let (db, pool) = test_db(size);
+        let mut conn = pool.get().unwrap();
+        tables::create(&mut *conn, ROW_LOCKS);
+        insert_orders(&mut *conn, rows);
+        let url = db.url.clone();
+        (db, url, pool)
+    }
+
+    /// The email of `order`: an outbox row by `worker`, and the flag cleared.
+    pub fn email(conn: &mut Conn, order: &Order, worker: i32) -> Result<(), Error> {
+        diesel::insert_into(outbox::table)
+            .values((outbox::order_id.eq(order.id), outbox::worker.eq(worker)))
+            .execute(conn)?;
+        diesel::update(order).set(orders::email_sent.eq(true)).execute(conn)?;
+        Ok(())
+    }
+
+    /// Checks the outbox against `expected` rows: each emailed once, none
+    /// left. Workers must have reported every row they processed; after errors
+    /// they may have reported fewer (a claim that ends with an error does not
+    /// say how many rows it committed before), never more.
+    pub fn check_emails(conn: &mut Conn, figures: &mut Figures, expected: u64) {
+        let sent: i64 = outbox::table.count().get_result(conn).unwrap();
+        let distinct: i64 = outbox::table
+            .select(diesel::dsl::count(outbox::order_id).aggregate_distinct())
+            .get_result(conn)
+            .unwrap();
+        let left: i64 = pending().count().get_result(conn).unwrap();
+        let sent = sent as u64;
+        figures.duplicates += sent - distinct as u64;
+        figures.leftovers += left as u64;
+        figures.check(sent == expected, format!("{sent} emails for {expected} rows"));
+        let reported = figures.ops;
+        let exact = figures.errors.is_empty();
+        figures.check(
+            if exact { reported == sent } else { reported <= sent },
+            format!("workers reported {reported} rows processed, {sent} emailed"),
+        );
+        if reported < sent {
+            figures.note(format!("commits not reported by a claim that then failed: {}", sent - reported));
+        }
+        figures.ops = sent;
+    }
+
+    /// Worker: `threads` threads each drain the pending orders (claims retried
+    /// on transient errors), `batch` rows per transaction (default 1),
+    /// optionally under `isolation` and pausing `pause_ms` in each transaction;
+    /// with `persist`, a claim that fails for any reason starts over on a new
+    /// connection.
+    pub fn drain_worker(args: &Fields) -> Figures {
+        let threads = args.number("threads") as usize;
+        let first = args.number("first") as i32;
+        let pause = Duration::from_millis(args.number("pause_ms"));
+        let persist = args.get("persist").is_some();
+        let batch = args.get("batch").map_or(1, |rows| rows.parse().unwrap());
+        let pool = Conn::pool(args.text("url"), threads as u32);
+        in_threads(threads, |index| {
+            let worker = first + index as i32;
+            let mut figures = Figures::default();
+            loop {
+                let mut conn = pool.get().unwrap();
+                let claimed = prepare_session(&mut conn, args.get("isolation")).and_then(|()| {
+                    counted_retry(&mut *conn, &mut figures, |conn| {
+                        pending()
+                            .build_claim()
+                            .drain()
+                            .page_size(100)
+                            .batch(batch)
+                            .each_batch(conn, |conn, orders: Vec<Order>| {
+                                thread::sleep(pause);
+                                orders.iter().try_for_each(|order| email(conn, order, worker))
+                            })
+                    })
+                });
+                match claimed {
+                    Ok(report) => {
+                        figures.ops += report.processed;
+                        return figures;
+                    }
+                    // Each call makes progress: rows committed before a failure
+                    // stay committed. A transient error that outlasted `retry`
+                    // is worth another call; with `persist`, so is any error (a
+                    // killed connection, a server out of SERIALIZABLE
+                    // bookkeeping), on a new connection.
+                    Err(error) if persist || error.is_transient() => figures.saw(&error),
+                    Err(error) => {
+                        figures.check(false, format!("worker {worker}: {error}"));
+                        return figures;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Names the session for the connection-killing scenario and sets its
+    /// isolation level (PostgreSQL).
+    fn prepare_session(conn: &mut Conn, isolation: Option<&str>) -> Result<(), Error> {
+        if ROW_LOCKS {
+            let level = isolation.unwrap_or("read-committed").replace('-', " ");
+            conn.batch_execute(&format!(
+                "SET application_name = 'torture-drain'; \
+                 SET default_transaction_isolation = '{level}'"
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// Worker: claims one row, writes its email, says `locked id=…` and waits,
+    /// in the row's transaction, to be killed.
+    pub fn hold_worker(args: &Fields) -> Figures {
+        let mut conn = Conn::pool(args.text("url"), 1).get().unwrap();
+        let claimed: Result<_, Error> = pending().build_claim().max_rows(1).each(&mut *conn, |conn, order: Order| {
+            email(conn, &order, -1)?;
+            procs::report("locked", Fields::default().set("id", order.id));
+            loop {
+                thread::sleep(Duration::from_secs(3600));
+            }
+        });
+        let mut figures = Figures::default();
+        figures.check(false, format!("the claim ended without being killed: {claimed:?}"));
+        figures
+    }
+
+    /// Scenario 1: workers in several processes drain the rows, one per
+    /// transaction and then (on a fresh database) in batches; each row is
+    /// emailed exactly once.
+    pub fn drain(ctx: &Ctx) -> Figures {
+        let rows = ctx.rows();
+        let (threads, processes) = ctx.workers();
+        let mut figures = Figures::new(threads, processes);
+        for batch in [1, 50] {
+            let (_db, url, pool) = database(2, rows);
+            let started = std::time::Instant::now();
+            let mut round = Figures::default();
+            let args = [("url", url), ("batch", batch.to_string())];
+            for done in ctx.run_workers("drain", threads, processes, &args) {
+                round.absorb(&done);
+            }
+            check_emails(&mut pool.get().unwrap(), &mut round, rows as u64);
+            figures.note(format!("batch {batch}: {:.1?}", started.elapsed()));
+            figures.merge(round);
+        }
+        figures
+    }
+
+    /// Scenario 2: while workers claim, an updater takes pending rows out of the
+    /// filter. A row emailed must have matched when it was locked: no emailed
+    /// row may be one the updater took out.
+    pub fn double_check(ctx: &Ctx) -> Figures {
+        let rows = ctx.rows();
+        let (_db, url, pool) = database(2, rows);
+        let (threads, processes) = ctx.workers();
+        let mut figures = Figures::new(threads, processes);
+        let running = Running::new();
+        let flipped = AtomicU64::new(0);
+        thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut conn = pool.get().unwrap();
+                let mut random = XorShift::new(7);
+                while running.get() {
+                    let id = 1 + random.below(rows as u64) as i32;
+                    let taken_out = diesel::update(pending().filter(orders::id.eq(id)))
+                        .set(orders::shipped.eq(false))
+                        .execute(&mut *conn)
+                        .expect("the updater failed");
+                    flipped.fetch_add(taken_out as u64, Relaxed);
+                }
+            });
+            let _stop_updater = running.stop_on_drop();
+            let args = [("url", url), ("pause_ms", "1".to_owned())];
+            for done in ctx.run_workers("drain", threads, processes, &args) {
+                figures.absorb(&done);
+            }
+        });
+        let mut conn = pool.get().unwrap();
+        let emailed_after_taken_out: i64 = outbox::table
+            .inner_join(orders::table)
+            .filter(orders::shipped.eq(false))
+            .count()
+            .get_result(&mut *conn)
+            .unwrap();
+        figures.check(
+            emailed_after_taken_out == 0,
+            format!("{emailed_after_taken_out} rows processed after they stopped matching"),
+        );
+        let flipped = flipped.into_inner();
+        figures.note(format!("taken out of the filter: {flipped}"));
+        check_emails(&mut conn, &mut figures, rows as u64 - flipped);
+        figures
+    }
+
+    /// Scenario 4: a worker process claims a row, writes, and is SIGKILLed
+    /// before it commits. The row must be claimable again, its write gone.
+    pub fn worker_killed(ctx: &Ctx) -> Figures {
+        let rows = ctx.rows();
+        let (_db, url, pool) = database(2, rows);
+        let (threads, processes) = ctx.workers();
+        let mut figures = Figures::new(threads, processes);
+        let mut conn = pool.get().unwrap();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..ctx.repeats() {
+            let mut holder = ctx.spawn("hold", &[("url", url.clone())]);
+            let id: i32 = holder.expect("locked").text("id").parse().unwrap();
+            holder.kill();
+            let reclaimed = procs::time_until(Duration::from_secs(30), || {
+                pending()
+                    .filter(orders::id.eq(id))
+                    .claim_each(&mut *conn, |conn, order: Order| email(conn, &order, 0))
+                    .is_ok_and(|report| report.processed == 1)
+            });
+            figures.check(reclaimed.is_some(), format!("row {id} not reclaimed within 30 s"));
+            slowest = slowest.max(reclaimed.unwrap_or_default());
+            figures.ops += 1;
+        }
+        figures.note(format!("kills: {}, slowest reclaim: {slowest:.0?}", ctx.repeats()));
+        for done in ctx.run_workers("drain", threads, processes, &[("url", url)]) {
+            figures.absorb(&done);
+        }
+        check_emails(&mut conn, &mut figures, rows as u64);
+        figures
+    }
+
+    /// Scenario 6: a closure that fails or panics after writing leaves its row
+    /// pending and nothing written, and the pooled connection usable.
+    pub fn closure_error_and_panic(ctx: &Ctx) -> Figures {
+        let rows = 2 * ctx.repeats();
+        let (_db, _url, pool) = database(1, rows);
+        let mut figures = Figures::new(1, 1);
+        for (failing, panics) in (1..=rows as i32).map(|id| (id, id % 2 == 0)) {
+            let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+                pending().claim_each(&mut *pool.get().unwrap(), |conn, order: Order| {
+                    email(conn, &order, 0)?;
+                    match order.id == failing {
+                        true if panics => panic!("{DELIBERATE} on row {failing}"),
+                        true => Err(Error::InvalidArgument(format!("deliberate error on row {failing}"))),
+                        false => Ok(()),
+                    }
+                })
+            }));
+            match outcome {
+                Err(_) => figures.count_error("panic"),
+                Ok(Err(error)) => figures.saw(&error),
+                Ok(Ok(report)) => figures.check(false, format!("row {failing}: Ok({report:?})")),
+            }
+            let mut conn = pool.get().unwrap();
+            let emails_for_it: i64 = outbox::table
+                .filter(outbox::order_id.eq(failing))
+                .count()
+                .get_result(&mut *conn)
+                .unwrap();
+            figures.check(emails_for_it == 0, format!("row {failing}: its write was kept"));
+            let still_pending = pending().find(failing).count().get_result::<i64>(&mut *conn);
+            figures.check(still_pending == Ok(1), format!("row {failing} is not pending"));
+            // Done by hand, so the next round fails on the next row.
+            pending()
+                .filter(orders::id.eq(failing))
+                .claim_each(&mut *conn, |conn, order: Order| email(conn, &order, 0))
+                .unwrap();
+        }
+        figures.ops = rows as u64;
+        check_emails(&mut pool.get().unwrap(), &mut figures, rows as u64);
+        figures
+    }
+}

@@ -1,0 +1,672 @@
+//! The torture suite: the scenarios of `RELIABILITY.md`, each run against a
+//! fresh database, its invariant checked and its figures reported.
+//!
+//! The same code runs from two places: the `torture` example (one command, any
+//! scale) and the integration test `torture::light_*` (light scale, every CI
+//! run). Both need the tests' helpers at the crate root as `crate::common` and
+//! `crate::fixtures` (throwaway databases, the shop schema, `on_every_backend!`).
+//!
+//! Scenarios that need real processes start workers by re-running the current
+//! executable: see [`procs::Launcher`].
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Display};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub mod procs;
+
+/// `on_every_backend!` (of the tests' fixtures) for the backends the suite
+/// covers, PostgreSQL and SQLite, whose modules it also makes reachable from
+/// here as `on_postgres` and `on_sqlite` (`on_every_backend!` keeps its own
+/// modules private).
+macro_rules! on_suite_backends {
+    ($($items:tt)*) => {
+        #[cfg(feature = "postgres")]
+        crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
+            PgTestDb, pg_pool, POSTGRES_SCHEMA, $($items)*);
+        #[cfg(feature = "sqlite")]
+        crate::fixtures::on_every_backend!(@backend sqlite, diesel::SqliteConnection, false,
+            SqliteTestDb, sqlite_pool, SQLITE_SCHEMA, $($items)*);
+
+        #[cfg(feature = "postgres")]
+        pub mod on_postgres {
+            pub use super::pg::*;
+        }
+        #[cfg(feature = "sqlite")]
+        pub mod on_sqlite {
+            pub use super::sqlite::*;
+        }
+    };
+}
+
+mod bad_input;
+mod claiming;
+mod leases;
+mod money;
+#[cfg(feature = "postgres")]
+mod pg_faults;
+mod tables;
+
+use procs::{Fields, Launcher, Worker};
+
+/// How hard to push: light runs in the test suite, heavy on demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    Light,
+    Heavy,
+}
+
+impl Scale {
+    pub fn parse(text: &str) -> Option<Scale> {
+        match text {
+            "light" => Some(Scale::Light),
+            "heavy" => Some(Scale::Heavy),
+            _ => None,
+        }
+    }
+
+    /// `light` or `heavy`, whichever this scale is.
+    fn pick<T>(self, light: T, heavy: T) -> T {
+        match self {
+            Scale::Light => light,
+            Scale::Heavy => heavy,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    /// The backends compiled in, or the one named.
+    pub fn parse_list(text: &str) -> Option<Vec<Backend>> {
+        let all = [
+            #[cfg(feature = "postgres")]
+            Backend::Postgres,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite,
+        ];
+        match text {
+            "all" => Some(all.to_vec()),
+            _ => all.into_iter().find(|b| b.name() == text).map(|b| vec![b]),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// What a scenario run gets: its scale, and how to start worker processes.
+pub struct Ctx<'a> {
+    pub scale: Scale,
+    pub backend: Backend,
+    launcher: &'a Launcher,
+}
+
+impl Ctx<'_> {
+    /// Concurrent workers (threads) in all, and the processes they are spread over.
+    pub fn workers(&self) -> (usize, usize) {
+        match (self.scale, self.backend) {
+            (Scale::Light, _) => (4, 2),
+            (Scale::Heavy, Backend::Postgres) => (32, 4),
+            // SQLite commits one writer at a time: more workers only queue.
+            (Scale::Heavy, Backend::Sqlite) => (8, 4),
+        }
+    }
+
+    /// Rows to drain.
+    pub fn rows(&self) -> usize {
+        match (self.scale, self.backend) {
+            (Scale::Light, Backend::Postgres) => 400,
+            (Scale::Light, Backend::Sqlite) => 200,
+            (Scale::Heavy, Backend::Postgres) => 100_000,
+            (Scale::Heavy, Backend::Sqlite) => 10_000,
+        }
+    }
+
+    /// How long timed runs (banks, lease hammering) last.
+    pub fn run_time(&self) -> Duration {
+        self.scale
+            .pick(Duration::from_secs(2), Duration::from_secs(60))
+    }
+
+    /// How many times a one-off fault (a kill, a stall) is repeated.
+    pub fn repeats(&self) -> usize {
+        self.scale.pick(2, 10)
+    }
+
+    /// Starts a worker process running `kind` for this backend.
+    pub fn spawn(&self, kind: &str, args: &[(&str, String)]) -> Worker {
+        self.spawn_with_env(kind, args, &[])
+    }
+
+    /// Starts a worker process running `kind`, adding `env` to its environment.
+    pub fn spawn_with_env(
+        &self,
+        kind: &str,
+        args: &[(&str, String)],
+        env: &[(&str, &str)],
+    ) -> Worker {
+        let mut all = vec![self.backend.name().to_owned(), kind.to_owned()];
+        all.extend(args.iter().map(|(key, value)| format!("{key}={value}")));
+        self.launcher.spawn(&all, env)
+    }
+
+    /// Starts `processes` workers of `kind` sharing `threads` threads, numbered
+    /// from 1, and waits for each to finish; returns what each reported.
+    pub fn run_workers(
+        &self,
+        kind: &str,
+        threads: usize,
+        processes: usize,
+        args: &[(&str, String)],
+    ) -> Vec<Fields> {
+        let workers: Vec<Worker> = (0..processes)
+            .map(|p| {
+                let mut args = args.to_vec();
+                let share = threads / processes + usize::from(p < threads % processes);
+                args.push(("threads", share.to_string()));
+                args.push(("first", (1 + p * threads.div_ceil(processes)).to_string()));
+                self.spawn(kind, &args)
+            })
+            .collect();
+        workers.into_iter().map(Worker::finish).collect()
+    }
+}
+
+/// The figures of one scenario run, and whatever went wrong.
+#[derive(Debug, Default)]
+pub struct Figures {
+    pub workers: usize,
+    pub processes: usize,
+    /// Rows processed, transfers made, leases taken: the scenario's unit of work.
+    pub ops: u64,
+    /// Work done twice (rows processed twice, names reserved twice).
+    pub duplicates: u64,
+    /// Work left undone that should have been done.
+    pub leftovers: u64,
+    /// Broken invariants other than duplicates and leftovers.
+    pub violations: u64,
+    /// Attempts beyond the first made by `retry` (or the scenario's own loop).
+    pub retries: u64,
+    /// Typed errors seen, by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// Measurements worth printing (delays, timings).
+    pub notes: Vec<String>,
+    /// What each violation was.
+    pub failures: Vec<String>,
+}
+
+impl Figures {
+    pub fn new(workers: usize, processes: usize) -> Figures {
+        Figures {
+            workers,
+            processes,
+            ..Figures::default()
+        }
+    }
+
+    /// Records a violation unless `ok`.
+    pub fn check(&mut self, ok: bool, what: impl Display) {
+        if !ok {
+            self.violations += 1;
+            self.failures.push(what.to_string());
+        }
+    }
+
+    /// Counts an error seen, by its kind.
+    pub fn saw(&mut self, error: &diesel_claim::Error) {
+        self.count_error(error_kind(error));
+    }
+
+    pub fn count_error(&mut self, kind: impl Into<String>) {
+        *self.errors.entry(kind.into()).or_default() += 1;
+    }
+
+    pub fn note(&mut self, note: impl Display) {
+        self.notes.push(note.to_string());
+    }
+
+    /// Adds what a worker process reported in its `done` line.
+    pub fn absorb(&mut self, fields: &Fields) {
+        self.ops += fields.number("ops");
+        self.retries += fields.number("retries");
+        for (kind, count) in fields.counts("errors") {
+            *self.errors.entry(kind).or_default() += count;
+        }
+        if let Some(failure) = fields.get("failure") {
+            self.check(false, format!("a worker failed: {failure}"));
+        }
+    }
+
+    /// Adds another thread's figures (counts only; workers and processes stay).
+    pub fn merge(&mut self, other: Figures) {
+        self.ops += other.ops;
+        self.duplicates += other.duplicates;
+        self.leftovers += other.leftovers;
+        self.violations += other.violations;
+        self.retries += other.retries;
+        for (kind, count) in other.errors {
+            *self.errors.entry(kind).or_default() += count;
+        }
+        self.notes.extend(other.notes);
+        self.failures.extend(other.failures);
+    }
+
+    /// What a worker process reports in its `done` line (see [`Figures::absorb`]).
+    pub fn to_fields(&self) -> Fields {
+        let mut fields = Fields::default();
+        fields
+            .set("ops", self.ops)
+            .set("retries", self.retries)
+            .set_counts("errors", &self.errors);
+        if !self.failures.is_empty() {
+            fields.set(
+                "failure",
+                self.failures.join("|").replace(char::is_whitespace, "_"),
+            );
+        }
+        fields
+    }
+
+    fn passed(&self) -> bool {
+        self.failures.is_empty()
+            && self.duplicates == 0
+            && self.leftovers == 0
+            && self.violations == 0
+    }
+}
+
+/// A short name for an error's kind, as counted in the figures.
+pub fn error_kind(error: &diesel_claim::Error) -> String {
+    use diesel::result::Error as Diesel;
+    use diesel_claim::Error::*;
+    match error {
+        LockNotAvailable => "LockNotAvailable".into(),
+        Deadlock(_) => "Deadlock".into(),
+        SerializationFailure(_) => "SerializationFailure".into(),
+        VersionConflict { .. } => "VersionConflict".into(),
+        VersionOverflow(_) => "VersionOverflow".into(),
+        NotFound => "NotFound".into(),
+        LeaseHeld { .. } => "LeaseHeld".into(),
+        NotLeaseOwner { .. } => "NotLeaseOwner".into(),
+        InvalidArgument(_) => "InvalidArgument".into(),
+        Database(Diesel::DatabaseError(kind, _)) => format!("Database({kind:?})"),
+        Database(Diesel::BrokenTransactionManager) => "Database(BrokenTransactionManager)".into(),
+        Database(_) => "Database".into(),
+        Migration(_) => "Migration".into(),
+        _ => "other".into(),
+    }
+}
+
+/// Errors whose kind the figures count.
+pub trait ErrorKind {
+    fn kind(&self) -> String;
+}
+
+impl ErrorKind for diesel_claim::Error {
+    fn kind(&self) -> String {
+        error_kind(self)
+    }
+}
+
+impl ErrorKind for crate::fixtures::BankError {
+    fn kind(&self) -> String {
+        match self {
+            crate::fixtures::BankError::Insufficient => "Insufficient".into(),
+            crate::fixtures::BankError::Claim(error) => error_kind(error),
+        }
+    }
+}
+
+/// The retry policy of the scenarios: patient, because they contend on purpose.
+pub const PATIENT: diesel_claim::RetryPolicy = diesel_claim::RetryPolicy {
+    max_attempts: 1000,
+    initial_backoff: Duration::from_millis(1),
+    max_backoff: Duration::from_millis(100),
+};
+
+/// [`diesel_claim::retry`] with the [`PATIENT`] policy, counting into `figures` the
+/// retries it took and the kind of every transient error it recovered from.
+pub fn counted_retry<C, T, E>(
+    conn: &mut C,
+    figures: &mut Figures,
+    mut operation: impl FnMut(&mut C) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: diesel_claim::Transient + ErrorKind,
+{
+    let mut attempts = 0;
+    let result = diesel_claim::retry(conn, PATIENT, |conn| {
+        attempts += 1;
+        let result = operation(conn);
+        if let Err(error) = &result {
+            if error.is_transient() {
+                figures.count_error(error.kind());
+            }
+        }
+        result
+    });
+    figures.retries += attempts - 1;
+    result
+}
+
+/// A flag that background threads (updaters, readers, killers) poll while the
+/// foreground work runs. Clear it through [`Running::stop_on_drop`], so that a
+/// panic in the foreground stops them too instead of leaving `thread::scope`
+/// waiting for them forever.
+pub struct Running(AtomicBool);
+
+impl Running {
+    pub fn new() -> Running {
+        Running(AtomicBool::new(true))
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Clears the flag when the returned guard goes, however it goes.
+    pub fn stop_on_drop(&self) -> impl Drop + '_ {
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Relaxed);
+            }
+        }
+        Stop(&self.0)
+    }
+}
+
+/// Runs `body(thread_index)` on `threads` threads at once and adds up their figures.
+pub fn in_threads(threads: usize, body: impl Fn(usize) -> Figures + Sync) -> Figures {
+    let body = &body;
+    let mut total = Figures::default();
+    thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|index| scope.spawn(move || body(index)))
+            .collect();
+        for handle in handles {
+            total.merge(handle.join().expect("a thread panicked"));
+        }
+    });
+    total
+}
+
+/// One scenario of `RELIABILITY.md` on one backend.
+pub struct Scenario {
+    pub number: u32,
+    pub name: &'static str,
+    run: fn(&Ctx) -> Figures,
+}
+
+/// The scenarios every backend runs, from its `on_<backend>` modules.
+macro_rules! shared_scenarios {
+    ($backend:ident) => {
+        shared_scenarios!($backend:
+            1 "drain" claiming::drain,
+            2 "double-check" claiming::double_check,
+            4 "worker-killed" claiming::worker_killed,
+            6 "closure-error-panic" claiming::closure_error_and_panic,
+            10 "pessimistic-bank" money::pessimistic_bank,
+            11 "optimistic-bank" money::optimistic_bank,
+            12 "counter" money::counter,
+            13 "overdraw-race" money::overdraw_race,
+            15 "optimistic-edges" money::optimistic_edge_cases,
+            16 "lease-exclusion" leases::mutual_exclusion,
+            17 "lease-ttl" leases::ttl,
+            18 "lease-owner" leases::owner_check,
+            19 "lease-fencing" leases::fencing,
+            20 "unique-name" leases::unique_name,
+            21 "bad-input" bad_input::bad_input,
+        )
+    };
+    ($backend:ident: $($number:literal $name:literal $module:ident::$function:ident,)*) => {
+        vec![$(Scenario {
+            number: $number,
+            name: $name,
+            run: $module::$backend::$function,
+        },)*]
+    };
+}
+
+/// The scenarios that apply to `backend`, in order.
+pub fn scenarios(backend: Backend) -> Vec<Scenario> {
+    match backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => {
+            let mut all = shared_scenarios!(on_postgres);
+            all.extend(pg_faults::scenarios());
+            all.sort_by_key(|s| s.number);
+            all
+        }
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite => shared_scenarios!(on_sqlite),
+        #[allow(unreachable_patterns)]
+        _ => Vec::new(),
+    }
+}
+
+/// Which scenarios to run: `all`, numbers and names separated by commas.
+pub fn selected(selection: &str, scenario: &Scenario) -> bool {
+    selection.split(',').any(|wanted| {
+        wanted == "all" || wanted == scenario.name || wanted == scenario.number.to_string()
+    })
+}
+
+/// The result of one scenario run.
+pub struct Outcome {
+    pub backend: Backend,
+    pub number: u32,
+    pub name: &'static str,
+    pub elapsed: Duration,
+    pub figures: Figures,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.figures.passed()
+    }
+}
+
+impl Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fig = &self.figures;
+        let errors = if fig.errors.is_empty() {
+            "-".to_owned()
+        } else {
+            let counts: Vec<_> = fig.errors.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+            counts.join(",")
+        };
+        write!(
+            f,
+            "{:>2} {:<20} {:<8} {} workers={} procs={} ops={} {:.2}s dup={} left={} viol={} \
+             retries={} errors={}",
+            self.number,
+            self.name,
+            self.backend.name(),
+            if self.passed() { "PASS" } else { "FAIL" },
+            fig.workers,
+            fig.processes,
+            fig.ops,
+            self.elapsed.as_secs_f64(),
+            fig.duplicates,
+            fig.leftovers,
+            fig.violations,
+            fig.retries,
+            errors,
+        )?;
+        if !fig.notes.is_empty() {
+            write!(f, " | {}", fig.notes.join("; "))?;
+        }
+        for failure in &fig.failures {
+            write!(f, "\n     ! {failure}")?;
+        }
+        Ok(())
+    }
+}
+
+/// No scenario may take longer than this: a hang is a failure, not a stuck CI.
+fn deadline(scale: Scale) -> Duration {
+    scale.pick(Duration::from_secs(120), Duration::from_secs(1200))
+}
+
+/// Runs the selected scenarios on each backend, printing one line per scenario
+/// as it finishes; returns every outcome.
+pub fn run(
+    selection: &str,
+    scale: Scale,
+    backends: &[Backend],
+    launcher: &Launcher,
+) -> Vec<Outcome> {
+    quiet_deliberate_panics();
+    let mut outcomes = Vec::new();
+    for &backend in backends {
+        let ctx = Ctx {
+            scale,
+            backend,
+            launcher,
+        };
+        for scenario in scenarios(backend) {
+            if !selected(selection, &scenario) {
+                continue;
+            }
+            let outcome = run_one(&ctx, &scenario);
+            println!("{outcome}");
+            outcomes.push(outcome);
+        }
+    }
+    outcomes
+}
+
+/// Panic messages of the scenarios' deliberate panics start with this; the
+/// panic hook keeps them quiet.
+pub const DELIBERATE: &str = "deliberate panic";
+
+/// Installs a panic hook that reports every panic but the deliberate ones.
+fn quiet_deliberate_panics() {
+    let report = panic::take_hook();
+    panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied());
+        if !message.is_some_and(|m| m.starts_with(DELIBERATE)) {
+            report(info);
+        }
+    }));
+}
+
+/// Runs one scenario under a watchdog; a panic is a failure with its message.
+fn run_one(ctx: &Ctx, scenario: &Scenario) -> Outcome {
+    let (finished, watchdog) = watchdog(
+        format!("{} {}", scenario.number, scenario.name),
+        deadline(ctx.scale),
+    );
+    let started = Instant::now();
+    let figures =
+        panic::catch_unwind(AssertUnwindSafe(|| (scenario.run)(ctx))).unwrap_or_else(|payload| {
+            let mut figures = Figures::default();
+            figures.check(false, format!("panicked: {}", panic_message(&payload)));
+            figures
+        });
+    drop(finished);
+    watchdog.join().unwrap();
+    Outcome {
+        backend: ctx.backend,
+        number: scenario.number,
+        name: scenario.name,
+        elapsed: started.elapsed(),
+        figures,
+    }
+}
+
+/// Ends the process with a failure if the returned sender is not dropped within
+/// `limit`: a hung scenario cannot report, and must not hang CI.
+fn watchdog(what: String, limit: Duration) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
+    let (finished, done) = mpsc::channel::<()>();
+    let handle = thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(limit) {
+            eprintln!("FAIL: scenario {what} hung for more than {limit:?}");
+            std::process::exit(2);
+        }
+    });
+    (finished, handle)
+}
+
+pub fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a non-string panic".to_owned())
+}
+
+/// The entry point of a worker process: `<backend> <kind> key=value…`. Returns
+/// the exit code.
+pub fn worker_main(args: &[String]) -> i32 {
+    let [backend, kind, rest @ ..] = args else {
+        eprintln!("usage: worker <backend> <kind> key=value…");
+        return 2;
+    };
+    procs::exit_with_runner();
+    let fields = Fields::parse(rest.iter().map(String::as_str));
+    let run = |worker: fn(&Fields) -> Figures| procs::report("done", &worker(&fields).to_fields());
+    macro_rules! dispatch {
+        ($backend:ident) => {
+            match kind.as_str() {
+                "drain" => run(claiming::$backend::drain_worker),
+                "hold" => run(claiming::$backend::hold_worker),
+                "bank" => run(money::$backend::bank_worker),
+                "exclusion" => run(leases::$backend::exclusion_worker),
+                "lease-holder" => run(leases::$backend::holder_worker),
+                _ => {
+                    eprintln!("unknown worker kind {kind:?}");
+                    return 2;
+                }
+            }
+        };
+    }
+    match backend.as_str() {
+        #[cfg(feature = "postgres")]
+        "postgres" => dispatch!(on_postgres),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => dispatch!(on_sqlite),
+        _ => {
+            eprintln!("unknown backend {backend:?}");
+            return 2;
+        }
+    }
+    0
+}
+
+/// A pool of `size` connections to `url`, set up as the tests set theirs up.
+pub trait Connect: diesel::r2d2::R2D2Connection + 'static {
+    fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>>;
+}
+
+#[cfg(feature = "postgres")]
+impl Connect for diesel::PgConnection {
+    fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
+        crate::common::pg_pool(url, size)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Connect for diesel::SqliteConnection {
+    fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
+        crate::common::sqlite_pool(url, size)
+    }
+}

@@ -1,0 +1,70 @@
+//! Tables the scenarios need beyond the tests' shop schema. None of them has a
+//! UNIQUE constraint the invariant could lean on: the crate alone must keep it.
+
+diesel::table! {
+    /// Every committed transfer, to find lost updates: each balance must equal
+    /// its start plus what the ledger says came in minus what went out.
+    ledger (id) {
+        id -> Integer,
+        from_id -> Integer,
+        to_id -> Integer,
+        amount -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// How many lease holders are inside the critical section right now.
+    occupancy (id) {
+        id -> Integer,
+        inside -> Integer,
+    }
+}
+
+diesel::table! {
+    /// A downstream resource that accepts a write only with a fencing token at
+    /// least as new as the last one it has seen.
+    fenced (id) {
+        id -> Integer,
+        token -> BigInt,
+        writer -> Text,
+    }
+}
+
+diesel::table! {
+    /// Reserved user names: one active row per name, kept by a lease.
+    reservations (id) {
+        id -> Integer,
+        name -> Text,
+        holder -> Integer,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(ledger, occupancy, fenced, reservations);
+
+/// The SQL creating the tables above, and the index the claim's candidate scan
+/// needs (as the crate's documentation says): without it each page of the scan
+/// reads every row after the cursor, and a drain of 10^5 rows slows to a crawl
+/// at its end, when few rows are left pending.
+pub fn create_sql(row_locks: bool) -> String {
+    let serial = if row_locks {
+        "SERIAL PRIMARY KEY"
+    } else {
+        "INTEGER PRIMARY KEY"
+    };
+    format!(
+        "CREATE TABLE ledger (id {serial}, from_id INTEGER NOT NULL, to_id INTEGER NOT NULL, \
+             amount BIGINT NOT NULL);
+         CREATE TABLE occupancy (id INTEGER PRIMARY KEY, inside INTEGER NOT NULL);
+         INSERT INTO occupancy (id, inside) VALUES (1, 0);
+         CREATE TABLE fenced (id INTEGER PRIMARY KEY, token BIGINT NOT NULL, writer TEXT NOT NULL);
+         INSERT INTO fenced (id, token, writer) VALUES (1, 0, 'nobody');
+         CREATE TABLE reservations (id {serial}, name TEXT NOT NULL, holder INTEGER NOT NULL);
+         CREATE INDEX orders_pending ON orders (email_sent, shipped, id);"
+    )
+}
+
+/// Creates the tables above in a database that has the shop schema.
+pub fn create(conn: &mut impl diesel::connection::SimpleConnection, row_locks: bool) {
+    conn.batch_execute(&create_sql(row_locks))
+        .expect("cannot create the torture tables");
+}
