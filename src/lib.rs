@@ -188,6 +188,11 @@
 //!   three statements in a transaction of their own.
 //!   [`VersionedUpdate::get_result`] is not available.
 //! - **No partial indexes.** Index `(flag, id)` for a query filtering on `flag`.
+//! - **Deadlocks between claimers.** InnoDB locks a row's entry in each index
+//!   separately, so a claim whose locking read goes through the flag's index can
+//!   deadlock with another claim's closure updating that flag. The victim's batch
+//!   is rolled back and stays pending, and the call ends with
+//!   [`Error::Deadlock`]: call again (it is transient; [`retry`] does it).
 //! - **Errors.** `innodb_lock_wait_timeout` and `NOWAIT` are
 //!   [`Error::LockNotAvailable`], 1213 is [`Error::Deadlock`], and a server
 //!   without `SKIP LOCKED` (MySQL before 8.0.1, MariaDB before 10.6) gives

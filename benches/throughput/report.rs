@@ -1,0 +1,394 @@
+//! The printed report: markdown tables (to paste into BENCHMARKS.md) and the
+//! bar checks.
+
+use std::fmt::Write;
+
+use crate::contention::ContentionRun;
+use crate::db::BackendKind;
+use crate::drain::{DrainRun, EmptyQueueCheck, Mode};
+use crate::index_effect::{IndexEffect, IndexRun};
+use crate::memory::{MemoryMode, MemoryRun};
+
+/// Every figure one run measured.
+#[derive(Debug, Default)]
+pub struct Results {
+    /// The fastest run of each backend, mode and worker count.
+    pub drains: Vec<DrainRun>,
+    /// Correctness failures of every drain run, fastest or not.
+    pub drain_failures: Vec<String>,
+    pub contention: Vec<ContentionRun>,
+    pub empty_queue: Vec<EmptyQueueCheck>,
+    pub memory: Vec<MemoryRun>,
+    pub index_effect: Vec<IndexEffect>,
+}
+
+impl Results {
+    fn drain(&self, backend: BackendKind, mode: Mode, workers: usize) -> Option<&DrainRun> {
+        self.drains
+            .iter()
+            .find(|run| run.backend == backend && run.mode == mode && run.workers == workers)
+    }
+
+    /// Rows/s of `run` over its hand-written twin's at the same backend and W.
+    pub fn versus_twin(&self, run: &DrainRun) -> Option<f64> {
+        let twin = self.drain(run.backend, run.mode.twin()?, run.workers)?;
+        Some(run.rows_per_sec() / twin.rows_per_sec())
+    }
+
+    /// Every correctness failure: these, and only these, fail the run.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = self.drain_failures.clone();
+        for run in self.contention.iter().filter(|run| run.lost_updates != 0) {
+            failures.push(format!(
+                "{} B5 {:?} K={} W={}: {} lost updates",
+                run.backend.name(),
+                run.approach,
+                run.hot,
+                run.workers,
+                run.lost_updates
+            ));
+        }
+        for effect in &self.index_effect {
+            failures.extend(effect.failures());
+        }
+        for check in self.empty_queue.iter().filter(|check| !check.passed()) {
+            failures.push(format!("{} empty queue: {check:?}", check.backend.name()));
+        }
+        failures
+    }
+}
+
+pub fn drain_table(results: &Results) -> String {
+    let header = [
+        ("backend", Text),
+        ("mode", Text),
+        ("W", Number),
+        ("rows/s", Number),
+        ("× twin", Number),
+        ("commits/row", Number),
+        ("statements/row", Number),
+        ("duplicates", Number),
+        ("leftovers", Number),
+    ];
+    let rows = results.drains.iter().map(|run| {
+        let processed = run.processed.max(1) as f64;
+        let twin = results
+            .versus_twin(run)
+            .map(|ratio| format!("{ratio:.2} ({})", run.mode.twin().expect("a twin")))
+            .unwrap_or_default();
+        vec![
+            run.backend.name().to_owned(),
+            run.mode.to_string(),
+            run.workers.to_string(),
+            format!("{:.0}", run.rows_per_sec()),
+            twin,
+            format!("{:.3}", run.commits as f64 / processed),
+            format!("{:.3}", run.statements as f64 / processed),
+            run.checks.duplicates.to_string(),
+            run.checks.leftovers.to_string(),
+        ]
+    });
+    markdown_table(&header, rows)
+}
+
+/// A line per drain whose transactions (or crate calls) deadlocked and ran again.
+pub fn deadlock_lines(results: &Results) -> String {
+    let mut out = String::new();
+    for run in results.drains.iter().filter(|run| run.deadlocks > 0) {
+        let _ = writeln!(
+            out,
+            "- {} {} W={}: {} deadlock victim(s) run again",
+            run.backend.name(),
+            run.mode,
+            run.workers,
+            run.deadlocks
+        );
+    }
+    out
+}
+
+pub const DRAIN_TABLE_NOTES: &str = "\
+- statements: every statement the client sent (Diesel `StartQuery` events), `BEGIN` and
+  `COMMIT` included; commits: PostgreSQL `pg_stat_database.xact_commit` delta, which
+  counts every transaction, read-only and implicit (one per statement outside
+  `BEGIN`) ones included; SQLite and MySQL: `COMMIT`s plus writes outside a
+  transaction, counted from the statements sent.
+- × twin: rows/s over the hand-written twin's at the same backend and W (B2/B0,
+  B3/B3h at the same n, M1/B1 and M2/B1 at n = 100).";
+
+pub fn contention_table(runs: &[ContentionRun]) -> String {
+    let header = [
+        ("backend", Text),
+        ("K", Number),
+        ("W", Number),
+        ("approach", Text),
+        ("successes/s", Number),
+        ("retries/success", Number),
+        ("gave up", Number),
+        ("lost updates", Number),
+    ];
+    let rows = runs.iter().map(|run| {
+        vec![
+            run.backend.name().to_owned(),
+            run.hot.to_string(),
+            run.workers.to_string(),
+            run.approach.name().to_owned(),
+            format!("{:.0}", run.successes_per_sec()),
+            format!("{:.3}", run.retries_per_success()),
+            run.tally.gave_up.to_string(),
+            run.lost_updates.to_string(),
+        ]
+    });
+    markdown_table(&header, rows)
+}
+
+pub fn empty_queue_lines(checks: &[EmptyQueueCheck]) -> String {
+    let mut out = String::new();
+    for check in checks {
+        let server = check
+            .server_transactions
+            .map(|n| format!(", {n} transaction(s) counted by the server"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "- {}: one `claim_each` on an empty queue sent {} statement(s), {} BEGIN, {} \
+             COMMIT{server}: {}",
+            check.backend.name(),
+            check.sent.statements,
+            check.sent.begins,
+            check.sent.commits,
+            if check.passed() { "ok" } else { "FAILED" },
+        );
+    }
+    out
+}
+
+/// One row per measure and backend: without the index, with it, and how many
+/// times faster it is with it.
+pub fn index_effect_table(effects: &[IndexEffect]) -> String {
+    let header = [
+        ("backend", Text),
+        ("rows (done + pending)", Text),
+        ("measure", Text),
+        ("without index", Number),
+        ("with index", Number),
+        ("× faster with", Number),
+    ];
+    let millis = |run: &IndexRun| run.empty_call.as_secs_f64() * 1e3;
+    type Measure = (&'static str, fn(&IndexRun) -> f64, bool);
+    let measures: [Measure; 3] = [
+        ("claim_each, nothing pending: ms/call", millis, true),
+        (
+            "drain, claim_each per row: rows/s",
+            |run| run.per_row,
+            false,
+        ),
+        ("drain, batch(100): rows/s", |run| run.batched, false),
+    ];
+    let rows = effects.iter().flat_map(|effect| {
+        measures.iter().map(move |&(what, value, lower_is_better)| {
+            let (without, with) = (value(&effect.without), value(&effect.with));
+            let faster = if lower_is_better {
+                without / with
+            } else {
+                with / without
+            };
+            vec![
+                effect.backend.name().to_owned(),
+                format!("{} + {}", effect.done, effect.pending),
+                what.to_owned(),
+                format_figure(without),
+                format_figure(with),
+                format!("{faster:.1}"),
+            ]
+        })
+    });
+    markdown_table(&header, rows)
+}
+
+/// Three significant figures or so, without a pointless fraction.
+fn format_figure(value: f64) -> String {
+    match value {
+        v if v >= 100.0 => format!("{v:.0}"),
+        v if v >= 1.0 => format!("{v:.2}"),
+        v => format!("{v:.4}"),
+    }
+}
+
+/// The plan of the empty call's candidate read, without and with the index.
+pub fn index_effect_plans(effects: &[IndexEffect]) -> String {
+    let mut out = String::new();
+    for effect in effects {
+        for (label, run) in effect.runs() {
+            let _ = writeln!(
+                out,
+                "- {}, {label} the index, candidate read ({} empty calls timed): {}",
+                effect.backend.name(),
+                run.empty_calls,
+                run.plan
+            );
+        }
+    }
+    out
+}
+
+pub fn memory_table(runs: &[MemoryRun]) -> String {
+    let header = [
+        ("backend", Text),
+        ("what was measured", Text),
+        ("pending rows", Number),
+        ("rows processed", Number),
+        ("peak RSS (VmHWM)", Number),
+    ];
+    let rows = runs.iter().map(|run| {
+        vec![
+            run.backend.name().to_owned(),
+            run.mode.describe(),
+            run.pending.to_string(),
+            run.processed.to_string(),
+            format!("{} KiB", run.peak_kib),
+        ]
+    });
+    markdown_table(&header, rows)
+}
+
+/// How a table column is aligned: text left, numbers right.
+#[derive(Clone, Copy)]
+enum Align {
+    Text,
+    Number,
+}
+use Align::{Number, Text};
+
+fn markdown_table(header: &[(&str, Align)], rows: impl Iterator<Item = Vec<String>>) -> String {
+    let line = |cells: Vec<&str>| format!("| {} |\n", cells.join(" | "));
+    let mut out = line(header.iter().map(|(name, _)| *name).collect());
+    out.push_str(&line(
+        header
+            .iter()
+            .map(|(_, align)| match align {
+                Text => "---",
+                Number => "--:",
+            })
+            .collect(),
+    ));
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// A bar of the spec and how the run fared against it.
+pub struct Bar {
+    pub what: String,
+    pub value: f64,
+    /// The value must be at least this (or at most, with `at_most`).
+    pub limit: f64,
+    pub at_most: bool,
+}
+
+impl Bar {
+    fn at_least(what: String, value: f64, limit: f64) -> Self {
+        Bar {
+            what,
+            value,
+            limit,
+            at_most: false,
+        }
+    }
+
+    pub fn met(&self) -> bool {
+        if self.at_most {
+            self.value <= self.limit
+        } else {
+            self.value >= self.limit
+        }
+    }
+
+    pub fn verdict(&self) -> String {
+        if self.met() {
+            "MET".to_owned()
+        } else {
+            let miss = (self.value / self.limit - 1.0).abs() * 100.0;
+            format!("MISSED by {miss:.1}%")
+        }
+    }
+}
+
+/// The bars this run's figures can be held against.
+pub fn bars(results: &Results) -> Vec<Bar> {
+    let mut bars = Vec::new();
+    for run in results.drains.iter().filter(|run| run.mode.is_crate_mode()) {
+        if let Some(ratio) = results.versus_twin(run) {
+            let twin = run.mode.twin().expect("a crate mode has a twin");
+            bars.push(Bar::at_least(
+                format!(
+                    "{} {} ≥ 0.9 × {twin}, W={}",
+                    run.backend.name(),
+                    run.mode,
+                    run.workers
+                ),
+                ratio,
+                0.9,
+            ));
+        }
+    }
+    for run in results.drains.iter().filter(|run| run.workers == 1) {
+        let at_four = results.drain(run.backend, run.mode, 4);
+        if let (true, true, Some(at_four)) = (
+            run.backend.has_row_locks(),
+            run.mode.skips_locked(),
+            at_four,
+        ) {
+            bars.push(Bar::at_least(
+                format!("{} {}: W=4 ≥ W=1", run.backend.name(), run.mode),
+                at_four.rows_per_sec() / run.rows_per_sec(),
+                1.0,
+            ));
+        }
+    }
+    for (backend, mode) in BackendKind::ALL
+        .into_iter()
+        .flat_map(|backend| MemoryMode::ALL.map(|mode| (backend, mode)))
+    {
+        let peak = |pending| {
+            results
+                .memory
+                .iter()
+                .find(|run| run.backend == backend && run.mode == mode && run.pending == pending)
+                .map(|run| run.peak_kib as f64)
+        };
+        if let (Some(small), Some(large)) = (peak(10_000), peak(1_000_000)) {
+            bars.push(Bar {
+                what: format!(
+                    "{} peak RSS at 10^6 ≤ 2 × at 10^4: {}",
+                    backend.name(),
+                    mode.describe()
+                ),
+                value: large / small,
+                limit: 2.0,
+                at_most: true,
+            });
+        }
+    }
+    bars
+}
+
+pub fn bar_lines(bars: &[Bar]) -> String {
+    let mut out = String::new();
+    for bar in bars {
+        let _ = writeln!(out, "- {}: {:.2} — {}", bar.what, bar.value, bar.verdict());
+    }
+    out
+}
+
+/// The modes a backend ran, in run order, for the plot's lines.
+pub fn modes_run(results: &Results, backend: BackendKind) -> Vec<Mode> {
+    let mut modes: Vec<Mode> = Vec::new();
+    for run in results.drains.iter().filter(|run| run.backend == backend) {
+        if !modes.contains(&run.mode) {
+            modes.push(run.mode);
+        }
+    }
+    modes
+}
