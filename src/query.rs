@@ -7,7 +7,7 @@
 use diesel::backend::Backend;
 use diesel::expression::{is_aggregate, AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{Bool, SingleValue};
+use diesel::sql_types::Bool;
 use diesel::{QueryResult, RunQueryDsl};
 
 use crate::backend::ClaimBackend;
@@ -142,6 +142,37 @@ where
 
 impl<Q, Conn> RunQueryDsl<Conn> for Locked<Q> {}
 
+/// The `Expression` side of a predicate on a key column: a boolean that
+/// appears on the column's table, is never an aggregate, and whose SQL is only
+/// known at run time (Diesel then caches its statement by the SQL text).
+macro_rules! key_predicate {
+    ($name:ident<Column, $other:ident>) => {
+        impl<Column: Expression, $other> Expression for $name<Column, $other> {
+            type SqlType = Bool;
+        }
+
+        impl<Column, $other, QS> AppearsOnTable<QS> for $name<Column, $other>
+        where
+            Self: Expression,
+            Column: AppearsOnTable<QS>,
+        {
+        }
+
+        impl<Column, $other, GroupBy> ValidGrouping<GroupBy> for $name<Column, $other> {
+            type IsAggregate = is_aggregate::Never;
+        }
+
+        impl<Column, $other> QueryId for $name<Column, $other> {
+            type QueryId = ();
+            const HAS_STATIC_QUERY_ID: bool = false;
+        }
+    };
+}
+
+key_predicate!(InRange<Column, K>);
+key_predicate!(KeysIn<Column, Subquery>);
+key_predicate!(InList<Column, K>);
+
 /// A range of primary-key values, in the database's order of the key.
 #[derive(Debug, Clone)]
 pub struct KeyRange<K> {
@@ -194,30 +225,6 @@ pub struct InRange<Column, K> {
     pub range: KeyRange<K>,
 }
 
-impl<Column, K> Expression for InRange<Column, K>
-where
-    Column: Expression,
-    Column::SqlType: SingleValue,
-{
-    type SqlType = Bool;
-}
-
-impl<Column, K, QS> AppearsOnTable<QS> for InRange<Column, K>
-where
-    Self: Expression,
-    Column: AppearsOnTable<QS>,
-{
-}
-
-impl<Column, K, GroupBy> ValidGrouping<GroupBy> for InRange<Column, K> {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<Column, K> QueryId for InRange<Column, K> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
 impl<Column, K, DB> QueryFragment<DB> for InRange<Column, K>
 where
     DB: Backend,
@@ -261,26 +268,6 @@ where
 pub struct KeysIn<Column, Subquery> {
     pub column: Column,
     pub subquery: Subquery,
-}
-
-impl<Column: Expression, Subquery> Expression for KeysIn<Column, Subquery> {
-    type SqlType = Bool;
-}
-
-impl<Column, Subquery, QS> AppearsOnTable<QS> for KeysIn<Column, Subquery>
-where
-    Self: Expression,
-    Column: AppearsOnTable<QS>,
-{
-}
-
-impl<Column, Subquery, GroupBy> ValidGrouping<GroupBy> for KeysIn<Column, Subquery> {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<Column, Subquery> QueryId for KeysIn<Column, Subquery> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<Column, Subquery, DB> QueryFragment<DB> for KeysIn<Column, Subquery>
@@ -408,30 +395,6 @@ impl<Columns, From, Where, Conn> RunQueryDsl<Conn> for SelectWhere<Columns, From
 pub struct InList<Column, K> {
     pub column: Column,
     pub keys: Vec<K>,
-}
-
-impl<Column, K> Expression for InList<Column, K>
-where
-    Column: Expression,
-    Column::SqlType: SingleValue,
-{
-    type SqlType = Bool;
-}
-
-impl<Column, K, QS> AppearsOnTable<QS> for InList<Column, K>
-where
-    Self: Expression,
-    Column: AppearsOnTable<QS>,
-{
-}
-
-impl<Column, K, GroupBy> ValidGrouping<GroupBy> for InList<Column, K> {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<Column, K> QueryId for InList<Column, K> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<Column, K, DB> QueryFragment<DB> for InList<Column, K>
