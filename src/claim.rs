@@ -216,7 +216,7 @@ impl<Q> ClaimBuilder<Q> {
 
     /// Runs the claim, calling `f` for every claimed row: see
     /// [`ClaimDsl::claim_each`] and [`batch`](Self::batch).
-    pub fn each<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
+    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
         C: Connection,
@@ -224,9 +224,7 @@ impl<Q> ClaimBuilder<Q> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
-        self.each_batch(conn, |conn, rows| {
-            rows.into_iter().try_for_each(|row| f(&mut *conn, row))
-        })
+        self.each_batch(conn, per_row(f))
     }
 
     /// Runs the claim, calling `f` once per claimed batch with its rows, in key
@@ -379,7 +377,7 @@ enum Taking {
 
 impl<Q, V> MarkedClaim<Q, V> {
     /// Runs the claim, calling `f` for every claimed (and marked) row.
-    pub fn each<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
+    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: MarkQuery<'q, C, R, V>,
         C: Connection,
@@ -387,9 +385,7 @@ impl<Q, V> MarkedClaim<Q, V> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
-        self.each_batch(conn, |conn, rows| {
-            rows.into_iter().try_for_each(|row| f(&mut *conn, row))
-        })
+        self.each_batch(conn, per_row(f))
     }
 
     /// Runs the claim, calling `f` once per claimed (and marked) batch, rows in no
@@ -414,6 +410,13 @@ impl<Q, V> MarkedClaim<Q, V> {
         };
         claim.start(conn, taking, mark)?.run(conn, f)
     }
+}
+
+/// A batch closure that calls `f` for each row of the batch, in order.
+fn per_row<C, R, E>(
+    mut f: impl FnMut(&mut C, R) -> Result<(), E>,
+) -> impl FnMut(&mut C, Vec<R>) -> Result<(), E> {
+    move |conn, rows| rows.into_iter().try_for_each(|row| f(&mut *conn, row))
 }
 
 /// One run of a claim: its options, how it takes rows, and its progress.
