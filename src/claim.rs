@@ -25,7 +25,12 @@ use crate::{Error, LockStrength, OnLocked};
 /// Rows read per page of the unlocked candidate scan, unless batches are large.
 const DEFAULT_PAGE_SIZE: i64 = 1000;
 
-/// Batches per page of the candidate scan, by default.
+/// Rows read per page of the candidate scan, at least, when takes may run
+/// past their page.
+const MIN_OPEN_PAGE_SIZE: i64 = 100;
+
+/// Batches per page of the candidate scan, by default, when takes keep to
+/// their page.
 const BATCHES_PER_PAGE: i64 = 10;
 
 /// What one call of [`claim_each`](ClaimDsl::claim_each) did.
@@ -34,8 +39,9 @@ const BATCHES_PER_PAGE: i64 = 10;
 pub struct ClaimReport {
     /// Rows the closure processed and whose transaction committed.
     pub processed: u64,
-    /// Candidates this call did not process: locked by someone else, or no longer
-    /// matching the query when it came to lock them.
+    /// Candidates this call read and did not process: locked by someone else, or
+    /// no longer matching the query when it came to lock them. (Rows a locking
+    /// statement passes over past the candidates read are not counted.)
     pub skipped: u64,
     /// Passes over the candidates (more than one only when draining).
     pub passes: u32,
@@ -192,20 +198,30 @@ impl<Q> ClaimBuilder<Q> {
 
     /// Repeats until a pass claims nothing new: rows skipped because they were
     /// locked are tried again, and rows added beyond the highest key already
-    /// scanned are picked up.
+    /// scanned are picked up. (Without it, a pass picks up rows added beyond
+    /// only when it comes to them.)
     ///
     /// A row is never processed twice in one call, even when the closure leaves it
     /// matching the filter: later passes revisit only the rows found locked
     /// (one read per page tells those from rows others processed; they are then
     /// retried one row at a time) and the rows beyond the highest key scanned.
+    /// To tell what to retry, a drain keeps each batch within the page of
+    /// candidates it was read from: with many workers, every worker then reads
+    /// every page (see [`page_size`](Self::page_size)).
     pub fn drain(mut self) -> Self {
         self.drain = true;
         self
     }
 
-    /// Sets how many candidate keys one read of the unlocked scan fetches (default
-    /// 1000, or ten batches when that is more). Memory use is bounded by this and
-    /// the batch size, not by the number of pending rows.
+    /// Sets how many candidate keys one read of the unlocked scan fetches. Memory
+    /// use is bounded by this and the batch size, not by the number of pending
+    /// rows.
+    ///
+    /// By default, 100 keys or one batch, whichever is more: a batch may run
+    /// past its page, and the next page is read from where it ended, so workers
+    /// do not read the keys others take. When draining, or marking (whose rows
+    /// come back in no order), batches keep to their page and a page holds 1000
+    /// keys or ten batches.
     pub fn page_size(mut self, page_size: u32) -> Self {
         if page_size == 0 {
             self.lock.reject("page_size must be at least 1".to_owned());
@@ -312,6 +328,10 @@ impl<Q> ClaimBuilder<Q> {
             ));
         }
         let row_locks = <C::Backend as Strategy>::ROW_LOCKS;
+        // Rows that come back in key order tell how far a take went, so takes
+        // can run past the page; a drain keeps to its pages, whose candidates
+        // it retries.
+        let open_ended = taking == Taking::Select && !self.drain;
         Ok(Claim {
             query: &self.query,
             clause,
@@ -321,11 +341,17 @@ impl<Q> ClaimBuilder<Q> {
             one_statement_mark: row_locks && <C::Backend as Strategy>::UPDATE_RETURNING,
             fail_on_locked: row_locks && on_locked == OnLocked::Fail,
             batch: self.batch,
-            // Pages of several batches: workers that arrive at a page together
-            // then take whole batches from it, each passing over the others'.
-            page_size: self
-                .page_size
-                .unwrap_or(DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE))),
+            open_ended,
+            page_size: self.page_size.unwrap_or(if open_ended {
+                // Takes move on by themselves: reading much further ahead than
+                // a batch would only re-read keys other workers take first.
+                MIN_OPEN_PAGE_SIZE.max(self.batch)
+            } else {
+                // Pages of several batches: workers that arrive at a page
+                // together then take whole batches from it, each passing
+                // over the others'.
+                DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE))
+            }),
             drain: self.drain,
             remaining: self.max_rows.unwrap_or(u64::MAX),
             report: ClaimReport::default(),
@@ -432,6 +458,8 @@ struct Claim<'a, Q, K, T> {
     one_statement_mark: bool,
     fail_on_locked: bool,
     batch: i64,
+    /// Takes run past the end of their page: see [`Page::open_ended`].
+    open_ended: bool,
     page_size: i64,
     drain: bool,
     remaining: u64,
@@ -462,8 +490,8 @@ where
             // Draining: first the rows found locked last pass, then rows beyond
             // the highest key seen. Rows processed before are never visited again.
             for key in std::mem::take(&mut self.retry) {
-                let page = Page::new(Lower::From(key.clone()), vec![key]);
-                skipped += self.page(conn, page, &mut f)?;
+                let mut page = Page::new(Lower::From(key.clone()), vec![key], false);
+                skipped += self.page(conn, &mut page, &mut f)?;
             }
             while self.remaining > 0 {
                 let range = KeyRange::after(cursor.clone());
@@ -474,12 +502,19 @@ where
                 let full_page = keys.len() as i64 == self.page_size;
                 // A join to many rows repeats a key; keys come sorted.
                 keys.dedup();
-                let Some(last) = keys.last().cloned() else {
+                if keys.is_empty() {
                     break;
+                }
+                let start = cursor.take().map_or(Lower::Unbounded, Lower::After);
+                let mut page = Page::new(start, keys, self.open_ended);
+                skipped += self.page(conn, &mut page, &mut f)?;
+                cursor = Some(page.scanned_through());
+                let more = if self.open_ended {
+                    !page.ran_dry
+                } else {
+                    full_page
                 };
-                let start = cursor.replace(last).map_or(Lower::Unbounded, Lower::After);
-                skipped += self.page(conn, Page::new(start, keys), &mut f)?;
-                if !full_page {
+                if !more {
                     break;
                 }
             }
@@ -493,7 +528,12 @@ where
 
     /// Claims batches from one page of candidates until it has no more to give;
     /// returns how many of its candidates were not processed.
-    fn page<'q, C, R, E, F>(&mut self, conn: &mut C, mut page: Page<K>, f: &mut F) -> Result<u64, E>
+    fn page<'q, C, R, E, F>(
+        &mut self,
+        conn: &mut C,
+        page: &mut Page<K>,
+        f: &mut F,
+    ) -> Result<u64, E>
     where
         Q: ClaimQuery<'q, C, R, Key = K>,
         C: Connection,
@@ -503,7 +543,7 @@ where
         E: From<Error>,
     {
         while self.remaining > 0 && !page.exhausted {
-            self.batch(conn, &mut page, f)?;
+            self.batch(conn, page, f)?;
         }
         let skipped = page.unprocessed().count() as u64;
         if self.drain && self.row_locks && skipped > 0 && self.remaining > 0 {
@@ -591,7 +631,7 @@ where
     where
         Q: ClaimQuery<'q, C, R, Key = K>,
     {
-        range.through = Some(page.reached());
+        range.through = page.reached.clone();
         let taken: HashSet<K> = rows.iter().map(Q::key).collect();
         let keys = self.query.keys(conn, range, i64::MAX)?;
         if keys.iter().any(|key| !taken.contains(key)) {
@@ -610,14 +650,24 @@ struct Page<K> {
     keys: Vec<K>,
     position: HashMap<K, usize>,
     processed: Vec<bool>,
-    /// Rows processed that were not candidates: inserted since the scan.
+    /// Rows processed that were not candidates: inserted since the scan, or,
+    /// when open-ended, beyond the page.
     newcomers: HashSet<K>,
-    /// The last batch reached the end of the range.
+    /// Takes run past the page's last key, to its first claimable rows
+    /// wherever they are: the page's keys only tell which candidates the takes
+    /// passed over. Else takes keep to the page.
+    open_ended: bool,
+    /// The page has no more to give.
     exhausted: bool,
+    /// The last take came back short: nothing more in its range is claimable.
+    ran_dry: bool,
+    /// How far the takes have gone through the range, inclusive (`None`: to the
+    /// end of it, when open-ended).
+    reached: Option<K>,
 }
 
 impl<K: Clone + Eq + Hash> Page<K> {
-    fn new(start: Lower<K>, keys: Vec<K>) -> Self {
+    fn new(start: Lower<K>, keys: Vec<K>, open_ended: bool) -> Self {
         let position = keys.iter().cloned().zip(0..).collect();
         Page {
             next: start.clone(),
@@ -626,7 +676,10 @@ impl<K: Clone + Eq + Hash> Page<K> {
             keys,
             position,
             newcomers: HashSet::new(),
+            open_ended,
             exhausted: false,
+            ran_dry: false,
+            reached: None,
         }
     }
 
@@ -644,14 +697,14 @@ impl<K: Clone + Eq + Hash> Page<K> {
     fn next_range(&self) -> KeyRange<K> {
         KeyRange {
             lower: self.next.clone(),
-            through: Some(self.last().clone()),
+            through: (!self.open_ended).then(|| self.last().clone()),
         }
     }
 
-    /// The key up to which the page has been gone through.
-    fn reached(&self) -> K {
+    /// Where the scan for candidates goes on from after this page.
+    fn scanned_through(&self) -> K {
         match &self.next {
-            Lower::After(key) if !self.exhausted => key.clone(),
+            Lower::After(key) if self.open_ended => key.clone(),
             _ => self.last().clone(),
         }
     }
@@ -675,7 +728,9 @@ impl<K: Clone + Eq + Hash> Page<K> {
         Q: ClaimQuery<'q, C, R, Key = K>,
     {
         // Fewer rows than asked for: nothing more in the range is claimable now.
-        self.exhausted = (rows.len() as i64) < limit;
+        self.ran_dry = (rows.len() as i64) < limit;
+        self.exhausted = self.ran_dry;
+        let whole_range = self.next_range().through;
         // A join to many rows repeats a key, next to each other in key order.
         rows.dedup_by(|a, b| Q::key(a) == Q::key(b));
         let mut furthest = None;
@@ -706,8 +761,16 @@ impl<K: Clone + Eq + Hash> Page<K> {
             self.exhausted |= furthest.is_none();
             furthest.map(|index| self.keys[index].clone())
         };
+        self.reached = match &next {
+            Some(next) if !self.ran_dry => Some(next.clone()),
+            _ => whole_range,
+        };
         if let Some(next) = next {
-            self.exhausted |= &next == self.last();
+            // Open-ended, a take that ended on a key not in the page went past
+            // it (or, rarely, on a row inserted into it since the scan): the
+            // scan goes on from there.
+            self.exhausted |=
+                &next == self.last() || (self.open_ended && !self.position.contains_key(&next));
             self.next = Lower::After(next);
         }
         Ok(rows)

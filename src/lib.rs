@@ -63,11 +63,13 @@
 //! This is double-checked locking. An unlocked read pages through the query's
 //! primary keys (so nothing pending costs one query and no transaction, and memory
 //! does not grow with the number of pending rows). Then, in a transaction of its
-//! own, the *same* query, restricted to the page's keys not yet passed, is re-run
-//! in key order under `FOR NO KEY UPDATE OF <table> SKIP LOCKED LIMIT 1`: the first
-//! candidate that still matches and that nobody else holds is locked. Rows other
-//! workers have taken or are holding are passed over inside that one statement,
-//! not re-checked one transaction each, so workers do not slow each other down.
+//! own, the *same* query, restricted to keys past those already gone through, is
+//! re-run in key order under `FOR NO KEY UPDATE OF <table> SKIP LOCKED LIMIT 1`:
+//! the first row that still matches and that nobody else holds is locked. Rows
+//! other workers have taken or are holding are passed over inside that one
+//! statement, not re-checked one transaction each, and the next page is read from
+//! past the row locked, so workers neither slow each other down nor read the
+//! candidates others take.
 //! The closure runs in the transaction, which then commits. It sees the row as it
 //! is under the lock, not as the unlocked read saw it.
 //!
@@ -144,7 +146,7 @@
 //!   snapshot fails with [`Error::SerializationFailure`] instead, which is safe but
 //!   must be retried.
 //! - **Cost.** Per row: `BEGIN`, one locked read, the closure, `COMMIT`; plus one
-//!   unlocked read per page (1000 keys by default). Batches divide the
+//!   unlocked read per page (100 keys, or a batch). Batches divide the
 //!   transactions by their size. Index the pending predicate over the primary
 //!   key, for example `CREATE INDEX orders_pending ON orders (id) WHERE shipped AND
 //!   NOT email_sent`: both reads then walk only pending rows, however many rows
