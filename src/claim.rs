@@ -254,10 +254,12 @@ impl<Q> ClaimBuilder<Q> {
         E: From<Error>,
     {
         let query = &self.query;
+        let depth = transaction_depth(conn).map_err(Error::from)?;
+        let claim = self.start::<C::Backend, _>(Taking::Select, query.claimed_table(), depth)?;
         let select = |conn: &mut C, range, limit, clause: &LockClause| {
             query.rows(conn, range, limit, clause)
         };
-        self.start(conn, Taking::Select, select)?.run(conn, f)
+        drive(claim, query, conn, select, f)
     }
 
     /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
@@ -296,23 +298,19 @@ impl<Q> ClaimBuilder<Q> {
         }
     }
 
-    /// Checks the options and the connection, and sets up one run of the claim,
-    /// taking its rows with `take`, the statement `taking` describes.
-    fn start<'q, C, R, T>(
+    /// Checks the options, the claimed table (the locking clause's `OF`) and the
+    /// connection's transaction depth, and sets up one run of the claim, taking
+    /// its rows with the statement `taking` describes.
+    pub(crate) fn start<DB: ClaimBackend, K>(
         &self,
-        conn: &mut C,
         taking: Taking,
-        take: T,
-    ) -> Result<Claim<'_, Q, Q::Key, T>, Error>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: Connection,
-        C::Backend: ClaimBackend,
-    {
+        claimed_table: Result<Option<Arc<str>>, Error>,
+        transaction_depth: u32,
+    ) -> Result<Claim<K>, Error> {
         let (on_locked, clause) = self
             .lock
             .clone()
-            .resolve(OnLocked::Skip, || self.query.claimed_table())?;
+            .resolve(OnLocked::Skip, || claimed_table)?;
         if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
             return Err(Error::InvalidArgument(
                 "nowait cannot be combined with mark_and_commit: the mark commits before a \
@@ -320,25 +318,23 @@ impl<Q> ClaimBuilder<Q> {
                     .to_owned(),
             ));
         }
-        if transaction_depth(conn)? > 0 {
+        if transaction_depth > 0 {
             return Err(Error::InvalidArgument(
                 "a claim must run outside a transaction: each batch needs a transaction of \
                  its own, committed before the next"
                     .to_owned(),
             ));
         }
-        let row_locks = <C::Backend as Strategy>::ROW_LOCKS;
+        let row_locks = DB::ROW_LOCKS;
         // Rows that come back in key order tell how far a take went, so takes
         // can run past the page; a drain keeps to its pages, whose candidates
         // it retries.
         let open_ended = taking == Taking::Select && !self.drain;
         Ok(Claim {
-            query: &self.query,
             clause,
-            take,
             taking,
             row_locks,
-            one_statement_mark: row_locks && <C::Backend as Strategy>::UPDATE_RETURNING,
+            one_statement_mark: row_locks && DB::UPDATE_RETURNING,
             fail_on_locked: row_locks && on_locked == OnLocked::Fail,
             batch: self.batch,
             open_ended,
@@ -356,6 +352,10 @@ impl<Q> ClaimBuilder<Q> {
             remaining: self.max_rows.unwrap_or(u64::MAX),
             report: ClaimReport::default(),
             retry: Vec::new(),
+            state: State::Pass,
+            cursor: None,
+            skipped: 0,
+            processed_before_pass: 0,
         })
     }
 }
@@ -392,7 +392,7 @@ pub struct MarkedClaim<Q, V> {
 
 /// The statement a claim takes its rows with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Taking {
+pub(crate) enum Taking {
     /// A locking select: rows come back in key order.
     Select,
     /// A marking `UPDATE … RETURNING`: rows come back in no particular order.
@@ -431,10 +431,12 @@ impl<Q, V> MarkedClaim<Q, V> {
         } = self;
         Q::check_changes(&changes)?;
         let query = &claim.query;
+        let depth = transaction_depth(conn).map_err(Error::from)?;
+        let run = claim.start::<C::Backend, _>(taking, query.claimed_table(), depth)?;
         let mark = |conn: &mut C, range, limit, clause: &LockClause| {
             query.mark(conn, range, limit, clause, &changes)
         };
-        claim.start(conn, taking, mark)?.run(conn, f)
+        drive(run, query, conn, mark, f)
     }
 }
 
@@ -445,17 +447,17 @@ fn per_row<C, R, E>(
     move |conn, rows| rows.into_iter().try_for_each(|row| f(&mut *conn, row))
 }
 
-/// One run of a claim: its options, how it takes rows, and its progress.
-struct Claim<'a, Q, K, T> {
-    query: &'a Q,
-    clause: LockClause,
-    /// Claims up to `limit` rows of a key range: `(conn, range, limit, clause)`.
-    take: T,
-    taking: Taking,
+/// One run of a claim, as a state machine: [`next`](Self::next) says what to
+/// read or claim next, and the driver (blocking here, async in `aio`) reports
+/// back what it read. Everything but the I/O and the closure is decided here, so
+/// both drivers claim alike.
+pub(crate) struct Claim<K> {
+    pub(crate) clause: LockClause,
+    pub(crate) taking: Taking,
     row_locks: bool,
     /// A mark is one statement that is atomic on its own (`UPDATE … RETURNING`
     /// with row locks).
-    one_statement_mark: bool,
+    pub(crate) one_statement_mark: bool,
     fail_on_locked: bool,
     batch: i64,
     /// Takes run past the end of their page: see [`Page::open_ended`].
@@ -467,177 +469,284 @@ struct Claim<'a, Q, K, T> {
     /// Candidates found locked by others in this pass, to retry in the next
     /// (only when draining, on backends with row locks).
     retry: Vec<K>,
+    state: State<K>,
+    /// The highest key scanned for candidates so far.
+    cursor: Option<K>,
+    /// Candidates passed over in this pass.
+    skipped: u64,
+    processed_before_pass: u64,
 }
 
-impl<'a, Q, K, T> Claim<'a, Q, K, T>
-where
-    K: Clone + Eq + Hash,
-{
-    fn run<'q, C, R, E, F>(mut self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R, Key = K>,
-        C: Connection,
-        C::Backend: ClaimBackend,
-        T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let mut cursor = None;
+/// What a claim does next, for its driver to carry out.
+pub(crate) enum Step<K> {
+    /// Read up to `limit` keys of the query's rows in the range, without locks,
+    /// and hand them to [`Claim::candidates`].
+    Candidates(KeyRange<K>, i64),
+    /// Read every key of the query's rows in the range, without locks, and hand
+    /// them to [`Claim::still_matching`].
+    StillMatching(KeyRange<K>),
+    /// Claim up to `limit` rows of the range, in a transaction of the batch's
+    /// own (see [`Claim::taken`]), run the closure, and report to
+    /// [`Claim::processed`].
+    Batch(KeyRange<K>, i64),
+    /// The claim is over.
+    Done(ClaimReport),
+}
+
+enum State<K> {
+    /// A pass begins: the candidates found locked in the last pass come first.
+    Pass,
+    /// Retrying those, one page each.
+    Retry(std::vec::IntoIter<K>),
+    /// Reading the next page of candidates.
+    Scan,
+    /// Waiting for a page of candidates.
+    Scanning,
+    /// Claiming batches from a page; `then` comes after it.
+    Page(Page<K>, Then<K>),
+    /// Waiting to learn which of the page's unprocessed candidates still match.
+    Sorting(Page<K>, Then<K>),
+    /// The pass is over.
+    PassEnd,
+    Done,
+}
+
+/// Where a claim goes after a page.
+enum Then<K> {
+    Retry(std::vec::IntoIter<K>),
+    Scan,
+    PassEnd,
+}
+
+impl<K> From<Then<K>> for State<K> {
+    fn from(then: Then<K>) -> Self {
+        match then {
+            Then::Retry(keys) => State::Retry(keys),
+            Then::Scan => State::Scan,
+            Then::PassEnd => State::PassEnd,
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash> Claim<K> {
+    /// What to do next.
+    pub(crate) fn next(&mut self) -> Step<K> {
         loop {
-            self.report.passes += 1;
-            let processed_before = self.report.processed;
-            let mut skipped = 0;
-            // Draining: first the rows found locked last pass, then rows beyond
-            // the highest key seen. Rows processed before are never visited again.
-            for key in std::mem::take(&mut self.retry) {
-                let mut page = Page::new(Lower::From(key.clone()), vec![key], false);
-                skipped += self.page(conn, &mut page, &mut f)?;
-            }
-            while self.remaining > 0 {
-                let range = KeyRange::after(cursor.clone());
-                let mut keys = self
-                    .query
-                    .keys(conn, range, self.page_size)
-                    .map_err(Error::from)?;
-                let full_page = keys.len() as i64 == self.page_size;
-                // A join to many rows repeats a key; keys come sorted.
-                keys.dedup();
-                if keys.is_empty() {
-                    break;
+            match std::mem::replace(&mut self.state, State::Done) {
+                State::Pass => {
+                    self.report.passes += 1;
+                    self.processed_before_pass = self.report.processed;
+                    self.skipped = 0;
+                    // Rows processed before are never visited again: only the
+                    // rows found locked, then rows beyond the highest key seen.
+                    self.state = State::Retry(std::mem::take(&mut self.retry).into_iter());
                 }
-                let start = cursor.take().map_or(Lower::Unbounded, Lower::After);
-                let mut page = Page::new(start, keys, self.open_ended);
-                skipped += self.page(conn, &mut page, &mut f)?;
-                cursor = Some(page.scanned_through());
-                let more = if self.open_ended {
-                    !page.ran_dry
-                } else {
-                    full_page
-                };
-                if !more {
-                    break;
+                State::Retry(mut keys) => {
+                    self.state = match keys.next() {
+                        Some(key) => {
+                            let page = Page::new(Lower::From(key.clone()), vec![key], false);
+                            State::Page(page, Then::Retry(keys))
+                        }
+                        None => State::Scan,
+                    };
                 }
-            }
-            let claimed_nothing_new = self.report.processed == processed_before;
-            if !self.drain || claimed_nothing_new || self.remaining == 0 {
-                self.report.skipped = skipped;
-                return Ok(self.report);
+                State::Scan if self.remaining > 0 => {
+                    self.state = State::Scanning;
+                    return Step::Candidates(KeyRange::after(self.cursor.clone()), self.page_size);
+                }
+                State::Scan => self.state = State::PassEnd,
+                State::Page(page, then) if self.remaining > 0 && !page.exhausted => {
+                    let limit = i64::try_from(self.remaining)
+                        .map_or(self.batch, |left| left.min(self.batch));
+                    let range = page.next_range();
+                    self.state = State::Page(page, then);
+                    return Step::Batch(range, limit);
+                }
+                State::Page(page, then) => {
+                    let then = match then {
+                        Then::Retry(keys) => Then::Retry(keys),
+                        // An open-ended take that came back short found nothing
+                        // claimable beyond.
+                        _ if self.open_ended && page.ran_dry => Then::PassEnd,
+                        scanned => scanned,
+                    };
+                    if !matches!(then, Then::Retry(_)) {
+                        self.cursor = Some(page.scanned_through());
+                    }
+                    let unprocessed = page.unprocessed().count() as u64;
+                    self.skipped += unprocessed;
+                    if self.drain && self.row_locks && unprocessed > 0 && self.remaining > 0 {
+                        // One read tells the candidates locked by others (still
+                        // matching) from those others have processed since.
+                        let range = page.whole_range();
+                        self.state = State::Sorting(page, then);
+                        return Step::StillMatching(range);
+                    }
+                    self.state = then.into();
+                }
+                State::PassEnd => {
+                    let claimed_nothing_new = self.report.processed == self.processed_before_pass;
+                    if !self.drain || claimed_nothing_new || self.remaining == 0 {
+                        self.report.skipped = self.skipped;
+                        return Step::Done(self.report);
+                    }
+                    self.state = State::Pass;
+                }
+                State::Done => return Step::Done(self.report),
+                State::Scanning | State::Sorting(..) => {
+                    unreachable!("a claim's driver skipped a read it was asked for")
+                }
             }
         }
     }
 
-    /// Claims batches from one page of candidates until it has no more to give;
-    /// returns how many of its candidates were not processed.
-    fn page<'q, C, R, E, F>(
-        &mut self,
-        conn: &mut C,
-        page: &mut Page<K>,
-        f: &mut F,
-    ) -> Result<u64, E>
-    where
-        Q: ClaimQuery<'q, C, R, Key = K>,
-        C: Connection,
-        C::Backend: ClaimBackend,
-        T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        while self.remaining > 0 && !page.exhausted {
-            self.batch(conn, page, f)?;
+    /// The keys [`Step::Candidates`] read.
+    pub(crate) fn candidates(&mut self, mut keys: Vec<K>) {
+        let full_page = keys.len() as i64 == self.page_size;
+        // A join to many rows repeats a key; keys come sorted.
+        keys.dedup();
+        if keys.is_empty() {
+            self.state = State::PassEnd;
+            return;
         }
-        let skipped = page.unprocessed().count() as u64;
-        if self.drain && self.row_locks && skipped > 0 && self.remaining > 0 {
-            // One read tells the candidates locked by others (still matching)
-            // from those others have processed since the scan.
-            let still_matching: HashSet<K> = self
-                .query
-                .keys(conn, page.whole_range(), i64::MAX)
-                .map_err(Error::from)?
-                .into_iter()
-                .collect();
-            let locked = page
-                .unprocessed()
-                .filter(|key| still_matching.contains(key));
-            self.retry.extend(locked.cloned());
-        }
-        Ok(skipped)
-    }
-
-    /// Claims the page's next batch, in a transaction of its own, and runs `f`
-    /// on it.
-    fn batch<'q, C, R, E, F>(
-        &mut self,
-        conn: &mut C,
-        page: &mut Page<K>,
-        f: &mut F,
-    ) -> Result<(), E>
-    where
-        Q: ClaimQuery<'q, C, R, Key = K>,
-        C: Connection,
-        C::Backend: ClaimBackend,
-        T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let limit = i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch));
-        let range = page.next_range();
-        let ordered = self.taking == Taking::Select;
-        let processed = if self.taking == Taking::MarkAndCommit {
-            let rows = if self.one_statement_mark {
-                (self.take)(conn, range, limit, &self.clause).map_err(Error::from)?
-            } else {
-                // SQLite: a lone `UPDATE` would read first and then fail to take
-                // the write lock if another writer got in between. MySQL: the mark
-                // is three statements.
-                locking_transaction(conn, |conn| {
-                    (self.take)(conn, range, limit, &self.clause).map_err(Error::from)
-                })?
-            };
-            let rows = page.record::<Q, _, _>(rows, limit, ordered)?;
-            let processed = rows.len();
-            if processed > 0 {
-                f(conn, rows)?;
-            }
-            processed
+        let start = self.cursor.take().map_or(Lower::Unbounded, Lower::After);
+        let page = Page::new(start, keys, self.open_ended);
+        // Closed pages end where they end; open-ended ones where the takes got to.
+        let then = if self.open_ended || full_page {
+            Then::Scan
         } else {
-            locking_transaction(conn, |conn| {
-                let rows =
-                    (self.take)(conn, range.clone(), limit, &self.clause).map_err(Error::from)?;
-                let rows = page.record::<Q, _, _>(rows, limit, ordered)?;
-                if self.fail_on_locked {
-                    self.check_none_locked(conn, range, page, &rows)?;
-                }
-                let processed = rows.len();
-                if processed > 0 {
-                    f(conn, rows)?;
-                }
-                Ok::<_, E>(processed)
-            })?
+            Then::PassEnd
         };
-        self.report.processed += processed as u64;
-        self.remaining -= processed as u64;
-        Ok(())
+        self.state = State::Page(page, then);
     }
 
-    /// Fails if a row of `range` up to where this batch reached still matches
-    /// the query but is not in the batch: someone else holds its lock.
-    fn check_none_locked<'q, C, R>(
-        &self,
-        conn: &mut C,
-        mut range: KeyRange<K>,
-        page: &Page<K>,
-        rows: &[R],
-    ) -> Result<(), Error>
-    where
-        Q: ClaimQuery<'q, C, R, Key = K>,
-    {
+    /// The keys [`Step::StillMatching`] read.
+    pub(crate) fn still_matching(&mut self, keys: Vec<K>) {
+        let State::Sorting(page, then) = std::mem::replace(&mut self.state, State::Done) else {
+            unreachable!("still_matching without a page to sort");
+        };
+        let still_matching: HashSet<K> = keys.into_iter().collect();
+        let locked = page
+            .unprocessed()
+            .filter(|key| still_matching.contains(key));
+        self.retry.extend(locked.cloned());
+        self.state = then.into();
+    }
+
+    /// Records the rows a [`Step::Batch`] claimed (it asked for `limit`), in its
+    /// transaction, and returns them as the closure gets them.
+    pub(crate) fn taken<R>(
+        &mut self,
+        rows: Vec<R>,
+        limit: i64,
+        key_of: impl Fn(&R) -> K,
+    ) -> Result<Vec<R>, Error> {
+        let ordered = self.taking == Taking::Select;
+        let State::Page(page, _) = &mut self.state else {
+            unreachable!("rows taken outside a page");
+        };
+        page.record(rows, limit, ordered, key_of)
+    }
+
+    /// With [`nowait`](ClaimBuilder::nowait), the range to read keys of (without
+    /// locks) after [`taken`](Self::taken), for
+    /// [`verify_none_locked`](Self::verify_none_locked): the batch's range up to
+    /// where it reached.
+    pub(crate) fn locked_check(&self, mut range: KeyRange<K>) -> Option<KeyRange<K>> {
+        let State::Page(page, _) = &self.state else {
+            return None;
+        };
         range.through = page.reached.clone();
-        let taken: HashSet<K> = rows.iter().map(Q::key).collect();
-        let keys = self.query.keys(conn, range, i64::MAX)?;
+        self.fail_on_locked.then_some(range)
+    }
+
+    /// Fails if a key [`locked_check`](Self::locked_check)'s range still
+    /// matches the query but is not in the batch: someone else holds its lock.
+    pub(crate) fn verify_none_locked<R>(
+        &self,
+        keys: Vec<K>,
+        rows: &[R],
+        key_of: impl Fn(&R) -> K,
+    ) -> Result<(), Error> {
+        let taken: HashSet<K> = rows.iter().map(key_of).collect();
         if keys.iter().any(|key| !taken.contains(key)) {
             return Err(Error::LockNotAvailable);
         }
         Ok(())
+    }
+
+    /// The batch committed with `rows` processed.
+    pub(crate) fn processed(&mut self, rows: usize) {
+        self.report.processed += rows as u64;
+        self.remaining -= rows as u64;
+    }
+}
+
+/// Runs a claim on a blocking connection: its reads, and its batches each in a
+/// transaction of their own, claimed by `take`.
+fn drive<'q, Q, C, R, K, T, E, F>(
+    mut claim: Claim<K>,
+    query: &Q,
+    conn: &mut C,
+    mut take: T,
+    mut f: F,
+) -> Result<ClaimReport, E>
+where
+    Q: ClaimQuery<'q, C, R, Key = K>,
+    K: Clone + Eq + Hash,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+    E: From<Error>,
+{
+    loop {
+        match claim.next() {
+            Step::Candidates(range, limit) => {
+                let keys = query.keys(conn, range, limit).map_err(Error::from)?;
+                claim.candidates(keys);
+            }
+            Step::StillMatching(range) => {
+                let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                claim.still_matching(keys);
+            }
+            Step::Batch(range, limit) if claim.taking == Taking::MarkAndCommit => {
+                let rows = if claim.one_statement_mark {
+                    take(conn, range, limit, &claim.clause).map_err(Error::from)?
+                } else {
+                    // SQLite: a lone `UPDATE` would read first and then fail to
+                    // take the write lock if another writer got in between.
+                    // MySQL: the mark is three statements.
+                    locking_transaction(conn, |conn| {
+                        take(conn, range, limit, &claim.clause).map_err(Error::from)
+                    })?
+                };
+                let rows = claim.taken(rows, limit, Q::key)?;
+                let processed = rows.len();
+                if processed > 0 {
+                    f(conn, rows)?;
+                }
+                claim.processed(processed);
+            }
+            Step::Batch(range, limit) => {
+                let processed = locking_transaction(conn, |conn| {
+                    let rows =
+                        take(conn, range.clone(), limit, &claim.clause).map_err(Error::from)?;
+                    let rows = claim.taken(rows, limit, Q::key)?;
+                    if let Some(range) = claim.locked_check(range) {
+                        let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                        claim.verify_none_locked(keys, &rows, Q::key)?;
+                    }
+                    let processed = rows.len();
+                    if processed > 0 {
+                        f(conn, rows)?;
+                    }
+                    Ok::<_, E>(processed)
+                })?;
+                claim.processed(processed);
+            }
+            Step::Done(report) => return Ok(report),
+        }
     }
 }
 
@@ -718,24 +827,22 @@ impl<K: Clone + Eq + Hash> Page<K> {
     }
 
     /// Records the rows a batch claimed (`limit` asked for) and moves the page on.
-    fn record<'q, Q, C, R>(
+    fn record<R>(
         &mut self,
         mut rows: Vec<R>,
         limit: i64,
         ordered: bool,
-    ) -> Result<Vec<R>, Error>
-    where
-        Q: ClaimQuery<'q, C, R, Key = K>,
-    {
+        key_of: impl Fn(&R) -> K,
+    ) -> Result<Vec<R>, Error> {
         // Fewer rows than asked for: nothing more in the range is claimable now.
         self.ran_dry = (rows.len() as i64) < limit;
         self.exhausted = self.ran_dry;
         let whole_range = self.next_range().through;
         // A join to many rows repeats a key, next to each other in key order.
-        rows.dedup_by(|a, b| Q::key(a) == Q::key(b));
+        rows.dedup_by(|a, b| key_of(a) == key_of(b));
         let mut furthest = None;
         for row in &rows {
-            let key = Q::key(row);
+            let key = key_of(row);
             let seen_before = match self.position.get(&key) {
                 Some(&index) => {
                     furthest = furthest.max(Some(index));
@@ -754,7 +861,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
             }
         }
         let next = if ordered {
-            rows.last().map(Q::key)
+            rows.last().map(&key_of)
         } else {
             // No order to go by: past the furthest candidate claimed. A batch that
             // claimed no candidate made no progress through the page.
