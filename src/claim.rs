@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use diesel::associations::HasTable;
@@ -20,7 +21,7 @@ use crate::query::{
     Returning, SelectWhere, Update,
 };
 use crate::transaction::locking_transaction;
-use crate::{Error, LockStrength, OnLocked};
+use crate::{Blocking, Error, LockStrength, OnLocked};
 
 /// Rows read per page of the unlocked candidate scan, unless batches are large.
 const DEFAULT_PAGE_SIZE: i64 = 1000;
@@ -107,18 +108,19 @@ impl<Q: Query> ClaimDsl for Q {}
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct ClaimBuilder<Q> {
-    query: Q,
+pub struct ClaimBuilder<Q, M = Blocking> {
+    pub(crate) query: Q,
     lock: LockOptions,
     max_rows: Option<u64>,
     drain: bool,
     /// `None`: the default, which depends on the batch size.
     page_size: Option<i64>,
     batch: i64,
+    mode: PhantomData<M>,
 }
 
-impl<Q> ClaimBuilder<Q> {
-    fn new(query: Q) -> Self {
+impl<Q, M> ClaimBuilder<Q, M> {
+    pub(crate) fn new(query: Q) -> Self {
         ClaimBuilder {
             query,
             lock: LockOptions::default(),
@@ -126,6 +128,7 @@ impl<Q> ClaimBuilder<Q> {
             drain: false,
             page_size: None,
             batch: 1,
+            mode: PhantomData,
         }
     }
 
@@ -230,6 +233,69 @@ impl<Q> ClaimBuilder<Q> {
         self
     }
 
+    /// Checks the options, the claimed table (the locking clause's `OF`) and the
+    /// connection's transaction depth, and sets up one run of the claim, taking
+    /// its rows with the statement `taking` describes.
+    pub(crate) fn start<DB: ClaimBackend, K>(
+        &self,
+        taking: Taking,
+        claimed_table: Result<Option<Arc<str>>, Error>,
+        transaction_depth: u32,
+    ) -> Result<Claim<K>, Error> {
+        let (on_locked, clause) = self
+            .lock
+            .clone()
+            .resolve(OnLocked::Skip, || claimed_table)?;
+        if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
+            return Err(Error::InvalidArgument(
+                "nowait cannot be combined with mark_and_commit: the mark commits before a \
+                 locked row could roll it back"
+                    .to_owned(),
+            ));
+        }
+        if transaction_depth > 0 {
+            return Err(Error::InvalidArgument(
+                "a claim must run outside a transaction: each batch needs a transaction of \
+                 its own, committed before the next"
+                    .to_owned(),
+            ));
+        }
+        let row_locks = DB::ROW_LOCKS;
+        // Rows that come back in key order tell how far a take went, so takes
+        // can run past the page; a drain keeps to its pages, whose candidates
+        // it retries.
+        let open_ended = taking == Taking::Select && !self.drain;
+        Ok(Claim {
+            clause,
+            taking,
+            row_locks,
+            one_statement_mark: row_locks && DB::UPDATE_RETURNING,
+            fail_on_locked: row_locks && on_locked == OnLocked::Fail,
+            batch: self.batch,
+            open_ended,
+            page_size: self.page_size.unwrap_or(if open_ended {
+                // Takes move on by themselves: reading much further ahead than
+                // a batch would only re-read keys other workers take first.
+                MIN_OPEN_PAGE_SIZE.max(self.batch)
+            } else {
+                // Pages of several batches: workers that arrive at a page
+                // together then take whole batches from it, each passing
+                // over the others'.
+                DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE))
+            }),
+            drain: self.drain,
+            remaining: self.max_rows.unwrap_or(u64::MAX),
+            report: ClaimReport::default(),
+            retry: Vec::new(),
+            state: State::Pass,
+            cursor: None,
+            skipped: 0,
+            processed_before_pass: 0,
+        })
+    }
+}
+
+impl<Q> ClaimBuilder<Q> {
     /// Runs the claim, calling `f` for every claimed row: see
     /// [`ClaimDsl::claim_each`] and [`batch`](Self::batch).
     pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
@@ -296,67 +362,6 @@ impl<Q> ClaimBuilder<Q> {
             changes,
             taking: Taking::MarkAndCommit,
         }
-    }
-
-    /// Checks the options, the claimed table (the locking clause's `OF`) and the
-    /// connection's transaction depth, and sets up one run of the claim, taking
-    /// its rows with the statement `taking` describes.
-    pub(crate) fn start<DB: ClaimBackend, K>(
-        &self,
-        taking: Taking,
-        claimed_table: Result<Option<Arc<str>>, Error>,
-        transaction_depth: u32,
-    ) -> Result<Claim<K>, Error> {
-        let (on_locked, clause) = self
-            .lock
-            .clone()
-            .resolve(OnLocked::Skip, || claimed_table)?;
-        if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
-            return Err(Error::InvalidArgument(
-                "nowait cannot be combined with mark_and_commit: the mark commits before a \
-                 locked row could roll it back"
-                    .to_owned(),
-            ));
-        }
-        if transaction_depth > 0 {
-            return Err(Error::InvalidArgument(
-                "a claim must run outside a transaction: each batch needs a transaction of \
-                 its own, committed before the next"
-                    .to_owned(),
-            ));
-        }
-        let row_locks = DB::ROW_LOCKS;
-        // Rows that come back in key order tell how far a take went, so takes
-        // can run past the page; a drain keeps to its pages, whose candidates
-        // it retries.
-        let open_ended = taking == Taking::Select && !self.drain;
-        Ok(Claim {
-            clause,
-            taking,
-            row_locks,
-            one_statement_mark: row_locks && DB::UPDATE_RETURNING,
-            fail_on_locked: row_locks && on_locked == OnLocked::Fail,
-            batch: self.batch,
-            open_ended,
-            page_size: self.page_size.unwrap_or(if open_ended {
-                // Takes move on by themselves: reading much further ahead than
-                // a batch would only re-read keys other workers take first.
-                MIN_OPEN_PAGE_SIZE.max(self.batch)
-            } else {
-                // Pages of several batches: workers that arrive at a page
-                // together then take whole batches from it, each passing
-                // over the others'.
-                DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE))
-            }),
-            drain: self.drain,
-            remaining: self.max_rows.unwrap_or(u64::MAX),
-            report: ClaimReport::default(),
-            retry: Vec::new(),
-            state: State::Pass,
-            cursor: None,
-            skipped: 0,
-            processed_before_pass: 0,
-        })
     }
 }
 

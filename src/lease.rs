@@ -1,14 +1,15 @@
 //! Named leases: a lock on a name, held across processes and machines, that
 //! expires by the database clock and fences stale holders with a token.
 
+use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use diesel::connection::{Connection, LoadConnection};
+use diesel::connection::LoadConnection;
 
 use crate::backend::{strategy::Strategy, transaction_depth, ClaimBackend, LeaseStatement};
-use crate::Error;
+use crate::{Blocking, Error};
 
 /// The longest accepted lease name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -45,9 +46,78 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a lease is held until it expires or is released"]
-pub struct Lease {
+pub struct Lease<M = Blocking> {
     name: String,
     token: i64,
+    mode: PhantomData<M>,
+}
+
+impl<M> Lease<M> {
+    /// The leased name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fencing token of this acquisition.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The statement that takes the lease on `name` for `ttl`, checked, on a
+    /// connection `transaction_depth` transactions deep.
+    pub(crate) fn acquiring(
+        name: &str,
+        ttl: Duration,
+        transaction_depth: u32,
+    ) -> Result<LeaseStatement<'_>, Error> {
+        check_name(name)?;
+        no_transaction(transaction_depth)?;
+        Ok(LeaseStatement::Acquire {
+            name,
+            ttl_micros: ttl_micros(ttl)?,
+        })
+    }
+
+    /// The lease an acquiring statement took, if it took one.
+    pub(crate) fn acquired(name: &str, token: Option<i64>) -> Option<Self> {
+        token.map(|token| Lease {
+            name: name.to_owned(),
+            token,
+            mode: PhantomData,
+        })
+    }
+
+    pub(crate) fn renewing(
+        &self,
+        ttl: Duration,
+        transaction_depth: u32,
+    ) -> Result<LeaseStatement<'_>, Error> {
+        no_transaction(transaction_depth)?;
+        Ok(LeaseStatement::Renew {
+            name: &self.name,
+            token: self.token,
+            ttl_micros: ttl_micros(ttl)?,
+        })
+    }
+
+    pub(crate) fn releasing(&self, transaction_depth: u32) -> Result<LeaseStatement<'_>, Error> {
+        no_transaction(transaction_depth)?;
+        Ok(LeaseStatement::Release {
+            name: &self.name,
+            token: self.token,
+        })
+    }
+
+    /// Whether a renewing or releasing statement found the lease still ours.
+    pub(crate) fn owned(&self, token: Option<i64>) -> Result<(), Error> {
+        match token {
+            Some(_) => Ok(()),
+            None => Err(Error::NotLeaseOwner {
+                name: self.name.clone(),
+                token: self.token,
+            }),
+        }
+    }
 }
 
 impl Lease {
@@ -61,17 +131,9 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
-        check_name(name)?;
-        require_no_transaction(conn)?;
-        let statement = LeaseStatement::Acquire {
-            name,
-            ttl_micros: ttl_micros(ttl)?,
-        };
+        let statement = Lease::<Blocking>::acquiring(name, ttl, transaction_depth(conn)?)?;
         let token = <C::Backend as Strategy>::lease_statement(conn, statement)?;
-        Ok(token.map(|token| Lease {
-            name: name.to_owned(),
-            token,
-        }))
+        Ok(Lease::acquired(name, token))
     }
 
     /// Takes the lease on `name` for `ttl`, waiting up to `patience` for its
@@ -91,34 +153,13 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
-        // A patience too long for an `Instant` (`Duration::MAX`) has no deadline.
-        let deadline = Instant::now().checked_add(patience);
-        let mut pause = Duration::from_millis(5);
+        let mut patience = Patience::new(patience);
         loop {
             if let Some(lease) = Lease::acquire(conn, name, ttl)? {
                 return Ok(lease);
             }
-            let left = deadline.map_or(Duration::MAX, |deadline| {
-                deadline.saturating_duration_since(Instant::now())
-            });
-            if left.is_zero() {
-                return Err(Error::LeaseHeld {
-                    name: name.to_owned(),
-                });
-            }
-            thread::sleep(pause.min(left));
-            pause = (pause * 2).min(Duration::from_millis(100));
+            thread::sleep(patience.pause(name)?);
         }
-    }
-
-    /// The leased name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The fencing token of this acquisition.
-    pub fn token(&self) -> i64 {
-        self.token
     }
 
     /// Extends the lease to `ttl` from now (by the database clock).
@@ -129,12 +170,7 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
-        require_no_transaction(conn)?;
-        let statement = LeaseStatement::Renew {
-            name: &self.name,
-            token: self.token,
-            ttl_micros: ttl_micros(ttl)?,
-        };
+        let statement = self.renewing(ttl, transaction_depth(conn)?)?;
         let renewed = <C::Backend as Strategy>::lease_statement(conn, statement)?;
         self.owned(renewed)
     }
@@ -148,23 +184,42 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
-        require_no_transaction(conn)?;
-        let statement = LeaseStatement::Release {
-            name: &self.name,
-            token: self.token,
-        };
+        let statement = self.releasing(transaction_depth(conn)?)?;
         let released = <C::Backend as Strategy>::lease_statement(conn, statement)?;
         self.owned(released)
     }
+}
 
-    fn owned(&self, token: Option<i64>) -> Result<(), Error> {
-        match token {
-            Some(_) => Ok(()),
-            None => Err(Error::NotLeaseOwner {
-                name: self.name.clone(),
-                token: self.token,
-            }),
+/// How long [`Lease::acquire_within`] waits between attempts, and until when.
+pub(crate) struct Patience {
+    deadline: Option<Instant>,
+    next: Duration,
+}
+
+impl Patience {
+    pub(crate) fn new(patience: Duration) -> Self {
+        Patience {
+            // A patience too long for an `Instant` (`Duration::MAX`) has no
+            // deadline.
+            deadline: Instant::now().checked_add(patience),
+            next: Duration::from_millis(5),
         }
+    }
+
+    /// The pause before the next attempt on `name`; [`Error::LeaseHeld`] when
+    /// patience has run out.
+    pub(crate) fn pause(&mut self, name: &str) -> Result<Duration, Error> {
+        let left = self.deadline.map_or(Duration::MAX, |deadline| {
+            deadline.saturating_duration_since(Instant::now())
+        });
+        if left.is_zero() {
+            return Err(Error::LeaseHeld {
+                name: name.to_owned(),
+            });
+        }
+        let pause = self.next.min(left);
+        self.next = (self.next * 2).min(Duration::from_millis(100));
+        Ok(pause)
     }
 }
 
@@ -193,6 +248,15 @@ where
     };
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, &lease)));
     let released = lease.release(conn);
+    lease_outcome(outcome, released)
+}
+
+/// What [`with_lease`] returns: `f`'s error, else the release's, else `f`'s value;
+/// `f`'s panic resumes after the release.
+pub(crate) fn lease_outcome<T, E: From<Error>>(
+    outcome: thread::Result<Result<T, E>>,
+    released: Result<(), Error>,
+) -> Result<Option<T>, E> {
     match outcome {
         Ok(Ok(value)) => {
             released?;
@@ -206,8 +270,8 @@ where
 /// Leases are taken, renewed and released outside transactions: inside one,
 /// others would not see the change until it commits (and would block on the row
 /// meanwhile), and a rollback would hand out the same fencing token again.
-fn require_no_transaction<C: Connection>(conn: &mut C) -> Result<(), Error> {
-    if transaction_depth(conn)? > 0 {
+fn no_transaction(transaction_depth: u32) -> Result<(), Error> {
+    if transaction_depth > 0 {
         return Err(Error::InvalidArgument(
             "leases must be acquired, renewed and released outside a transaction".to_owned(),
         ));

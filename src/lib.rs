@@ -306,6 +306,11 @@ mod query;
 mod transaction;
 mod versioned;
 
+/// The mode of the builders the [`prelude`]'s traits make: they run on a blocking
+/// Diesel [`Connection`](diesel::Connection). (`aio::Async` is the other.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocking {}
+
 pub use backend::ClaimBackend;
 pub use claim::{ClaimBuilder, ClaimDsl, ClaimQuery, ClaimReport, MarkQuery, MarkedClaim};
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};

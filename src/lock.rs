@@ -1,5 +1,8 @@
 //! Pessimistic locking: hold a row lock for the duration of a closure.
 
+use std::marker::PhantomData;
+use std::sync::Arc;
+
 use diesel::associations::HasTable;
 use diesel::connection::Connection;
 use diesel::query_builder::{Query, QueryFragment};
@@ -8,7 +11,7 @@ use diesel::query_dsl::LoadQuery;
 use crate::backend::ClaimBackend;
 use crate::query::{lock_target, LockClause, LockOptions, Locked};
 use crate::transaction::locking_transaction;
-use crate::{Error, LockStrength, OnLocked};
+use crate::{Blocking, Error, LockStrength, OnLocked};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
 /// Diesel queries.
@@ -51,10 +54,7 @@ pub trait LockDsl: Sized {
     /// Starts a row lock with options; run it with [`LockBuilder::run`] or
     /// [`LockBuilder::run_all`].
     fn build_lock(self) -> LockBuilder<Self> {
-        LockBuilder {
-            query: self,
-            lock: LockOptions::default(),
-        }
+        LockBuilder::new(self)
     }
 }
 
@@ -84,12 +84,21 @@ impl<Q: Query> LockDsl for Q {}
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a lock does nothing until `.run(conn, f)` runs it"]
-pub struct LockBuilder<Q> {
-    query: Q,
+pub struct LockBuilder<Q, M = Blocking> {
+    pub(crate) query: Q,
     lock: LockOptions,
+    mode: PhantomData<M>,
 }
 
-impl<Q> LockBuilder<Q> {
+impl<Q, M> LockBuilder<Q, M> {
+    pub(crate) fn new(query: Q) -> Self {
+        LockBuilder {
+            query,
+            lock: LockOptions::default(),
+            mode: PhantomData,
+        }
+    }
+
     /// Sets what to do when a row is locked by another transaction (default:
     /// wait). [`OnLocked::Fail`] and [`OnLocked::Skip`] both return
     /// [`Error::LockNotAvailable`] at once if any row the query selects is locked,
@@ -116,6 +125,17 @@ impl<Q> LockBuilder<Q> {
         self
     }
 
+    /// The locking clause for rows of `locked_table` (the clause's `OF`).
+    pub(crate) fn clause(
+        &self,
+        locked_table: Result<Option<Arc<str>>, Error>,
+    ) -> Result<LockClause, Error> {
+        let (_, clause) = self.lock.clone().resolve(OnLocked::Wait, || locked_table)?;
+        Ok(clause)
+    }
+}
+
+impl<Q> LockBuilder<Q> {
     /// Runs `f` with the locked row: see [`LockDsl::with_lock`].
     pub fn run<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
     where
@@ -125,17 +145,7 @@ impl<Q> LockBuilder<Q> {
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
     {
-        self.run_all(conn, |conn, mut rows: Vec<R>| {
-            match (rows.pop(), rows.len()) {
-                (Some(row), 0) => f(conn, row),
-                (None, _) => Err(Error::NotFound.into()),
-                (Some(_), others) => Err(Error::InvalidArgument(format!(
-                    "with_lock expects one row, the query selected {}",
-                    others + 1
-                ))
-                .into()),
-            }
-        })
+        self.run_all(conn, |conn, rows: Vec<R>| f(conn, the_one_row(rows)?))
     }
 
     /// Runs `f` with all the locked rows: see [`LockDsl::with_locks`].
@@ -147,21 +157,40 @@ impl<Q> LockBuilder<Q> {
         F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
         E: From<Error>,
     {
-        let (_, clause) = self
-            .lock
-            .resolve(OnLocked::Wait, || self.query.locked_table())?;
+        let clause = self.clause(self.query.locked_table())?;
         let skip_locked = clause.skip_locked;
         locking_transaction(conn, |conn| {
             let rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
-            // Skip-locked leaves out the rows someone else holds. An unlocked read
-            // tells whether it left any out, without an error that would abort
-            // the transaction.
-            if skip_locked && self.query.rows(conn, None).map_err(Error::from)?.len() > rows.len() {
-                return Err(Error::LockNotAvailable.into());
+            if skip_locked {
+                let all = self.query.rows(conn, None).map_err(Error::from)?;
+                none_left_out(&rows, &all)?;
             }
             f(conn, rows)
         })
     }
+}
+
+/// The row `with_lock` runs with: no row is [`Error::NotFound`], more than one
+/// [`Error::InvalidArgument`].
+pub(crate) fn the_one_row<R>(mut rows: Vec<R>) -> Result<R, Error> {
+    match (rows.pop(), rows.len()) {
+        (Some(row), 0) => Ok(row),
+        (None, _) => Err(Error::NotFound),
+        (Some(_), others) => Err(Error::InvalidArgument(format!(
+            "with_lock expects one row, the query selected {}",
+            others + 1
+        ))),
+    }
+}
+
+/// Skip-locked leaves out the rows someone else holds. An unlocked read of `all`
+/// the rows tells whether it left any out, without an error that would abort the
+/// transaction.
+pub(crate) fn none_left_out<R>(locked: &[R], all: &[R]) -> Result<(), Error> {
+    if all.len() > locked.len() {
+        return Err(Error::LockNotAvailable);
+    }
+    Ok(())
 }
 
 /// A query [`with_lock`](LockDsl::with_lock) can lock rows of type `R` of, on a

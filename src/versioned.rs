@@ -1,6 +1,7 @@
 //! Optimistic updates guarded by a version column, and the retry helper.
 
 use std::hash::{BuildHasher, RandomState};
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel::connection::Connection;
@@ -14,7 +15,7 @@ use diesel::sql_types::SingleValue;
 
 use crate::backend::ClaimBackend;
 use crate::query::VersionProbe;
-use crate::Error;
+use crate::{Blocking, Error};
 
 /// An integer type a version column can hold. Incrementing past its maximum is
 /// [`Error::VersionOverflow`], never a wrap.
@@ -61,12 +62,7 @@ pub trait VersionedDsl: IntoUpdateTarget + Clone {
         Col: Column<Table = Self::Table>,
         V: Version,
     {
-        VersionedUpdate {
-            target: self,
-            version_column,
-            expected,
-            changes,
-        }
+        VersionedUpdate::new(self, version_column, expected, changes)
     }
 }
 
@@ -75,16 +71,35 @@ impl<T: IntoUpdateTarget + Clone> VersionedDsl for T {}
 /// A version-checked update, made by [`VersionedDsl::update_versioned`].
 #[derive(Debug, Clone)]
 #[must_use = "a versioned update does nothing until it is executed"]
-pub struct VersionedUpdate<Target, Col, V, Changes> {
+pub struct VersionedUpdate<Target, Col, V, Changes, M = Blocking> {
     target: Target,
     version_column: Col,
     expected: V,
     changes: Changes,
+    mode: PhantomData<M>,
+}
+
+impl<Target, Col, V, Changes, M> VersionedUpdate<Target, Col, V, Changes, M> {
+    pub(crate) fn new(target: Target, version_column: Col, expected: V, changes: Changes) -> Self {
+        VersionedUpdate {
+            target,
+            version_column,
+            expected,
+            changes,
+            mode: PhantomData,
+        }
+    }
 }
 
 type Bump<Col, V> = dsl::Eq<Col, V>;
-type Statement<Target, Col, V, Changes> =
+pub(crate) type Statement<Target, Col, V, Changes> =
     dsl::Filter<dsl::Update<Target, (Changes, Bump<Col, V>)>, dsl::Eq<Col, V>>;
+/// Reads the target row's version.
+pub(crate) type Probe<Target, Col> = VersionProbe<
+    <<Target as diesel::associations::HasTable>::Table as diesel::QuerySource>::FromClause,
+    <Target as IntoUpdateTarget>::WhereClause,
+    Col,
+>;
 
 impl<Target, Col, V, Changes> VersionedUpdate<Target, Col, V, Changes>
 where
@@ -105,12 +120,11 @@ where
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C>,
-        VersionProbe<<Target::Table as diesel::QuerySource>::FromClause, Target::WhereClause, Col>:
-            LoadQuery<'static, C, V>,
+        Probe<Target, Col>: LoadQuery<'static, C, V>,
     {
         let next = self.next_version()?;
         match ExecuteDsl::execute(self.statement::<C::Backend>(next)?, conn)? {
-            0 => Err(self.explain_no_match(conn)),
+            0 => Err(self.no_match(self.probe().get_result(conn).optional())),
             _ => Ok(next),
         }
     }
@@ -122,23 +136,35 @@ where
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: LoadQuery<'static, C, R>,
-        VersionProbe<<Target::Table as diesel::QuerySource>::FromClause, Target::WhereClause, Col>:
-            LoadQuery<'static, C, V>,
+        Probe<Target, Col>: LoadQuery<'static, C, V>,
     {
         let statement = self.statement::<C::Backend>(self.next_version()?)?;
         match statement.get_result(conn).optional()? {
             Some(row) => Ok(row),
-            None => Err(self.explain_no_match(conn)),
+            None => Err(self.no_match(self.probe().get_result(conn).optional())),
         }
     }
+}
 
-    fn next_version(&self) -> Result<V, Error> {
+impl<Target, Col, V, Changes, M> VersionedUpdate<Target, Col, V, Changes, M>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType>,
+    Changes: AsChangeset<Target = Target::Table> + Clone,
+    (Changes, Bump<Col, V>): AsChangeset<Target = Target::Table>,
+    dsl::Update<Target, (Changes, Bump<Col, V>)>: AsQuery,
+    dsl::Update<Target, (Changes, Bump<Col, V>)>: FilterDsl<dsl::Eq<Col, V>>,
+{
+    pub(crate) fn next_version(&self) -> Result<V, Error> {
         self.expected
             .next()
             .ok_or(Error::VersionOverflow(self.expected.into()))
     }
 
-    fn statement<DB>(&self, next: V) -> Result<Statement<Target, Col, V, Changes>, Error>
+    pub(crate) fn statement<DB>(&self, next: V) -> Result<Statement<Target, Col, V, Changes>, Error>
     where
         DB: diesel::backend::Backend + Default,
         Changes::Changeset: QueryFragment<DB>,
@@ -161,20 +187,20 @@ where
             .filter(column.eq(self.expected)))
     }
 
-    /// Reads the row's version to tell a conflict from a missing row.
-    fn explain_no_match<C>(&self, conn: &mut C) -> Error
-    where
-        C: Connection,
-        VersionProbe<<Target::Table as diesel::QuerySource>::FromClause, Target::WhereClause, Col>:
-            LoadQuery<'static, C, V>,
-    {
+    /// The read of the row's version that tells, when the update matched no
+    /// row, a conflict from a missing row.
+    pub(crate) fn probe(&self) -> Probe<Target, Col> {
         let target = self.target.clone().into_update_target();
-        let probe = VersionProbe {
+        VersionProbe {
             from: target.table.from_clause(),
             where_clause: target.where_clause,
             column: self.version_column,
-        };
-        match probe.get_result::<V>(conn).optional() {
+        }
+    }
+
+    /// What the [`probe`](Self::probe) found, as the update's error.
+    pub(crate) fn no_match(&self, probed: QueryResult<Option<V>>) -> Error {
+        match probed {
             Ok(Some(actual)) => Error::VersionConflict {
                 expected: self.expected.into(),
                 actual: Some(actual.into()),
@@ -261,15 +287,42 @@ where
     F: FnMut(&mut C) -> Result<T, E>,
     E: Transient,
 {
-    let jitter = RandomState::new();
-    let mut attempt = 1;
+    let mut attempts = Attempts::new(policy);
     loop {
         match operation(conn) {
-            Err(error) if error.is_transient() && attempt < policy.max_attempts => {
-                std::thread::sleep(policy.backoff(attempt, &jitter));
-                attempt += 1;
-            }
-            result => return result,
+            Err(error) => match attempts.pause_after(&error) {
+                Some(pause) => std::thread::sleep(pause),
+                None => return Err(error),
+            },
+            done => return done,
         }
+    }
+}
+
+/// The attempts of one [`retry`]: whether to try again after an error, and
+/// after what pause.
+pub(crate) struct Attempts {
+    policy: RetryPolicy,
+    jitter: RandomState,
+    made: u32,
+}
+
+impl Attempts {
+    pub(crate) fn new(policy: RetryPolicy) -> Self {
+        Attempts {
+            policy,
+            jitter: RandomState::new(),
+            made: 1,
+        }
+    }
+
+    /// The pause before the next attempt after `error`; `None` gives up.
+    pub(crate) fn pause_after<E: Transient>(&mut self, error: &E) -> Option<Duration> {
+        if !error.is_transient() || self.made >= self.policy.max_attempts {
+            return None;
+        }
+        let pause = self.policy.backoff(self.made, &self.jitter);
+        self.made += 1;
+        Some(pause)
     }
 }
