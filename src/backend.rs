@@ -88,7 +88,7 @@ pub enum LeaseStatement<'a> {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-use lease_query::LeaseQuery;
+pub(crate) use lease_query::LeaseQuery;
 
 /// Lease statements as queries; only backends with `RETURNING` run them.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

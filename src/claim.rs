@@ -963,10 +963,11 @@ pub trait MarkQuery<'q, C, R, V>: ClaimQuery<'q, C, R> {
     ) -> QueryResult<Vec<R>>;
 }
 
-type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
-type InQuery<Q, Pk, K> = dsl::Filter<Q, InRange<Pk, K>>;
-type KeysQuery<Q, Pk, K> = dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>>;
-type RowsQuery<Q, Pk, K> = dsl::Limit<dsl::Order<InQuery<Q, Pk, K>, Pk>>;
+pub(crate) type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
+pub(crate) type InQuery<Q, Pk, K> = dsl::Filter<Q, InRange<Pk, K>>;
+pub(crate) type KeysQuery<Q, Pk, K> =
+    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>>;
+pub(crate) type RowsQuery<Q, Pk, K> = dsl::Limit<dsl::Order<InQuery<Q, Pk, K>, Pk>>;
 type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
 type MarkStatement<R, V, KQ, DB> = Returning<
     Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<PrimaryKey<R>, Locked<KQ>>>,
@@ -1015,15 +1016,7 @@ where
         limit: i64,
         lock: &LockClause,
     ) -> QueryResult<Vec<R>> {
-        let key = primary_key::<R>();
-        let query = FilterDsl::filter(self.clone(), InRange { column: key, range })
-            .order(key)
-            .limit(limit);
-        Locked {
-            query,
-            clause: Some(lock.clone()),
-        }
-        .load(conn)
+        rows_query::<Q, R, K>(self, range, limit, lock).load(conn)
     }
 }
 
@@ -1115,8 +1108,35 @@ where
     }
 }
 
+/// Up to `limit` of the query's rows in `range`, in key order, locked by `lock`.
+pub(crate) fn rows_query<Q, R, K>(
+    query: &Q,
+    range: KeyRange<K>,
+    limit: i64,
+    lock: &LockClause,
+) -> Locked<RowsQuery<Q, PrimaryKey<R>, K>>
+where
+    Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
+    R: HasTable,
+    PrimaryKey<R>: Copy,
+    InQuery<Q, PrimaryKey<R>, K>: OrderDsl<PrimaryKey<R>>,
+    dsl::Order<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>: LimitDsl,
+{
+    let key = primary_key::<R>();
+    Locked {
+        query: FilterDsl::filter(query.clone(), InRange { column: key, range })
+            .order(key)
+            .limit(limit),
+        clause: Some(lock.clone()),
+    }
+}
+
 /// Up to `limit` keys of the query's rows in `range`, in key order.
-fn keys_query<Q, R, K>(query: &Q, range: KeyRange<K>, limit: i64) -> KeysQuery<Q, PrimaryKey<R>, K>
+pub(crate) fn keys_query<Q, R, K>(
+    query: &Q,
+    range: KeyRange<K>,
+    limit: i64,
+) -> KeysQuery<Q, PrimaryKey<R>, K>
 where
     Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
     R: HasTable,

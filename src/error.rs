@@ -191,7 +191,9 @@ fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
         "Statement aborted because lock(s) could not be acquired immediately",
         LOCK_NOT_AVAILABLE_MESSAGE,
     ];
-    if message.starts_with("deadlock detected") {
+    // PostgreSQL 40P01; MySQL and MariaDB 1213, which diesel-async's MySQL
+    // connection reports with an unknown kind.
+    if message.starts_with("deadlock detected") || message.starts_with("Deadlock found") {
         Some(Transient::Deadlock)
     } else if message.starts_with("could not serialize access") {
         Some(Transient::SerializationFailure)
@@ -265,6 +267,9 @@ mod tests {
         );
         assert!(is_lock_not_available(&mysql_timeout) && is_lock_not_available(&mysql_nowait));
         assert!(is_deadlock(&mysql_deadlock) && !is_serialization_failure(&mysql_deadlock));
+        let async_mysql_deadlock =
+            database_error("Deadlock found when trying to get lock; try restarting transaction");
+        assert!(matches!(Error::from(async_mysql_deadlock), Error::Deadlock(_)));
         let other = database_error(r#"relation "nope" does not exist"#);
         assert!(is_lock_not_available(&nowait));
         assert!(is_lock_not_available(&timeout));

@@ -1,7 +1,6 @@
 //! Named leases: a lock on a name, held across processes and machines, that
 //! expires by the database clock and fences stale holders with a token.
 
-use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -9,7 +8,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::LoadConnection;
 
 use crate::backend::{strategy::Strategy, transaction_depth, ClaimBackend, LeaseStatement};
-use crate::{Blocking, Error};
+use crate::Error;
 
 /// The longest accepted lease name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -46,13 +45,12 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a lease is held until it expires or is released"]
-pub struct Lease<M = Blocking> {
+pub struct Lease {
     name: String,
     token: i64,
-    mode: PhantomData<M>,
 }
 
-impl<M> Lease<M> {
+impl Lease {
     /// The leased name.
     pub fn name(&self) -> &str {
         &self.name
@@ -83,7 +81,6 @@ impl<M> Lease<M> {
         token.map(|token| Lease {
             name: name.to_owned(),
             token,
-            mode: PhantomData,
         })
     }
 
@@ -131,7 +128,7 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
-        let statement = Lease::<Blocking>::acquiring(name, ttl, transaction_depth(conn)?)?;
+        let statement = Lease::acquiring(name, ttl, transaction_depth(conn)?)?;
         let token = <C::Backend as Strategy>::lease_statement(conn, statement)?;
         Ok(Lease::acquired(name, token))
     }

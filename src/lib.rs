@@ -294,6 +294,8 @@
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
+#[cfg(feature = "async")]
+pub mod aio;
 mod backend;
 mod claim;
 mod error;

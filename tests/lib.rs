@@ -10,6 +10,8 @@
 mod common;
 mod fixtures;
 
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+mod aio;
 mod claim;
 mod lease;
 mod lock;

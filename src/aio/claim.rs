@@ -1,0 +1,317 @@
+//! Claiming on a diesel-async connection: the blocking claim's engine, driven
+//! by futures.
+
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use diesel::associations::HasTable;
+use diesel::dsl;
+use diesel::prelude::*;
+use diesel::query_builder::{Query, QueryFragment};
+use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
+use diesel_async::methods::LoadQuery;
+use diesel_async::AsyncConnection;
+use futures_util::future::BoxFuture;
+use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
+
+use super::{locking_transaction, transaction_depth, Async};
+use crate::backend::ClaimBackend;
+use crate::claim::{keys_query, rows_query, Claim, InQuery, KeysQuery, RowsQuery, Step, Taking};
+use crate::query::{lock_target, InRange, KeyRange, LockClause, Locked};
+use crate::{ClaimBuilder, ClaimReport, Error};
+
+/// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
+/// connections: the async twin of [`crate::ClaimDsl`].
+pub trait ClaimDsl: Sized {
+    /// Processes each row of this query at most once across every worker that
+    /// claims from it, as [`crate::ClaimDsl::claim_each`] does, awaiting the
+    /// future `f` returns for each row inside the row's transaction.
+    ///
+    /// `f` borrows the connection for the future it returns, the way
+    /// diesel-async's `transaction` takes its closure:
+    /// `|conn, row| async move { … }.scope_boxed()`
+    /// ([`ScopedFutureExt`](scoped_futures::ScopedFutureExt), in the
+    /// [prelude](super::prelude)).
+    fn claim_each<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        Self: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.build_claim().each(conn, f)
+    }
+
+    /// Starts a claim with options; run it with
+    /// [`ClaimBuilder::each`](ClaimBuilder#method.each-1).
+    fn build_claim(self) -> ClaimBuilder<Self, Async> {
+        ClaimBuilder::new(self)
+    }
+}
+
+impl<Q: Query> ClaimDsl for Q {}
+
+impl<Q> ClaimBuilder<Q, Async> {
+    /// Runs the claim, awaiting `f` for every claimed row: see
+    /// [`crate::ClaimBuilder::each`] and [`ClaimDsl::claim_each`].
+    pub fn each<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachRow(f))
+    }
+
+    /// Runs the claim, awaiting `f` once per claimed batch with its rows, in key
+    /// order, inside the batch's transaction: see
+    /// [`crate::ClaimBuilder::each_batch`].
+    pub fn each_batch<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachBatch(f))
+    }
+
+    fn run<'a, C, R, E, H>(
+        self,
+        conn: &'a mut C,
+        handler: H,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        H: Handler<C, R, E> + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        async move {
+            let depth = transaction_depth(conn)?;
+            let claim =
+                self.start::<C::Backend, _>(Taking::Select, self.query.claimed_table(), depth)?;
+            drive(claim, &self.query, conn, handler).await
+        }
+    }
+}
+
+/// What a claim does with the rows of a batch, in the batch's transaction.
+trait Handler<C, R, E>: Send {
+    fn handle<'c>(&'c mut self, conn: &'c mut C, rows: Vec<R>) -> BoxFuture<'c, Result<(), E>>
+    where
+        R: 'c;
+}
+
+/// Calls the closure for each row of the batch, in order.
+struct EachRow<F>(F);
+
+/// Calls the closure once with the whole batch.
+struct EachBatch<F>(F);
+
+impl<'a, C, R, E, F> Handler<C, R, E> for EachRow<F>
+where
+    C: Send,
+    R: Send + 'a,
+    E: Send,
+    F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send,
+{
+    fn handle<'c>(&'c mut self, conn: &'c mut C, rows: Vec<R>) -> BoxFuture<'c, Result<(), E>>
+    where
+        R: 'c,
+    {
+        Box::pin(async move {
+            for row in rows {
+                (self.0)(&mut *conn, row).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl<'a, C, R, E, F> Handler<C, R, E> for EachBatch<F>
+where
+    C: Send,
+    R: Send + 'a,
+    E: Send,
+    F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send,
+{
+    fn handle<'c>(&'c mut self, conn: &'c mut C, rows: Vec<R>) -> BoxFuture<'c, Result<(), E>>
+    where
+        R: 'c,
+    {
+        Box::pin(async move { (self.0)(conn, rows).await })
+    }
+}
+
+/// Runs a claim on an async connection: the blocking driver's steps, awaited.
+async fn drive<'a, Q, C, R, K, E, H>(
+    mut claim: Claim<K>,
+    query: &Q,
+    conn: &mut C,
+    mut handler: H,
+) -> Result<ClaimReport, E>
+where
+    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    K: Clone + Eq + Hash + Send + Sync,
+    C: AsyncConnection,
+    C::Backend: ClaimBackend,
+    R: Send,
+    H: Handler<C, R, E>,
+    E: From<Error> + Send,
+{
+    loop {
+        match claim.next() {
+            Step::Candidates(range, limit) => {
+                let keys = query.keys(conn, range, limit).await.map_err(Error::from)?;
+                claim.candidates(keys);
+            }
+            Step::StillMatching(range) => {
+                let keys = query
+                    .keys(conn, range, i64::MAX)
+                    .await
+                    .map_err(Error::from)?;
+                claim.still_matching(keys);
+            }
+            Step::Batch(range, limit) => {
+                let (taking, handler) = (&mut claim, &mut handler);
+                let processed = locking_transaction(conn, |conn| {
+                    async move {
+                        let rows = query
+                            .rows(conn, range.clone(), limit, &taking.clause)
+                            .await
+                            .map_err(Error::from)?;
+                        let rows = taking.taken(rows, limit, Q::key)?;
+                        if let Some(range) = taking.locked_check(range) {
+                            let keys = query
+                                .keys(conn, range, i64::MAX)
+                                .await
+                                .map_err(Error::from)?;
+                            taking.verify_none_locked(keys, &rows, Q::key)?;
+                        }
+                        let processed = rows.len();
+                        if processed > 0 {
+                            handler.handle(conn, rows).await?;
+                        }
+                        Ok::<_, E>(processed)
+                    }
+                    .scope_boxed()
+                })
+                .await?;
+                claim.processed(processed);
+            }
+            Step::Done(report) => return Ok(report),
+        }
+    }
+}
+
+/// A query the async [`claim_each`](ClaimDsl::claim_each) can claim rows of type
+/// `R` from, on a diesel-async connection `C`: the async twin of
+/// [`crate::ClaimQuery`], implemented for the same queries.
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}`",
+    note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
+            be loadable from the query; with a join, `.select(YourRow::as_select())`"
+)]
+pub trait ClaimQuery<'q, C, R> {
+    /// The claimed table's primary-key value.
+    type Key: Clone + Eq + Hash + Send + Sync;
+
+    /// The locking clause's `OF` table, where the backend has row locks.
+    #[doc(hidden)]
+    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
+
+    /// The key of a row.
+    #[doc(hidden)]
+    fn key(row: &R) -> Self::Key;
+
+    /// Up to `limit` keys of matching rows in `range`, in key order, read
+    /// without locks.
+    #[doc(hidden)]
+    fn keys(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<Self::Key>>> + Send;
+
+    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
+    #[doc(hidden)]
+    fn rows(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
+}
+
+impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
+where
+    Q: Clone + FilterDsl<InRange<Pk, K>>,
+    C: AsyncConnection,
+    C::Backend: ClaimBackend,
+    R: HasTable + Send + 'static,
+    R::Table: Table<PrimaryKey = Pk>,
+    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
+    for<'a> &'a R: Identifiable<Id = &'a K>,
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+    Pk: Column + Copy,
+    InQuery<Q, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
+    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
+    dsl::Order<InQuery<Q, Pk, K>, Pk>: LimitDsl,
+    KeysQuery<Q, Pk, K>: LoadQuery<'q, C, K> + 'q,
+    Locked<RowsQuery<Q, Pk, K>>: LoadQuery<'q, C, R> + 'q,
+{
+    type Key = K;
+
+    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
+        lock_target::<_, C::Backend>(&R::table())
+    }
+
+    fn key(row: &R) -> K {
+        row.id().clone()
+    }
+
+    fn keys(
+        &self,
+        conn: &mut C,
+        range: KeyRange<K>,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<K>>> + Send {
+        diesel_async::RunQueryDsl::load(keys_query::<Q, R, K>(self, range, limit), conn)
+    }
+
+    fn rows(
+        &self,
+        conn: &mut C,
+        range: KeyRange<K>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
+        diesel_async::RunQueryDsl::load(rows_query::<Q, R, K>(self, range, limit, lock), conn)
+    }
+}

@@ -1,0 +1,140 @@
+//! Named leases on a diesel-async connection.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use diesel::OptionalExtension;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use futures_util::FutureExt;
+use scoped_futures::ScopedBoxFuture;
+
+use super::transaction_depth;
+use crate::backend::{LeaseQuery, LeaseStatement};
+use crate::lease::{lease_outcome, Patience};
+use crate::Error;
+
+/// A lease held through a diesel-async connection: the async twin of
+/// [`crate::Lease`], with the same names, tokens and rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lease is held until it expires or is released"]
+pub struct Lease(crate::Lease);
+
+impl Lease {
+    /// The leased name.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// The fencing token of this acquisition.
+    pub fn token(&self) -> i64 {
+        self.0.token()
+    }
+
+    /// Takes the lease on `name` for `ttl` if it is free or has expired;
+    /// `Ok(None)` if someone else holds it: see [`crate::Lease::acquire`].
+    pub async fn acquire<C>(conn: &mut C, name: &str, ttl: Duration) -> Result<Option<Lease>, Error>
+    where
+        C: AsyncConnection,
+        C::Backend: LeaseBackend,
+    {
+        let statement = crate::Lease::acquiring(name, ttl, transaction_depth(conn)?)?;
+        let token = C::Backend::run(conn, statement).await?;
+        Ok(crate::Lease::acquired(name, token).map(Lease))
+    }
+
+    /// Takes the lease, waiting up to `patience` for it: see
+    /// [`crate::Lease::acquire_within`]. Waits with `tokio::time::sleep`.
+    pub async fn acquire_within<C>(
+        conn: &mut C,
+        name: &str,
+        ttl: Duration,
+        patience: Duration,
+    ) -> Result<Lease, Error>
+    where
+        C: AsyncConnection,
+        C::Backend: LeaseBackend,
+    {
+        let mut patience = Patience::new(patience);
+        loop {
+            if let Some(lease) = Lease::acquire(conn, name, ttl).await? {
+                return Ok(lease);
+            }
+            tokio::time::sleep(patience.pause(name)?).await;
+        }
+    }
+
+    /// Extends the lease to `ttl` from now: see [`crate::Lease::renew`].
+    pub async fn renew<C>(&self, conn: &mut C, ttl: Duration) -> Result<(), Error>
+    where
+        C: AsyncConnection,
+        C::Backend: LeaseBackend,
+    {
+        let statement = self.0.renewing(ttl, transaction_depth(conn)?)?;
+        let renewed = C::Backend::run(conn, statement).await?;
+        self.0.owned(renewed)
+    }
+
+    /// Ends the lease so others can take it at once: see [`crate::Lease::release`].
+    pub async fn release<C>(self, conn: &mut C) -> Result<(), Error>
+    where
+        C: AsyncConnection,
+        C::Backend: LeaseBackend,
+    {
+        let statement = self.0.releasing(transaction_depth(conn)?)?;
+        let released = C::Backend::run(conn, statement).await?;
+        self.0.owned(released)
+    }
+}
+
+/// Awaits `f` while holding the lease on `name`, or returns `Ok(None)` at once if
+/// someone else holds it: see [`crate::with_lease`]. The lease is released when
+/// `f` returns or panics; if the future is dropped, the lease is left to expire
+/// at its TTL. `f` is `|conn, lease| async move { … }.scope_boxed()`.
+pub fn with_lease<'a, C, T, E, F>(
+    conn: &'a mut C,
+    name: &'a str,
+    ttl: Duration,
+    f: F,
+) -> impl Future<Output = Result<Option<T>, E>> + Send + 'a
+where
+    C: AsyncConnection,
+    C::Backend: LeaseBackend,
+    T: Send + 'a,
+    F: for<'c> FnOnce(&'c mut C, &'c Lease) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+    E: From<Error> + Send + 'a,
+{
+    async move {
+        let Some(lease) = Lease::acquire(conn, name, ttl).await? else {
+            return Ok(None);
+        };
+        let outcome = AssertUnwindSafe(f(&mut *conn, &lease)).catch_unwind().await;
+        let released = lease.release(conn).await;
+        lease_outcome(outcome, released)
+    }
+}
+
+/// A backend whose lease statements the async API runs. Sealed.
+pub trait LeaseBackend: crate::ClaimBackend {
+    /// Runs one lease statement; `Some(token)` when it took effect.
+    #[doc(hidden)]
+    fn run<C>(
+        conn: &mut C,
+        statement: LeaseStatement<'_>,
+    ) -> impl Future<Output = diesel::QueryResult<Option<i64>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+}
+
+#[cfg(feature = "postgres")]
+impl LeaseBackend for diesel::pg::Pg {
+    async fn run<C>(conn: &mut C, statement: LeaseStatement<'_>) -> diesel::QueryResult<Option<i64>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        LeaseQuery::new::<Self>(statement)
+            .get_result(conn)
+            .await
+            .optional()
+    }
+}

@@ -1,0 +1,172 @@
+//! Row locks on a diesel-async connection.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use diesel::associations::HasTable;
+use diesel::query_builder::{Query, QueryFragment};
+use diesel_async::methods::LoadQuery;
+use diesel_async::AsyncConnection;
+use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
+
+use super::{locking_transaction, Async};
+use crate::backend::ClaimBackend;
+use crate::lock::{none_left_out, the_one_row};
+use crate::query::{lock_target, LockClause, Locked};
+use crate::{Error, LockBuilder};
+
+/// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
+/// Diesel queries, for diesel-async connections: the async twin of
+/// [`crate::LockDsl`].
+pub trait LockDsl: Sized {
+    /// Locks the one row this query selects and awaits `f` with it, in a
+    /// transaction: see [`crate::LockDsl::with_lock`]. `f` is written
+    /// `|conn, row| async move { … }.scope_boxed()`.
+    fn with_lock<'a, C, R, T, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        Self: LockQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        T: Send + 'a,
+        F: for<'c> FnOnce(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.build_lock().run(conn, f)
+    }
+
+    /// Locks every row this query selects and awaits `f` with them: see
+    /// [`crate::LockDsl::with_locks`].
+    fn with_locks<'a, C, R, T, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        Self: LockQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        T: Send + 'a,
+        F: for<'c> FnOnce(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.build_lock().run_all(conn, f)
+    }
+
+    /// Starts a row lock with options; run it with
+    /// [`LockBuilder::run`](LockBuilder#method.run-1) or
+    /// [`LockBuilder::run_all`](LockBuilder#method.run_all-1).
+    fn build_lock(self) -> LockBuilder<Self, Async> {
+        LockBuilder::new(self)
+    }
+}
+
+impl<Q: Query> LockDsl for Q {}
+
+impl<Q> LockBuilder<Q, Async> {
+    /// Awaits `f` with the locked row: see [`crate::LockDsl::with_lock`].
+    pub fn run<'a, C, R, T, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        Q: LockQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        T: Send + 'a,
+        F: for<'c> FnOnce(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run_all(conn, |conn, rows: Vec<R>| {
+            async move { f(conn, the_one_row(rows)?).await }.scope_boxed()
+        })
+    }
+
+    /// Awaits `f` with all the locked rows: see [`crate::LockDsl::with_locks`].
+    pub fn run_all<'a, C, R, T, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        Q: LockQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        T: Send + 'a,
+        F: for<'c> FnOnce(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        async move {
+            let clause = self.clause(self.query.locked_table())?;
+            let skip_locked = clause.skip_locked;
+            let query = &self.query;
+            locking_transaction(conn, |conn| {
+                async move {
+                    let rows = query.rows(conn, Some(clause)).await.map_err(Error::from)?;
+                    if skip_locked {
+                        let all = query.rows(conn, None).await.map_err(Error::from)?;
+                        none_left_out(&rows, &all)?;
+                    }
+                    f(conn, rows).await
+                }
+                .scope_boxed()
+            })
+            .await
+        }
+    }
+}
+
+/// A query the async [`with_lock`](LockDsl::with_lock) can lock rows of type `R`
+/// of, on a diesel-async connection `C`: the async twin of [`crate::LockQuery`].
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be locked through `{Self}`",
+    note = "the row type must name its table (`#[derive(Identifiable)]`) and be loadable from \
+            the query"
+)]
+pub trait LockQuery<'q, C, R> {
+    /// The locking clause's `OF` table, where the backend has row locks.
+    #[doc(hidden)]
+    fn locked_table(&self) -> Result<Option<Arc<str>>, Error>;
+
+    /// The query's rows, locked by `lock`.
+    #[doc(hidden)]
+    fn rows(
+        &self,
+        conn: &mut C,
+        lock: Option<LockClause>,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<R>>> + Send;
+}
+
+impl<'q, Q, C, R> LockQuery<'q, C, R> for Q
+where
+    Q: Clone,
+    C: AsyncConnection,
+    C::Backend: ClaimBackend,
+    R: HasTable + Send + 'static,
+    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
+    Locked<Q>: LoadQuery<'q, C, R> + 'q,
+{
+    fn locked_table(&self) -> Result<Option<Arc<str>>, Error> {
+        lock_target::<_, C::Backend>(&R::table())
+    }
+
+    fn rows(
+        &self,
+        conn: &mut C,
+        lock: Option<LockClause>,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<R>>> + Send {
+        let locked = Locked {
+            query: self.clone(),
+            clause: lock,
+        };
+        diesel_async::RunQueryDsl::load(locked, conn)
+    }
+}

@@ -1,0 +1,193 @@
+//! The async API, on [`diesel_async`] (feature `async`, with `postgres` for
+//! `AsyncPgConnection` and `mysql` for `AsyncMysqlConnection`).
+//!
+//! The same capabilities under the same names, as futures: bring
+//! [`aio::prelude`](prelude) into scope instead of the crate's prelude (as you
+//! would `diesel_async::RunQueryDsl` instead of Diesel's), and pass async closures
+//! where the blocking API takes closures. Options, SQL, and outcomes are those of
+//! the blocking API: both drive the same code, so everything the crate
+//! documentation says holds here too.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # mod shop {
+//! use diesel::prelude::*;
+//! use diesel_async::{AsyncPgConnection, RunQueryDsl};
+//! use diesel_claim::aio::prelude::*;
+//!
+//! diesel::table! {
+//!     orders (id) {
+//!         id -> Integer,
+//!         shipped -> Bool,
+//!         email_sent -> Bool,
+//!     }
+//! }
+//!
+//! #[derive(Queryable, Selectable, Identifiable)]
+//! struct Order {
+//!     id: i32,
+//!     shipped: bool,
+//!     email_sent: bool,
+//! }
+//!
+//! async fn send_emails(conn: &mut AsyncPgConnection) -> Result<u64, diesel_claim::Error> {
+//!     let pending = orders::table
+//!         .filter(orders::shipped.eq(true))
+//!         .filter(orders::email_sent.eq(false));
+//!     let report = pending
+//!         .build_claim()
+//!         .batch(100)
+//!         .each(conn, async |conn, order: Order| {
+//!             diesel::update(&order)
+//!                 .set(orders::email_sent.eq(true))
+//!                 .execute(conn)
+//!                 .await?;
+//!             Ok::<_, diesel_claim::Error>(())
+//!         })
+//!         .await?;
+//!     Ok(report.processed)
+//! }
+//! # }
+//! ```
+//!
+//! What is here: [`ClaimDsl::claim_each`] and the claim builder's `each` and
+//! `each_batch` (per row and batched; not yet `mark`), [`LockDsl::with_lock`]
+//! and [`with_locks`](LockDsl::with_locks), [`VersionedDsl::update_versioned`]
+//! with [`retry`], and leases ([`Lease`], [`with_lease`]) on PostgreSQL. The
+//! crate's migrations are run with a blocking connection
+//! ([`run_migrations`](crate::run_migrations)).
+//!
+//! # Dropped futures
+//!
+//! A future dropped while its transaction is open (a timeout, a `select!` that
+//! took another branch, an aborted task) cannot roll back: async code cannot run
+//! in `drop`. The transaction stays open, with its row locks and its partial
+//! writes, on the connection, and this crate marks the connection's transaction
+//! manager broken, so that:
+//!
+//! - a **bb8** pool (diesel-async's `bb8` feature) discards the connection as it
+//!   comes back: the server ends the session, rolls the transaction back and
+//!   releases the locks at once;
+//! - a **deadpool** pool discards it when it next recycles it, on a later `get`:
+//!   until then the locks stay held. Drop such a connection yourself
+//!   (`deadpool::managed::Object::take`) when you cancel a claim;
+//! - a connection of your own refuses any further transaction with
+//!   [`diesel::result::Error::BrokenTransactionManager`]: drop it (closing it
+//!   ends the transaction) and connect again.
+//!
+//! Nothing is ever committed half-way: a batch commits whole, after its closure,
+//! or not at all.
+
+mod claim;
+mod lease;
+mod lock;
+mod versioned;
+
+use diesel_async::{AsyncConnection, TransactionManager};
+use futures_util::FutureExt;
+use scoped_futures::ScopedBoxFuture;
+use std::panic::{self, AssertUnwindSafe};
+
+pub use claim::{ClaimDsl, ClaimQuery};
+pub use lease::{with_lease, Lease};
+pub use lock::{LockDsl, LockQuery};
+pub use versioned::{retry, VersionedDsl};
+
+use crate::backend::ClaimBackend;
+use crate::Error;
+
+/// The mode of the builders the [`aio::prelude`](prelude)'s traits make: they run
+/// on a diesel-async connection, as futures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Async {}
+
+/// The async extension traits, and the crate's other common names.
+pub mod prelude {
+    pub use super::{ClaimDsl, LockDsl, VersionedDsl};
+    pub use crate::{ClaimReport, Error, LockStrength, OnLocked, RetryPolicy};
+    pub use scoped_futures::ScopedFutureExt;
+}
+
+/// How many transactions deep the connection is.
+pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    Ok(status.transaction_depth()?.map_or(0, |depth| depth.get()))
+}
+
+/// Runs `body` in a transaction; commits on `Ok`, rolls back on `Err` and on a
+/// panic (then resumes it), like the blocking `locking_transaction`. PostgreSQL
+/// and MySQL need no lock up front: a plain `BEGIN`.
+///
+/// If the future is dropped before the transaction ends, the connection's
+/// transaction manager is left marked broken: see the module documentation.
+pub(crate) async fn locking_transaction<'a, C, T, E, F>(conn: &mut C, body: F) -> Result<T, E>
+where
+    C: AsyncConnection,
+    C::Backend: ClaimBackend,
+    F: for<'c> FnOnce(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>>,
+    E: From<Error>,
+{
+    let depth = transaction_depth(conn)?;
+    C::TransactionManager::begin_transaction(conn)
+        .await
+        .map_err(Error::from)?;
+    let mut open = OpenTransaction { conn: Some(conn) };
+    let outcome = AssertUnwindSafe(body(open.conn())).catch_unwind().await;
+    let conn = open.close();
+    match outcome {
+        Ok(Ok(value)) => {
+            C::TransactionManager::commit_transaction(conn)
+                .await
+                .map_err(Error::from)?;
+            Ok(value)
+        }
+        Ok(Err(error)) => {
+            roll_back_to(conn, depth).await;
+            Err(error)
+        }
+        Err(payload) => {
+            roll_back_to(conn, depth).await;
+            panic::resume_unwind(payload)
+        }
+    }
+}
+
+/// Rolls back every transaction level above `depth`, stopping at the first
+/// rollback that fails (which leaves the transaction manager in its error state).
+async fn roll_back_to<C: AsyncConnection>(conn: &mut C, depth: u32) {
+    while matches!(transaction_depth(conn), Ok(current) if current > depth) {
+        if C::TransactionManager::rollback_transaction(conn)
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+}
+
+/// A transaction begun and not yet ended. Dropped before
+/// [`close`](Self::close) — its future was dropped mid-transaction — it marks the
+/// connection's transaction manager broken, so that nothing runs in the
+/// abandoned transaction and pools discard the connection.
+struct OpenTransaction<'c, C: AsyncConnection> {
+    /// `None` once closed.
+    conn: Option<&'c mut C>,
+}
+
+impl<'c, C: AsyncConnection> OpenTransaction<'c, C> {
+    fn conn(&mut self) -> &mut C {
+        self.conn.as_deref_mut().expect("the transaction is open")
+    }
+
+    fn close(mut self) -> &'c mut C {
+        self.conn.take().expect("the transaction is open")
+    }
+}
+
+impl<C: AsyncConnection> Drop for OpenTransaction<'_, C> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_deref_mut() {
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Optimistic updates and retries on a diesel-async connection.
+
+use std::future::Future;
+
+use diesel::dsl;
+use diesel::expression::AsExpression;
+use diesel::prelude::*;
+use diesel::query_builder::{AsChangeset, AsQuery, IntoUpdateTarget, QueryFragment};
+use diesel::query_dsl::methods::FilterDsl;
+use diesel::sql_types::SingleValue;
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use scoped_futures::ScopedBoxFuture;
+
+use super::Async;
+use crate::backend::ClaimBackend;
+use crate::versioned::{Attempts, Probe, Statement};
+use crate::{Error, RetryPolicy, Transient, Version, VersionedUpdate};
+
+/// Adds [`update_versioned`](VersionedDsl::update_versioned) to update targets,
+/// for diesel-async connections: the async twin of [`crate::VersionedDsl`].
+pub trait VersionedDsl: IntoUpdateTarget + Clone {
+    /// A version-checked update: see [`crate::VersionedDsl::update_versioned`].
+    /// Run it with [`execute`](VersionedUpdate#method.execute-1) or
+    /// [`get_result`](VersionedUpdate#method.get_result-1).
+    fn update_versioned<Col, V, Changes>(
+        self,
+        version_column: Col,
+        expected: V,
+        changes: Changes,
+    ) -> VersionedUpdate<Self, Col, V, Changes, Async>
+    where
+        Col: Column<Table = Self::Table>,
+        V: Version,
+    {
+        VersionedUpdate::new(self, version_column, expected, changes)
+    }
+}
+
+impl<T: IntoUpdateTarget + Clone> VersionedDsl for T {}
+
+type Bump<Col, V> = dsl::Eq<Col, V>;
+
+impl<Target, Col, V, Changes> VersionedUpdate<Target, Col, V, Changes, Async>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType> + Send + 'static,
+    Changes: AsChangeset<Target = Target::Table> + Clone,
+    (Changes, Bump<Col, V>): AsChangeset<Target = Target::Table>,
+    dsl::Update<Target, (Changes, Bump<Col, V>)>: AsQuery,
+    dsl::Update<Target, (Changes, Bump<Col, V>)>: FilterDsl<dsl::Eq<Col, V>>,
+{
+    /// Runs the update and returns the new version: see
+    /// [`crate::VersionedUpdate::execute`].
+    pub fn execute<'a, C>(
+        self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<V, Error>> + Send + 'a
+    where
+        Self: Send + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        Changes::Changeset: QueryFragment<C::Backend>,
+        Statement<Target, Col, V, Changes>: ExecuteDsl<C> + Send + 'a,
+        Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
+    {
+        async move {
+            let next = self.next_version()?;
+            let statement = self.statement::<C::Backend>(next)?;
+            match RunQueryDsl::execute(statement, conn).await? {
+                0 => {
+                    let probed = self.probe().get_result(conn).await.optional();
+                    Err(self.no_match(probed))
+                }
+                _ => Ok(next),
+            }
+        }
+    }
+
+    /// Runs the update and returns the updated row (`RETURNING`): see
+    /// [`crate::VersionedUpdate::get_result`].
+    pub fn get_result<'a, R, C>(
+        self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<R, Error>> + Send + 'a
+    where
+        Self: Send + 'a,
+        C: AsyncConnection,
+        C::Backend: ClaimBackend,
+        R: Send + 'a,
+        Changes::Changeset: QueryFragment<C::Backend>,
+        Statement<Target, Col, V, Changes>: LoadQuery<'a, C, R> + 'a,
+        Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
+    {
+        async move {
+            let statement = self.statement::<C::Backend>(self.next_version()?)?;
+            match RunQueryDsl::get_result(statement, conn).await.optional()? {
+                Some(row) => Ok(row),
+                None => {
+                    let probed = self.probe().get_result(conn).await.optional();
+                    Err(self.no_match(probed))
+                }
+            }
+        }
+    }
+}
+
+/// Awaits `operation` until it succeeds, fails with an error that is not
+/// [transient](Transient), or has been tried `policy.max_attempts` times: the
+/// async twin of [`crate::retry`], pausing with `tokio::time::sleep`. Each
+/// attempt is `|conn| async move { … }.scope_boxed()`.
+pub fn retry<'a, C, T, E, F>(
+    conn: &'a mut C,
+    policy: RetryPolicy,
+    mut operation: F,
+) -> impl Future<Output = Result<T, E>> + Send + 'a
+where
+    C: Send,
+    T: Send + 'a,
+    F: for<'c> FnMut(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+    E: Transient + Send + 'a,
+{
+    async move {
+        let mut attempts = Attempts::new(policy);
+        loop {
+            match operation(conn).await {
+                Err(error) => match attempts.pause_after(&error) {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => return Err(error),
+                },
+                done => return done,
+            }
+        }
+    }
+}

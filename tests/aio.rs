@@ -1,0 +1,657 @@
+//! The async API (`diesel_claim::aio`) on diesel-async, against PostgreSQL and
+//! MariaDB: the invariants of the blocking tests, with many tasks on a
+//! multi-threaded runtime, and futures dropped mid-claim.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl, SelectableHelper};
+use diesel_async::pooled_connection::bb8;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_claim::aio::prelude::*;
+use diesel_claim::aio::{retry, with_lease};
+
+use crate::fixtures::{accounts, orders, outbox, Account, Order};
+
+/// The shipped orders whose email is not sent.
+fn pending() -> diesel::dsl::Filter<
+    diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
+    diesel::dsl::Eq<orders::email_sent, bool>,
+> {
+    orders::table
+        .filter(orders::shipped.eq(true))
+        .filter(orders::email_sent.eq(false))
+}
+
+/// Expands the tests once per backend diesel-async supports, in modules `pg` and
+/// `mysql`. Inside, `Conn` is the async connection type, `Db` the blocking one,
+/// and `test_db(size)` a fresh database with the shop schema and the crate's
+/// migrations, plus a bb8 pool of `size` connections to it.
+macro_rules! on_async_backends {
+    (@backend $module:ident, $conn:ty, $db:ty, $test_db:ident, $schema:ident, $($tests:tt)*) => {
+        mod $module {
+            #![allow(dead_code)]
+            use super::*;
+            pub type Conn = $conn;
+            pub type Db = $db;
+            pub type Pool = bb8::Pool<Conn>;
+
+            pub async fn test_db(size: u32) -> (crate::common::$test_db, Pool) {
+                let db = crate::common::$test_db::new();
+                let mut setup = <Db as diesel::Connection>::establish(&db.url).unwrap();
+                crate::fixtures::create_schema(&mut setup, crate::fixtures::$schema);
+                let manager = AsyncDieselConnectionManager::<Conn>::new(db.url.clone());
+                let pool = bb8::Pool::builder()
+                    .max_size(size)
+                    .connection_timeout(Duration::from_secs(10))
+                    .build(manager)
+                    .await
+                    .unwrap();
+                (db, pool)
+            }
+
+            /// A blocking connection to the test database, to check what the
+            /// async code left behind.
+            pub fn blocking(url: &str) -> Db {
+                <Db as diesel::Connection>::establish(url).unwrap()
+            }
+
+            $($tests)*
+        }
+    };
+    ($($tests:tt)*) => {
+        #[cfg(feature = "postgres")]
+        on_async_backends!(@backend pg, diesel_async::AsyncPgConnection, diesel::PgConnection,
+            PgTestDb, POSTGRES_SCHEMA, $($tests)*);
+        #[cfg(feature = "mysql")]
+        on_async_backends!(@backend mysql, diesel_async::AsyncMysqlConnection,
+            diesel::MysqlConnection, MysqlTestDb, MYSQL_SCHEMA, $($tests)*);
+    };
+}
+
+on_async_backends! {
+    const TASKS: usize = 32;
+    const ORDERS: usize = 5_000;
+
+    async fn insert_pending(conn: &mut Conn, count: usize) {
+        for chunk in vec![(orders::shipped.eq(true),); count].chunks(1000) {
+            diesel::insert_into(orders::table)
+                .values(chunk.to_vec())
+                .execute(conn)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// "Sends" the email: one outbox row, then marks the order done.
+    async fn send_email(conn: &mut Conn, order: &Order, task: i32) -> diesel::QueryResult<()> {
+        diesel::insert_into(outbox::table)
+            .values((outbox::order_id.eq(order.id), outbox::worker.eq(task)))
+            .execute(conn)
+            .await?;
+        diesel::update(orders::table.find(order.id))
+            .set(orders::email_sent.eq(true))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// `(emails sent, duplicate emails beyond one per order, orders still pending)`.
+    async fn email_figures(conn: &mut Conn) -> (i64, i64, i64) {
+        let sent: i64 = outbox::table.count().get_result(conn).await.unwrap();
+        let distinct = outbox::table
+            .select(outbox::order_id)
+            .distinct()
+            .load::<i32>(conn)
+            .await
+            .unwrap()
+            .len() as i64;
+        let left: i64 = pending().count().get_result(conn).await.unwrap();
+        (sent, sent - distinct, left)
+    }
+
+    /// 32 tasks drain 5,000 orders, per row and in batches of 50: every order
+    /// gets exactly one email. Without the row lock this fails (checked by
+    /// removing it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn tasks_drain_each_row_exactly_once() {
+        for batch in [1, 50] {
+            let (_db, pool) = test_db(TASKS as u32 + 1).await;
+            insert_pending(&mut pool.get().await.unwrap(), ORDERS).await;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|task| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move {
+                        let mut conn = pool.get_owned().await.unwrap();
+                        let report = pending()
+                            .build_claim()
+                            .batch(batch)
+                            .each(&mut *conn, |conn: &mut Conn, order: Order| async move {
+                                send_email(conn, &order, task as i32).await?;
+                                Ok::<_, diesel_claim::Error>(())
+                            }.scope_boxed())
+                            .await
+                            .unwrap();
+                        report.processed
+                    })
+                })
+                .collect();
+            let mut processed = 0;
+            for task in tasks {
+                processed += task.await.unwrap();
+            }
+            let (sent, duplicates, left) = email_figures(&mut pool.get().await.unwrap()).await;
+            eprintln!(
+                "batch {batch}: {TASKS} tasks, {ORDERS} orders: processed {processed}, emails \
+                 {sent}, duplicates {duplicates}, left {left}"
+            );
+            assert_eq!((sent, duplicates, left), (ORDERS as i64, 0, 0), "batch {batch}");
+            assert_eq!(processed, ORDERS as u64, "batch {batch}");
+        }
+    }
+
+    /// `claim_each` and `each_batch` hand over rows as the blocking API does,
+    /// and nothing pending is one statement's work.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claim_each_and_each_batch() {
+        let (_db, pool) = test_db(2).await;
+        let mut conn = pool.get().await.unwrap();
+        insert_pending(&mut conn, 7).await;
+        let report = pending()
+            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
+                send_email(conn, &order, 0).await?;
+                Ok::<_, diesel_claim::Error>(())
+            }.scope_boxed())
+            .await
+            .unwrap();
+        assert_eq!((report.processed, report.skipped, report.passes), (7, 0, 1));
+
+        insert_pending(&mut conn, 7).await;
+        let batches = &std::sync::Mutex::new(Vec::new());
+        let report = pending()
+            .build_claim()
+            .batch(3)
+            .each_batch(&mut *conn, |conn: &mut Conn, orders: Vec<Order>| async move {
+                batches.lock().unwrap().push(orders.len());
+                for order in &orders {
+                    send_email(conn, order, 0).await?;
+                }
+                Ok::<_, diesel_claim::Error>(())
+            }.scope_boxed())
+            .await
+            .unwrap();
+        assert_eq!(report.processed, 7);
+        assert_eq!(*batches.lock().unwrap(), [3, 3, 1]);
+        assert_eq!(email_figures(&mut conn).await, (14, 0, 0));
+
+        let nothing = pending()
+            .claim_each(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .await
+            .unwrap();
+        assert_eq!((nothing.processed, nothing.skipped), (0, 0));
+    }
+
+    /// An error from the closure rolls back its whole batch and ends the call
+    /// with it; a panic rolls back too and leaves the connection usable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn errors_and_panics_roll_back_the_batch() {
+        let (_db, pool) = test_db(2).await;
+        let mut conn = pool.get_owned().await.unwrap();
+        insert_pending(&mut conn, 4).await;
+        let result = pending()
+            .build_claim()
+            .batch(4)
+            .each(&mut *conn, |conn: &mut Conn, order: Order| async move {
+                send_email(conn, &order, 0).await?;
+                if order.id == 3 {
+                    return Err(diesel_claim::Error::InvalidArgument("refused".to_owned()));
+                }
+                Ok(())
+            }.scope_boxed())
+            .await;
+        assert!(matches!(result, Err(diesel_claim::Error::InvalidArgument(_))));
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 4));
+
+        let panicked = tokio::spawn(async move {
+            let _ = pending()
+                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
+                    send_email(conn, &order, 0).await?;
+                    panic!("the closure panics after its write");
+                    #[allow(unreachable_code)]
+                    Ok::<_, diesel_claim::Error>(())
+                }.scope_boxed())
+                .await;
+        })
+        .await;
+        assert!(panicked.unwrap_err().is_panic());
+        // The panic unwound through the claim, which rolled back: the pooled
+        // connection went back to the pool usable, and nothing was written.
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 4));
+        let report = pending()
+            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
+                send_email(conn, &order, 0).await?;
+                Ok::<_, diesel_claim::Error>(())
+            }.scope_boxed())
+            .await
+            .unwrap();
+        assert_eq!(report.processed, 4);
+    }
+
+    /// Bad input gets the blocking API's typed errors, before any SQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bad_input_is_refused() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        let in_transaction = (*conn)
+            .transaction(async |conn: &mut Conn| {
+                pending()
+                    .claim_each(conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+                    .await
+            })
+            .await;
+        assert!(matches!(in_transaction, Err(diesel_claim::Error::InvalidArgument(_))));
+        let no_batch = pending()
+            .build_claim()
+            .batch(0)
+            .each(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .await;
+        assert!(matches!(no_batch, Err(diesel_claim::Error::InvalidArgument(_))));
+        let missing = accounts::table
+            .find(42)
+            .with_lock(&mut *conn, |_: &mut Conn, _: Account| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .await;
+        assert!(matches!(missing, Err(diesel_claim::Error::NotFound)));
+    }
+
+    /// A claim future dropped mid-batch (a timeout) with a bb8 pool: the pool
+    /// discards the connection, so the row lock goes with it and the write the
+    /// closure made before it stalled is never committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_claim_releases_its_lock_through_the_pool() {
+        let (db, pool) = test_db(1).await;
+        insert_pending(&mut pool.get().await.unwrap(), 1).await;
+        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
+            let mut conn = pool.get().await.unwrap();
+            pending()
+                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
+                    send_email(conn, &order, 0).await?;
+                    std::future::pending::<()>().await;
+                    Ok::<_, diesel_claim::Error>(())
+                }.scope_boxed())
+                .await
+        })
+        .await;
+        assert!(stalled.is_err(), "the claim should have stalled");
+        // The pool's one connection was discarded; a new one can lock the row
+        // at once and sees no email.
+        let mut conn = pool.get().await.unwrap();
+        let order = pending()
+            .build_lock()
+            .nowait()
+            .run(&mut *conn, |_: &mut Conn, order: Order| async move { Ok::<_, diesel_claim::Error>(order) }.scope_boxed())
+            .await
+            .unwrap();
+        assert!(!order.email_sent);
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+        drop(db);
+    }
+
+    /// The same on a connection of one's own: it refuses further transactions
+    /// rather than nest them in the abandoned one, which still holds the lock,
+    /// and dropping it releases the lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_claim_breaks_a_plain_connection() {
+        let (db, pool) = test_db(1).await;
+        insert_pending(&mut pool.get().await.unwrap(), 1).await;
+        let mut own = Conn::establish(&db.url).await.unwrap();
+        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
+            pending()
+                .claim_each(&mut own, |conn: &mut Conn, order: Order| async move {
+                    send_email(conn, &order, 0).await?;
+                    std::future::pending::<()>().await;
+                    Ok::<_, diesel_claim::Error>(())
+                }.scope_boxed())
+                .await
+        })
+        .await;
+        assert!(stalled.is_err(), "the claim should have stalled");
+        // Not a savepoint inside the abandoned transaction: an error.
+        let again = own
+            .transaction(async |_: &mut Conn| Ok::<_, diesel::result::Error>(()))
+            .await;
+        assert!(
+            matches!(again, Err(diesel::result::Error::BrokenTransactionManager)),
+            "a broken connection must refuse: {again:?}"
+        );
+        let mut conn = pool.get().await.unwrap();
+        let locked = pending()
+            .build_lock()
+            .nowait()
+            .run(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .await;
+        assert!(matches!(locked, Err(diesel_claim::Error::LockNotAvailable)), "{locked:?}");
+        drop(own);
+        // The server ends the session when the socket closes; give it a moment.
+        let mut freed = false;
+        for _ in 0..100 {
+            let lock = pending()
+                .build_lock()
+                .nowait()
+                .run(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+                .await;
+            if lock.is_ok() {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(freed, "the lock outlived the connection");
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+    }
+
+    /// 16 tasks move money between 5 accounts with `with_locks`, refusing
+    /// overdrafts: the total never changes and no balance goes negative.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn pessimistic_bank_keeps_every_cent() {
+        const TRANSFERS: usize = 40;
+        let (_db, pool) = test_db(17).await;
+        seed_accounts(&mut pool.get().await.unwrap(), &[100; 5]).await;
+        let tasks: Vec<_> = (0..16)
+            .map(|task| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    let mut done = 0;
+                    for i in 0..TRANSFERS {
+                        let from = ((task + i) % 5 + 1) as i32;
+                        let to = ((task + 2 * i + 1) % 5 + 1) as i32;
+                        if from == to {
+                            continue;
+                        }
+                        let amount = 7 + (i % 30) as i64;
+                        let moved = accounts::table
+                            .filter(accounts::id.eq_any([from, to]))
+                            .order(accounts::id)
+                            .with_locks(&mut *conn, |conn: &mut Conn, rows: Vec<Account>| async move {
+                                let source = rows.iter().find(|a| a.id == from).unwrap();
+                                if source.balance < amount {
+                                    return Ok(false);
+                                }
+                                move_money(conn, from, to, amount).await?;
+                                Ok::<_, diesel_claim::Error>(true)
+                            }.scope_boxed())
+                            .await
+                            .unwrap();
+                        done += usize::from(moved);
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut transfers = 0;
+        for task in tasks {
+            transfers += task.await.unwrap();
+        }
+        let balances = balances(&mut pool.get().await.unwrap()).await;
+        eprintln!("pessimistic: {transfers} transfers, balances {balances:?}");
+        assert_eq!(balances.iter().sum::<i64>(), 500);
+        assert!(balances.iter().all(|&b| b >= 0));
+        assert!(transfers > 0);
+    }
+
+    /// 25 tasks each add 1 to one counter 5 times with `update_versioned` and
+    /// `retry`: exactly 125, however many conflicts it took.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn optimistic_counter_loses_no_increment() {
+        let (_db, pool) = test_db(26).await;
+        seed_accounts(&mut pool.get().await.unwrap(), &[0]).await;
+        let retries = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..25)
+            .map(|_| {
+                let (pool, retries) = (pool.clone(), retries.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    for _ in 0..5 {
+                        let attempts = &AtomicUsize::new(0);
+                        retry(&mut *conn, RetryPolicy::attempts(1000), |conn: &mut Conn| async move {
+                            attempts.fetch_add(1, Ordering::Relaxed);
+                            let account: Account = accounts::table
+                                .find(1)
+                                .select(Account::as_select())
+                                .get_result(conn)
+                                .await?;
+                            accounts::table
+                                .find(1)
+                                .update_versioned(
+                                    accounts::version,
+                                    account.version,
+                                    accounts::balance.eq(account.balance + 1),
+                                )
+                                .execute(conn)
+                                .await
+                        }.scope_boxed())
+                        .await
+                        .unwrap();
+                        retries.fetch_add(AtomicUsize::load(attempts, Ordering::Relaxed) - 1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let balances = balances(&mut pool.get().await.unwrap()).await;
+        eprintln!(
+            "optimistic: 125 increments, {} retries, counter {}",
+            AtomicUsize::load(&retries, Ordering::Relaxed),
+            balances[0]
+        );
+        assert_eq!(balances, [125]);
+    }
+
+    /// Two tasks lock two accounts in opposite orders: the server picks a
+    /// victim, which gets `Error::Deadlock` (on MySQL too, whose async driver
+    /// reports it with an unknown kind), and `retry` gets both transfers done.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deadlocks_are_typed_and_retry_recovers() {
+        let (_db, pool) = test_db(2).await;
+        seed_accounts(&mut pool.get().await.unwrap(), &[100, 100]).await;
+        let both_hold_one = Arc::new(tokio::sync::Barrier::new(2));
+        let deadlocks = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = [(1, 2), (2, 1)]
+            .into_iter()
+            .map(|(first, second)| {
+                let (pool, both_hold_one, deadlocks) =
+                    (pool.clone(), both_hold_one.clone(), deadlocks.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    let (both_hold_one, deadlocks) = (&*both_hold_one, &*deadlocks);
+                    let first_attempt = &std::sync::atomic::AtomicBool::new(true);
+                    retry(&mut *conn, RetryPolicy::attempts(20), |conn: &mut Conn| {
+                        async move {
+                            let moved = accounts::table
+                                .find(first)
+                                .with_lock(conn, |conn: &mut Conn, _: Account| {
+                                    async move {
+                                        if first_attempt.swap(false, Ordering::SeqCst) {
+                                            both_hold_one.wait().await;
+                                        }
+                                        move_money(conn, first, second, 10).await?;
+                                        Ok::<_, diesel_claim::Error>(())
+                                    }
+                                    .scope_boxed()
+                                })
+                                .await;
+                            if matches!(moved, Err(diesel_claim::Error::Deadlock(_))) {
+                                deadlocks.fetch_add(1, Ordering::SeqCst);
+                            }
+                            moved
+                        }
+                        .scope_boxed()
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let deadlocks = AtomicUsize::load(&deadlocks, Ordering::SeqCst);
+        eprintln!("deadlocks: {deadlocks}");
+        assert!(deadlocks >= 1);
+        assert_eq!(balances(&mut pool.get().await.unwrap()).await, [100, 100]);
+    }
+
+    /// A stale version is a typed conflict, a missing row `NotFound`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn versioned_outcomes() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[10]).await;
+        let next = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, accounts::balance.eq(11))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(next, 1);
+        let stale = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, accounts::balance.eq(12))
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(
+            stale,
+            Err(diesel_claim::Error::VersionConflict { expected: 0, actual: Some(1) })
+        ));
+        let missing = accounts::table
+            .find(2)
+            .update_versioned(accounts::version, 0, accounts::balance.eq(1))
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(missing, Err(diesel_claim::Error::NotFound)));
+    }
+
+    async fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
+        let rows: Vec<_> = balances
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*b)))
+            .collect();
+        diesel::insert_into(accounts::table).values(&rows).execute(conn).await.unwrap();
+    }
+
+    async fn move_money(conn: &mut Conn, from: i32, to: i32, amount: i64) -> diesel::QueryResult<()> {
+        diesel::update(accounts::table.find(from))
+            .set(accounts::balance.eq(accounts::balance - amount))
+            .execute(conn)
+            .await?;
+        diesel::update(accounts::table.find(to))
+            .set(accounts::balance.eq(accounts::balance + amount))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn balances(conn: &mut Conn) -> Vec<i64> {
+        accounts::table
+            .order(accounts::id)
+            .select(accounts::balance)
+            .load(conn)
+            .await
+            .unwrap()
+    }
+}
+
+/// Leases on PostgreSQL through the async API.
+#[cfg(feature = "postgres")]
+mod pg_leases {
+    use super::pg::*;
+    use super::*;
+    use diesel_claim::aio::Lease;
+
+    /// 8 tasks contend for one name for 1.5 s: never two inside at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn leases_exclude_each_other() {
+        let (_db, pool) = test_db(8).await;
+        let inside = Arc::new(AtomicUsize::new(0));
+        let overlaps = Arc::new(AtomicUsize::new(0));
+        let entered = Arc::new(AtomicUsize::new(0));
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (pool, inside, overlaps, entered) = (
+                    pool.clone(),
+                    inside.clone(),
+                    overlaps.clone(),
+                    entered.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    let (inside, overlaps, entered) = (&*inside, &*overlaps, &*entered);
+                    while tokio::time::Instant::now() < deadline {
+                        let ttl = Duration::from_secs(10);
+                        with_lease(&mut *conn, "report", ttl, |_: &mut Conn, _: &Lease| {
+                            async move {
+                                if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                                    overlaps.fetch_add(1, Ordering::SeqCst);
+                                }
+                                entered.fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                                inside.fetch_sub(1, Ordering::SeqCst);
+                                Ok::<_, diesel_claim::Error>(())
+                            }
+                            .scope_boxed()
+                        })
+                        .await
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let entered = AtomicUsize::load(&entered, Ordering::SeqCst);
+        let overlaps = AtomicUsize::load(&overlaps, Ordering::SeqCst);
+        eprintln!("leases: {entered} critical sections, {overlaps} overlaps");
+        assert_eq!(overlaps, 0);
+        assert!(entered > 0);
+    }
+
+    /// Tokens grow, a second acquirer is refused, and an expired holder can
+    /// neither renew nor release.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lease_lifecycle() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        let ttl = Duration::from_secs(30);
+        let first = Lease::acquire(&mut *conn, "job", ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(Lease::acquire(&mut *conn, "job", ttl)
+            .await
+            .unwrap()
+            .is_none());
+        first.renew(&mut *conn, ttl).await.unwrap();
+        let token = first.token();
+        first.release(&mut *conn).await.unwrap();
+        let short = Lease::acquire_within(&mut *conn, "job", Duration::from_millis(50), ttl)
+            .await
+            .unwrap();
+        assert!(short.token() > token);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(matches!(
+            short.renew(&mut *conn, ttl).await,
+            Err(diesel_claim::Error::NotLeaseOwner { .. })
+        ));
+        assert!(matches!(
+            Lease::acquire(&mut *conn, "", ttl).await,
+            Err(diesel_claim::Error::InvalidArgument(_))
+        ));
+    }
+}
