@@ -375,7 +375,7 @@ mod sqlite {
 }
 
 #[cfg(feature = "mysql")]
-mod mysql {
+pub(crate) mod mysql {
     use super::strategy::Strategy;
     use super::LeaseStatement;
     use super::*;
@@ -384,8 +384,7 @@ mod mysql {
     use diesel::connection::LoadConnection;
     use diesel::mysql::Mysql;
     use diesel::query_builder::AstPass;
-    use diesel::sql_types::{BigInt, Text};
-    use diesel::{sql_query, RunQueryDsl};
+    use diesel::RunQueryDsl;
 
     impl ClaimBackend for Mysql {}
 
@@ -437,9 +436,7 @@ mod mysql {
             C::TransactionManager::begin_transaction(conn)
         }
 
-        // No `RETURNING`: statements by affected rows (Diesel counts the rows an
-        // `UPDATE` matched), and the acquiring `UPDATE`'s new token read back
-        // under its row lock, in one transaction.
+        // No `RETURNING`: see `lease_sql`.
         fn lease_statement<C>(
             conn: &mut C,
             statement: LeaseStatement<'_>,
@@ -447,52 +444,24 @@ mod mysql {
         where
             C: LoadConnection<Backend = Self>,
         {
-            let updated = |count: usize, token: i64| (count == 1).then_some(token);
-            match statement {
-                LeaseStatement::Acquire { name, ttl_micros } => {
-                    // Without gap locks (`REPEATABLE READ` takes them), two
-                    // acquirers of a new name would deadlock on their inserts.
-                    conn.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
-                    conn.transaction(|conn| {
-                        // An expired lease: taken over, under the row's lock.
-                        let taken = sql_query(lease_sql::MYSQL_TAKE_EXPIRED)
-                            .bind::<BigInt, _>(ttl_micros)
-                            .bind::<Text, _>(name)
-                            .execute(conn)?;
-                        if taken == 1 {
-                            let token: lease_sql::Token = sql_query(lease_sql::MYSQL_TOKEN)
-                                .bind::<Text, _>(name)
-                                .get_result(conn)?;
-                            return Ok(Some(token.token));
-                        }
-                        // A new name: inserted with token 1; a live lease is left be.
-                        let inserted = sql_query(Self::LEASE_ACQUIRE)
-                            .bind::<Text, _>(name)
-                            .bind::<BigInt, _>(ttl_micros)
-                            .execute(conn)?;
-                        Ok((inserted == 1).then_some(1))
-                    })
-                }
-                LeaseStatement::Renew {
-                    name,
-                    token,
-                    ttl_micros,
-                } => Ok(updated(
-                    sql_query(Self::LEASE_RENEW)
-                        .bind::<BigInt, _>(ttl_micros)
-                        .bind::<Text, _>(name)
-                        .bind::<BigInt, _>(token)
-                        .execute(conn)?,
-                    token,
-                )),
-                LeaseStatement::Release { name, token } => Ok(updated(
-                    sql_query(Self::LEASE_RELEASE)
-                        .bind::<Text, _>(name)
-                        .bind::<BigInt, _>(token)
-                        .execute(conn)?,
-                    token,
-                )),
-            }
+            use lease_sql::{Step, Token};
+            let LeaseStatement::Acquire { name, ttl_micros } = statement else {
+                let (update, token) = lease_sql::update(statement);
+                return Ok(lease_sql::owned(update.execute(conn)?, token));
+            };
+            conn.batch_execute(lease_sql::READ_COMMITTED)?;
+            conn.transaction(|conn| {
+                let taken = lease_sql::take_expired(name, ttl_micros).execute(conn)?;
+                Ok(match lease_sql::after_take(taken) {
+                    Step::ReadToken => {
+                        let token: Token = lease_sql::read_token(name).get_result(conn)?;
+                        Some(token.token)
+                    }
+                    Step::InsertNew => {
+                        lease_sql::inserted(lease_sql::insert_new(name, ttl_micros).execute(conn)?)
+                    }
+                })
+            })
         }
 
         const LEASE_ACQUIRE: &'static str = concat!(
@@ -514,9 +483,100 @@ mod mysql {
         );
     }
 
-    /// The acquiring statements beyond the `INSERT` of a new name.
-    mod lease_sql {
-        use diesel::sql_types::BigInt;
+    /// MySQL's lease statements, without `RETURNING`: they succeed by affected
+    /// rows (Diesel counts the rows an `UPDATE` matched), and the acquiring
+    /// `UPDATE`'s new token is read back under its row lock. Acquiring is one
+    /// transaction at `READ COMMITTED`: without gap locks (which `REPEATABLE
+    /// READ` takes), two acquirers of a new name would deadlock on their inserts.
+    /// The blocking and the async drivers both run these, in this order:
+    ///
+    /// 1. [`READ_COMMITTED`], then in a transaction [`take_expired`]: an expired
+    ///    lease taken over, under the row's lock;
+    /// 2. as [`after_take`] says: [`read_token`] of the lease just taken, or
+    ///    [`insert_new`] for a new name (token 1), whose affected rows
+    ///    [`inserted`] reads: a live lease is left be.
+    ///
+    /// Renewing and releasing are one [`update`] each, read by [`owned`].
+    pub(crate) mod lease_sql {
+        use super::super::strategy::Strategy;
+        use super::super::LeaseStatement;
+        use diesel::mysql::Mysql;
+        use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+        use diesel::sql_types::{BigInt, Text};
+
+        pub const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+        /// A statement with its arguments bound.
+        pub type Statement<'a> = BoxedSqlQuery<'a, Mysql, SqlQuery>;
+
+        fn sql_query(sql: &str) -> Statement<'_> {
+            diesel::sql_query(sql).into_boxed()
+        }
+
+        pub fn take_expired(name: &str, ttl_micros: i64) -> Statement<'_> {
+            sql_query(MYSQL_TAKE_EXPIRED)
+                .bind::<BigInt, _>(ttl_micros)
+                .bind::<Text, _>(name)
+        }
+
+        /// What follows [`take_expired`] having changed `taken` rows.
+        pub enum Step {
+            ReadToken,
+            InsertNew,
+        }
+
+        pub fn after_take(taken: usize) -> Step {
+            if taken == 1 {
+                Step::ReadToken
+            } else {
+                Step::InsertNew
+            }
+        }
+
+        pub fn read_token(name: &str) -> Statement<'_> {
+            sql_query(MYSQL_TOKEN).bind::<Text, _>(name)
+        }
+
+        pub fn insert_new(name: &str, ttl_micros: i64) -> Statement<'_> {
+            sql_query(<Mysql as Strategy>::LEASE_ACQUIRE)
+                .bind::<Text, _>(name)
+                .bind::<BigInt, _>(ttl_micros)
+        }
+
+        /// The token a new name's lease starts at, if the insert took it.
+        pub fn inserted(rows: usize) -> Option<i64> {
+            (rows == 1).then_some(1)
+        }
+
+        /// The statement that renews or releases (not acquires), and the
+        /// lease's token.
+        pub fn update(statement: LeaseStatement<'_>) -> (Statement<'_>, i64) {
+            match statement {
+                LeaseStatement::Renew {
+                    name,
+                    token,
+                    ttl_micros,
+                } => (
+                    sql_query(<Mysql as Strategy>::LEASE_RENEW)
+                        .bind::<BigInt, _>(ttl_micros)
+                        .bind::<Text, _>(name)
+                        .bind::<BigInt, _>(token),
+                    token,
+                ),
+                LeaseStatement::Release { name, token } => (
+                    sql_query(<Mysql as Strategy>::LEASE_RELEASE)
+                        .bind::<Text, _>(name)
+                        .bind::<BigInt, _>(token),
+                    token,
+                ),
+                LeaseStatement::Acquire { .. } => unreachable!("acquiring is not an update"),
+            }
+        }
+
+        /// The token, if the update changed the lease's row.
+        pub fn owned(rows: usize, token: i64) -> Option<i64> {
+            (rows == 1).then_some(token)
+        }
 
         pub const MYSQL_TAKE_EXPIRED: &str = concat!(
             "UPDATE diesel_claim_leases SET token = token + 1, expires_at = ",

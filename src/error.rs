@@ -269,7 +269,10 @@ mod tests {
         assert!(is_deadlock(&mysql_deadlock) && !is_serialization_failure(&mysql_deadlock));
         let async_mysql_deadlock =
             database_error("Deadlock found when trying to get lock; try restarting transaction");
-        assert!(matches!(Error::from(async_mysql_deadlock), Error::Deadlock(_)));
+        assert!(matches!(
+            Error::from(async_mysql_deadlock),
+            Error::Deadlock(_)
+        ));
         let other = database_error(r#"relation "nope" does not exist"#);
         assert!(is_lock_not_available(&nowait));
         assert!(is_lock_not_available(&timeout));

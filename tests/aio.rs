@@ -11,7 +11,7 @@ use diesel_async::pooled_connection::bb8;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
-use diesel_claim::aio::{retry, with_lease};
+use diesel_claim::aio::{retry, with_lease, Lease};
 
 use crate::fixtures::{accounts, orders, outbox, Account, Order};
 
@@ -128,10 +128,13 @@ on_async_backends! {
                         let report = pending()
                             .build_claim()
                             .batch(batch)
-                            .each(&mut *conn, |conn: &mut Conn, order: Order| async move {
-                                send_email(conn, &order, task as i32).await?;
-                                Ok::<_, diesel_claim::Error>(())
-                            }.scope_boxed())
+                            .each(&mut *conn, |conn: &mut Conn, order: Order| {
+                                async move {
+                                    send_email(conn, &order, task as i32).await?;
+                                    Ok::<_, diesel_claim::Error>(())
+                                }
+                                .scope_boxed()
+                            })
                             .await
                             .unwrap();
                         report.processed
@@ -147,7 +150,11 @@ on_async_backends! {
                 "batch {batch}: {TASKS} tasks, {ORDERS} orders: processed {processed}, emails \
                  {sent}, duplicates {duplicates}, left {left}"
             );
-            assert_eq!((sent, duplicates, left), (ORDERS as i64, 0, 0), "batch {batch}");
+            assert_eq!(
+                (sent, duplicates, left),
+                (ORDERS as i64, 0, 0),
+                "batch {batch}"
+            );
             assert_eq!(processed, ORDERS as u64, "batch {batch}");
         }
     }
@@ -160,10 +167,13 @@ on_async_backends! {
         let mut conn = pool.get().await.unwrap();
         insert_pending(&mut conn, 7).await;
         let report = pending()
-            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
-                send_email(conn, &order, 0).await?;
-                Ok::<_, diesel_claim::Error>(())
-            }.scope_boxed())
+            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
+                async move {
+                    send_email(conn, &order, 0).await?;
+                    Ok::<_, diesel_claim::Error>(())
+                }
+                .scope_boxed()
+            })
             .await
             .unwrap();
         assert_eq!((report.processed, report.skipped, report.passes), (7, 0, 1));
@@ -173,13 +183,16 @@ on_async_backends! {
         let report = pending()
             .build_claim()
             .batch(3)
-            .each_batch(&mut *conn, |conn: &mut Conn, orders: Vec<Order>| async move {
-                batches.lock().unwrap().push(orders.len());
-                for order in &orders {
-                    send_email(conn, order, 0).await?;
+            .each_batch(&mut *conn, |conn: &mut Conn, orders: Vec<Order>| {
+                async move {
+                    batches.lock().unwrap().push(orders.len());
+                    for order in &orders {
+                        send_email(conn, order, 0).await?;
+                    }
+                    Ok::<_, diesel_claim::Error>(())
                 }
-                Ok::<_, diesel_claim::Error>(())
-            }.scope_boxed())
+                .scope_boxed()
+            })
             .await
             .unwrap();
         assert_eq!(report.processed, 7);
@@ -187,7 +200,9 @@ on_async_backends! {
         assert_eq!(email_figures(&mut conn).await, (14, 0, 0));
 
         let nothing = pending()
-            .claim_each(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .claim_each(&mut *conn, |_: &mut Conn, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
             .await
             .unwrap();
         assert_eq!((nothing.processed, nothing.skipped), (0, 0));
@@ -203,25 +218,34 @@ on_async_backends! {
         let result = pending()
             .build_claim()
             .batch(4)
-            .each(&mut *conn, |conn: &mut Conn, order: Order| async move {
-                send_email(conn, &order, 0).await?;
-                if order.id == 3 {
-                    return Err(diesel_claim::Error::InvalidArgument("refused".to_owned()));
+            .each(&mut *conn, |conn: &mut Conn, order: Order| {
+                async move {
+                    send_email(conn, &order, 0).await?;
+                    if order.id == 3 {
+                        return Err(diesel_claim::Error::InvalidArgument("refused".to_owned()));
+                    }
+                    Ok(())
                 }
-                Ok(())
-            }.scope_boxed())
+                .scope_boxed()
+            })
             .await;
-        assert!(matches!(result, Err(diesel_claim::Error::InvalidArgument(_))));
+        assert!(matches!(
+            result,
+            Err(diesel_claim::Error::InvalidArgument(_))
+        ));
         assert_eq!(email_figures(&mut conn).await, (0, 0, 4));
 
         let panicked = tokio::spawn(async move {
             let _ = pending()
-                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
-                    send_email(conn, &order, 0).await?;
-                    panic!("the closure panics after its write");
-                    #[allow(unreachable_code)]
-                    Ok::<_, diesel_claim::Error>(())
-                }.scope_boxed())
+                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        panic!("the closure panics after its write");
+                        #[allow(unreachable_code)]
+                        Ok::<_, diesel_claim::Error>(())
+                    }
+                    .scope_boxed()
+                })
                 .await;
         })
         .await;
@@ -231,10 +255,13 @@ on_async_backends! {
         let mut conn = pool.get().await.unwrap();
         assert_eq!(email_figures(&mut conn).await, (0, 0, 4));
         let report = pending()
-            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
-                send_email(conn, &order, 0).await?;
-                Ok::<_, diesel_claim::Error>(())
-            }.scope_boxed())
+            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
+                async move {
+                    send_email(conn, &order, 0).await?;
+                    Ok::<_, diesel_claim::Error>(())
+                }
+                .scope_boxed()
+            })
             .await
             .unwrap();
         assert_eq!(report.processed, 4);
@@ -248,20 +275,32 @@ on_async_backends! {
         let in_transaction = (*conn)
             .transaction(async |conn: &mut Conn| {
                 pending()
-                    .claim_each(conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+                    .claim_each(conn, |_: &mut Conn, _: Order| {
+                        async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+                    })
                     .await
             })
             .await;
-        assert!(matches!(in_transaction, Err(diesel_claim::Error::InvalidArgument(_))));
+        assert!(matches!(
+            in_transaction,
+            Err(diesel_claim::Error::InvalidArgument(_))
+        ));
         let no_batch = pending()
             .build_claim()
             .batch(0)
-            .each(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .each(&mut *conn, |_: &mut Conn, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
             .await;
-        assert!(matches!(no_batch, Err(diesel_claim::Error::InvalidArgument(_))));
+        assert!(matches!(
+            no_batch,
+            Err(diesel_claim::Error::InvalidArgument(_))
+        ));
         let missing = accounts::table
             .find(42)
-            .with_lock(&mut *conn, |_: &mut Conn, _: Account| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .with_lock(&mut *conn, |_: &mut Conn, _: Account| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
             .await;
         assert!(matches!(missing, Err(diesel_claim::Error::NotFound)));
     }
@@ -276,11 +315,14 @@ on_async_backends! {
         let stalled = tokio::time::timeout(Duration::from_millis(300), async {
             let mut conn = pool.get().await.unwrap();
             pending()
-                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| async move {
-                    send_email(conn, &order, 0).await?;
-                    std::future::pending::<()>().await;
-                    Ok::<_, diesel_claim::Error>(())
-                }.scope_boxed())
+                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        std::future::pending::<()>().await;
+                        Ok::<_, diesel_claim::Error>(())
+                    }
+                    .scope_boxed()
+                })
                 .await
         })
         .await;
@@ -291,12 +333,93 @@ on_async_backends! {
         let order = pending()
             .build_lock()
             .nowait()
-            .run(&mut *conn, |_: &mut Conn, order: Order| async move { Ok::<_, diesel_claim::Error>(order) }.scope_boxed())
+            .run(&mut *conn, |_: &mut Conn, order: Order| {
+                async move { Ok::<_, diesel_claim::Error>(order) }.scope_boxed()
+            })
             .await
             .unwrap();
         assert!(!order.email_sent);
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
         drop(db);
+    }
+
+    /// A deadpool pool: tasks drain rows through it, and a claim dropped
+    /// mid-batch leaves its connection in the pool until the next `get`, which
+    /// discards it (it is broken): then the lock is gone and nothing was written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn works_with_deadpool() {
+        use diesel_async::pooled_connection::deadpool::Pool as Deadpool;
+        let (db, bb8_pool) = test_db(1).await;
+        insert_pending(&mut bb8_pool.get().await.unwrap(), 1000).await;
+        let manager = AsyncDieselConnectionManager::<Conn>::new(db.url.clone());
+        let pool = Deadpool::builder(manager).max_size(8).build().unwrap();
+        let tasks: Vec<_> = (0..8)
+            .map(|task| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get().await.unwrap();
+                    pending()
+                        .build_claim()
+                        .batch(10)
+                        .each(&mut *conn, |conn: &mut Conn, order: Order| {
+                            async move {
+                                send_email(conn, &order, task).await?;
+                                Ok::<_, diesel_claim::Error>(())
+                            }
+                            .scope_boxed()
+                        })
+                        .await
+                        .unwrap()
+                        .processed
+                })
+            })
+            .collect();
+        let mut processed = 0;
+        for task in tasks {
+            processed += task.await.unwrap();
+        }
+        let mut conn = bb8_pool.get().await.unwrap();
+        assert_eq!(processed, 1000);
+        assert_eq!(email_figures(&mut conn).await, (1000, 0, 0));
+
+        insert_pending(&mut conn, 1).await;
+        let pool = Deadpool::builder(AsyncDieselConnectionManager::<Conn>::new(db.url.clone()))
+            .max_size(1)
+            .build()
+            .unwrap();
+        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
+            let mut conn = pool.get().await.unwrap();
+            pending()
+                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        std::future::pending::<()>().await;
+                        Ok::<_, diesel_claim::Error>(())
+                    }
+                    .scope_boxed()
+                })
+                .await
+        })
+        .await;
+        assert!(stalled.is_err(), "the claim should have stalled");
+        let mut recycled = pool.get().await.unwrap();
+        let mut freed = false;
+        for _ in 0..100 {
+            let lock = pending()
+                .build_lock()
+                .nowait()
+                .run(&mut *recycled, |_: &mut Conn, _: Order| {
+                    async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+                })
+                .await;
+            if lock.is_ok() {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(freed, "the lock outlived the recycled connection");
+        assert_eq!(email_figures(&mut conn).await, (1000, 0, 1));
     }
 
     /// The same on a connection of one's own: it refuses further transactions
@@ -309,11 +432,14 @@ on_async_backends! {
         let mut own = Conn::establish(&db.url).await.unwrap();
         let stalled = tokio::time::timeout(Duration::from_millis(300), async {
             pending()
-                .claim_each(&mut own, |conn: &mut Conn, order: Order| async move {
-                    send_email(conn, &order, 0).await?;
-                    std::future::pending::<()>().await;
-                    Ok::<_, diesel_claim::Error>(())
-                }.scope_boxed())
+                .claim_each(&mut own, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        std::future::pending::<()>().await;
+                        Ok::<_, diesel_claim::Error>(())
+                    }
+                    .scope_boxed()
+                })
                 .await
         })
         .await;
@@ -330,9 +456,14 @@ on_async_backends! {
         let locked = pending()
             .build_lock()
             .nowait()
-            .run(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+            .run(&mut *conn, |_: &mut Conn, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
             .await;
-        assert!(matches!(locked, Err(diesel_claim::Error::LockNotAvailable)), "{locked:?}");
+        assert!(
+            matches!(locked, Err(diesel_claim::Error::LockNotAvailable)),
+            "{locked:?}"
+        );
         drop(own);
         // The server ends the session when the socket closes; give it a moment.
         let mut freed = false;
@@ -340,7 +471,9 @@ on_async_backends! {
             let lock = pending()
                 .build_lock()
                 .nowait()
-                .run(&mut *conn, |_: &mut Conn, _: Order| async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+                .run(&mut *conn, |_: &mut Conn, _: Order| {
+                    async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+                })
                 .await;
             if lock.is_ok() {
                 freed = true;
@@ -375,14 +508,17 @@ on_async_backends! {
                         let moved = accounts::table
                             .filter(accounts::id.eq_any([from, to]))
                             .order(accounts::id)
-                            .with_locks(&mut *conn, |conn: &mut Conn, rows: Vec<Account>| async move {
-                                let source = rows.iter().find(|a| a.id == from).unwrap();
-                                if source.balance < amount {
-                                    return Ok(false);
+                            .with_locks(&mut *conn, |conn: &mut Conn, rows: Vec<Account>| {
+                                async move {
+                                    let source = rows.iter().find(|a| a.id == from).unwrap();
+                                    if source.balance < amount {
+                                        return Ok(false);
+                                    }
+                                    move_money(conn, from, to, amount).await?;
+                                    Ok::<_, diesel_claim::Error>(true)
                                 }
-                                move_money(conn, from, to, amount).await?;
-                                Ok::<_, diesel_claim::Error>(true)
-                            }.scope_boxed())
+                                .scope_boxed()
+                            })
                             .await
                             .unwrap();
                         done += usize::from(moved);
@@ -416,26 +552,36 @@ on_async_backends! {
                     let mut conn = pool.get_owned().await.unwrap();
                     for _ in 0..5 {
                         let attempts = &AtomicUsize::new(0);
-                        retry(&mut *conn, RetryPolicy::attempts(1000), |conn: &mut Conn| async move {
-                            attempts.fetch_add(1, Ordering::Relaxed);
-                            let account: Account = accounts::table
-                                .find(1)
-                                .select(Account::as_select())
-                                .get_result(conn)
-                                .await?;
-                            accounts::table
-                                .find(1)
-                                .update_versioned(
-                                    accounts::version,
-                                    account.version,
-                                    accounts::balance.eq(account.balance + 1),
-                                )
-                                .execute(conn)
-                                .await
-                        }.scope_boxed())
+                        retry(
+                            &mut *conn,
+                            RetryPolicy::attempts(1000),
+                            |conn: &mut Conn| {
+                                async move {
+                                    attempts.fetch_add(1, Ordering::Relaxed);
+                                    let account: Account = accounts::table
+                                        .find(1)
+                                        .select(Account::as_select())
+                                        .get_result(conn)
+                                        .await?;
+                                    accounts::table
+                                        .find(1)
+                                        .update_versioned(
+                                            accounts::version,
+                                            account.version,
+                                            accounts::balance.eq(account.balance + 1),
+                                        )
+                                        .execute(conn)
+                                        .await
+                                }
+                                .scope_boxed()
+                            },
+                        )
                         .await
                         .unwrap();
-                        retries.fetch_add(AtomicUsize::load(attempts, Ordering::Relaxed) - 1, Ordering::Relaxed);
+                        retries.fetch_add(
+                            AtomicUsize::load(attempts, Ordering::Relaxed) - 1,
+                            Ordering::Relaxed,
+                        );
                     }
                 })
             })
@@ -525,7 +671,10 @@ on_async_backends! {
             .await;
         assert!(matches!(
             stale,
-            Err(diesel_claim::Error::VersionConflict { expected: 0, actual: Some(1) })
+            Err(diesel_claim::Error::VersionConflict {
+                expected: 0,
+                actual: Some(1)
+            })
         ));
         let missing = accounts::table
             .find(2)
@@ -541,10 +690,19 @@ on_async_backends! {
             .enumerate()
             .map(|(i, b)| (accounts::id.eq(i as i32 + 1), accounts::balance.eq(*b)))
             .collect();
-        diesel::insert_into(accounts::table).values(&rows).execute(conn).await.unwrap();
+        diesel::insert_into(accounts::table)
+            .values(&rows)
+            .execute(conn)
+            .await
+            .unwrap();
     }
 
-    async fn move_money(conn: &mut Conn, from: i32, to: i32, amount: i64) -> diesel::QueryResult<()> {
+    async fn move_money(
+        conn: &mut Conn,
+        from: i32,
+        to: i32,
+        amount: i64,
+    ) -> diesel::QueryResult<()> {
         diesel::update(accounts::table.find(from))
             .set(accounts::balance.eq(accounts::balance - amount))
             .execute(conn)
@@ -564,14 +722,6 @@ on_async_backends! {
             .await
             .unwrap()
     }
-}
-
-/// Leases on PostgreSQL through the async API.
-#[cfg(feature = "postgres")]
-mod pg_leases {
-    use super::pg::*;
-    use super::*;
-    use diesel_claim::aio::Lease;
 
     /// 8 tasks contend for one name for 1.5 s: never two inside at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

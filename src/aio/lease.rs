@@ -138,3 +138,47 @@ impl LeaseBackend for diesel::pg::Pg {
             .optional()
     }
 }
+
+#[cfg(feature = "mysql")]
+impl LeaseBackend for diesel::mysql::Mysql {
+    fn run<C>(
+        conn: &mut C,
+        statement: LeaseStatement<'_>,
+    ) -> impl Future<Output = diesel::QueryResult<Option<i64>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        use crate::backend::mysql::lease_sql::{self, Step, Token};
+        use scoped_futures::ScopedFutureExt;
+
+        // The blocking driver's steps: see `lease_sql`.
+        async move {
+            let LeaseStatement::Acquire { name, ttl_micros } = statement else {
+                let (update, token) = lease_sql::update(statement);
+                return Ok(lease_sql::owned(update.execute(conn).await?, token));
+            };
+            conn.batch_execute(lease_sql::READ_COMMITTED).await?;
+            super::locking_transaction(conn, |conn| {
+                async move {
+                    let taken = lease_sql::take_expired(name, ttl_micros)
+                        .execute(conn)
+                        .await?;
+                    Ok::<_, Error>(match lease_sql::after_take(taken) {
+                        Step::ReadToken => {
+                            let token: Token = lease_sql::read_token(name).get_result(conn).await?;
+                            Some(token.token)
+                        }
+                        Step::InsertNew => lease_sql::inserted(
+                            lease_sql::insert_new(name, ttl_micros)
+                                .execute(conn)
+                                .await?,
+                        ),
+                    })
+                }
+                .scope_boxed()
+            })
+            .await
+            .map_err(diesel::result::Error::from)
+        }
+    }
+}

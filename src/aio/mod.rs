@@ -3,10 +3,16 @@
 //!
 //! The same capabilities under the same names, as futures: bring
 //! [`aio::prelude`](prelude) into scope instead of the crate's prelude (as you
-//! would `diesel_async::RunQueryDsl` instead of Diesel's), and pass async closures
-//! where the blocking API takes closures. Options, SQL, and outcomes are those of
-//! the blocking API: both drive the same code, so everything the crate
-//! documentation says holds here too.
+//! would `diesel_async::RunQueryDsl` instead of Diesel's). Where the blocking API
+//! takes a closure, this one takes a closure that returns a boxed future
+//! borrowing the connection, as diesel-async's `transaction` long did:
+//! `|conn, row| async move { … }.scope_boxed()` (from
+//! [`scoped_futures`], re-exported in the prelude). That keeps every future of
+//! this module `Send`, so claims run in `tokio::spawn`ed tasks and axum
+//! handlers. Options, SQL and outcomes are those of the blocking API: both drive
+//! the same code, so everything the crate documentation says holds here too.
+//!
+//! Queries must own what they bind, or outlive the future (it holds them).
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
@@ -37,12 +43,15 @@
 //!     let report = pending
 //!         .build_claim()
 //!         .batch(100)
-//!         .each(conn, async |conn, order: Order| {
-//!             diesel::update(&order)
-//!                 .set(orders::email_sent.eq(true))
-//!                 .execute(conn)
-//!                 .await?;
-//!             Ok::<_, diesel_claim::Error>(())
+//!         .each(conn, |conn, order: Order| {
+//!             async move {
+//!                 diesel::update(&order)
+//!                     .set(orders::email_sent.eq(true))
+//!                     .execute(conn)
+//!                     .await?;
+//!                 Ok::<_, diesel_claim::Error>(())
+//!             }
+//!             .scope_boxed()
 //!         })
 //!         .await?;
 //!     Ok(report.processed)
@@ -53,9 +62,11 @@
 //! What is here: [`ClaimDsl::claim_each`] and the claim builder's `each` and
 //! `each_batch` (per row and batched; not yet `mark`), [`LockDsl::with_lock`]
 //! and [`with_locks`](LockDsl::with_locks), [`VersionedDsl::update_versioned`]
-//! with [`retry`], and leases ([`Lease`], [`with_lease`]) on PostgreSQL. The
-//! crate's migrations are run with a blocking connection
-//! ([`run_migrations`](crate::run_migrations)).
+//! with [`retry`], and leases ([`Lease`], [`with_lease`]), on
+//! `AsyncPgConnection` and `AsyncMysqlConnection`, alone or from a bb8 or
+//! deadpool pool. The crate's migrations are run with a blocking connection
+//! ([`run_migrations`](crate::run_migrations)); `named_lock` and `advisory` are
+//! blocking only.
 //!
 //! # Dropped futures
 //!
@@ -77,6 +88,11 @@
 //!
 //! Nothing is ever committed half-way: a batch commits whole, after its closure,
 //! or not at all.
+
+// Public functions spell their futures out, `impl Future + Send`: an `async fn`
+// cannot promise `Send`, and without the promise a caller's `tokio::spawn`
+// must prove it through higher-ranked lifetimes, which the compiler cannot yet.
+#![allow(clippy::manual_async_fn)]
 
 mod claim;
 mod lease;
