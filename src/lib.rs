@@ -14,6 +14,8 @@
 //! - [`advisory`] (PostgreSQL) and `named_lock` (MySQL, MariaDB): the server's
 //!   own named locks, where a liveness hint is enough.
 //! - [`Error`]: one error type whose variants say what happened.
+//! - `aio` (feature `async`): all of the above but the server's named locks, on
+//!   diesel-async connections, as futures.
 //!
 //! `use diesel_claim::prelude::*;` brings the extension traits into scope.
 //!
@@ -26,6 +28,9 @@
 //!   (`BEGIN IMMEDIATE`). Needs SQLite 3.35 or later (`RETURNING`).
 //! - `mysql`: `diesel::mysql::Mysql`, MySQL 8.0.1+ and MariaDB 10.6+, with row
 //!   locks (`FOR UPDATE SKIP LOCKED`); see [MySQL and MariaDB](#mysql-and-mariadb).
+//! - `async`: the async API, `aio`, on diesel-async's `AsyncPgConnection`
+//!   (with `postgres`) and `AsyncMysqlConnection` (with `mysql`): the same
+//!   claims, row locks, versioned updates and leases, as `Send` futures.
 //!
 //! | | PostgreSQL | SQLite | MySQL, MariaDB |
 //! |---|---|---|---|
@@ -36,7 +41,21 @@
 //! | leases | table (+ [`advisory`] locks) | table | table (+ `named_lock`) |
 //!
 //! Every function takes `&mut C where C: Connection`, so pooled connections
-//! (`diesel::r2d2`) work as they are.
+//! (`diesel::r2d2`) work as they are. The async twins, in `aio` (feature
+//! `async`), take `&mut C where C: diesel_async::AsyncConnection`, so pooled
+//! bb8 and deadpool connections work too:
+//!
+//! ```text
+//! use diesel_claim::aio::prelude::*;
+//!
+//! let report = pending
+//!     .build_claim()
+//!     .batch(100)
+//!     .each(&mut conn, |conn, order: Order| {
+//!         async move { send_email(conn, &order).await }.scope_boxed()
+//!     })
+//!     .await?;
+//! ```
 //!
 //! # Claiming: `claim_each`
 //!

@@ -15,8 +15,7 @@ use diesel_async::AsyncConnection;
 use futures_util::future::BoxFuture;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
-use super::{locking_transaction, transaction_depth, Async};
-use crate::backend::ClaimBackend;
+use super::{locking_transaction, transaction_depth, Async, AsyncBackend};
 use crate::claim::{keys_query, rows_query, Claim, InQuery, KeysQuery, RowsQuery, Step, Taking};
 use crate::query::{lock_target, InRange, KeyRange, LockClause, Locked};
 use crate::{ClaimBuilder, ClaimReport, Error};
@@ -41,7 +40,7 @@ pub trait ClaimDsl: Sized {
     where
         Self: ClaimQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
         E: From<Error> + Send + 'a,
@@ -69,7 +68,7 @@ impl<Q> ClaimBuilder<Q, Async> {
     where
         Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
         E: From<Error> + Send + 'a,
@@ -88,7 +87,7 @@ impl<Q> ClaimBuilder<Q, Async> {
     where
         Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
         E: From<Error> + Send + 'a,
@@ -104,7 +103,7 @@ impl<Q> ClaimBuilder<Q, Async> {
     where
         Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         H: Handler<C, R, E> + 'a,
         E: From<Error> + Send + 'a,
@@ -177,7 +176,7 @@ where
     Q: ClaimQuery<'a, C, R, Key = K> + Sync,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
-    C::Backend: ClaimBackend,
+    C::Backend: AsyncBackend,
     R: Send,
     H: Handler<C, R, E>,
     E: From<Error> + Send,
@@ -272,7 +271,7 @@ impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
 where
     Q: Clone + FilterDsl<InRange<Pk, K>>,
     C: AsyncConnection,
-    C::Backend: ClaimBackend,
+    C::Backend: AsyncBackend,
     R: HasTable + Send + 'static,
     R::Table: Table<PrimaryKey = Pk>,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,

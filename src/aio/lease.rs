@@ -4,13 +4,12 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use diesel::OptionalExtension;
-use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_async::AsyncConnection;
 use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
 
 use super::transaction_depth;
-use crate::backend::{LeaseQuery, LeaseStatement};
+use crate::backend::LeaseStatement;
 use crate::lease::{lease_outcome, Patience};
 use crate::Error;
 
@@ -36,7 +35,7 @@ impl Lease {
     pub async fn acquire<C>(conn: &mut C, name: &str, ttl: Duration) -> Result<Option<Lease>, Error>
     where
         C: AsyncConnection,
-        C::Backend: LeaseBackend,
+        C::Backend: AsyncBackend,
     {
         let statement = crate::Lease::acquiring(name, ttl, transaction_depth(conn)?)?;
         let token = C::Backend::run(conn, statement).await?;
@@ -53,7 +52,7 @@ impl Lease {
     ) -> Result<Lease, Error>
     where
         C: AsyncConnection,
-        C::Backend: LeaseBackend,
+        C::Backend: AsyncBackend,
     {
         let mut patience = Patience::new(patience);
         loop {
@@ -68,7 +67,7 @@ impl Lease {
     pub async fn renew<C>(&self, conn: &mut C, ttl: Duration) -> Result<(), Error>
     where
         C: AsyncConnection,
-        C::Backend: LeaseBackend,
+        C::Backend: AsyncBackend,
     {
         let statement = self.0.renewing(ttl, transaction_depth(conn)?)?;
         let renewed = C::Backend::run(conn, statement).await?;
@@ -79,7 +78,7 @@ impl Lease {
     pub async fn release<C>(self, conn: &mut C) -> Result<(), Error>
     where
         C: AsyncConnection,
-        C::Backend: LeaseBackend,
+        C::Backend: AsyncBackend,
     {
         let statement = self.0.releasing(transaction_depth(conn)?)?;
         let released = C::Backend::run(conn, statement).await?;
@@ -99,7 +98,7 @@ pub fn with_lease<'a, C, T, E, F>(
 ) -> impl Future<Output = Result<Option<T>, E>> + Send + 'a
 where
     C: AsyncConnection,
-    C::Backend: LeaseBackend,
+    C::Backend: AsyncBackend,
     T: Send + 'a,
     F: for<'c> FnOnce(&'c mut C, &'c Lease) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
     E: From<Error> + Send + 'a,
@@ -114,8 +113,13 @@ where
     }
 }
 
-/// A backend whose lease statements the async API runs. Sealed.
-pub trait LeaseBackend: crate::ClaimBackend {
+/// A backend the async API runs on: PostgreSQL and MySQL. (SQLite claims need
+/// `BEGIN IMMEDIATE`, which diesel-async's transactions do not send.) Sealed.
+#[diagnostic::on_unimplemented(
+    message = "diesel-claim's async API does not support the backend `{Self}`",
+    note = "the async API runs on PostgreSQL and MySQL (features `postgres`, `mysql`)"
+)]
+pub trait AsyncBackend: crate::ClaimBackend {
     /// Runs one lease statement; `Some(token)` when it took effect.
     #[doc(hidden)]
     fn run<C>(
@@ -127,11 +131,15 @@ pub trait LeaseBackend: crate::ClaimBackend {
 }
 
 #[cfg(feature = "postgres")]
-impl LeaseBackend for diesel::pg::Pg {
+impl AsyncBackend for diesel::pg::Pg {
     async fn run<C>(conn: &mut C, statement: LeaseStatement<'_>) -> diesel::QueryResult<Option<i64>>
     where
         C: AsyncConnection<Backend = Self>,
     {
+        use crate::backend::LeaseQuery;
+        use diesel::OptionalExtension;
+        use diesel_async::RunQueryDsl;
+
         LeaseQuery::new::<Self>(statement)
             .get_result(conn)
             .await
@@ -140,7 +148,7 @@ impl LeaseBackend for diesel::pg::Pg {
 }
 
 #[cfg(feature = "mysql")]
-impl LeaseBackend for diesel::mysql::Mysql {
+impl AsyncBackend for diesel::mysql::Mysql {
     fn run<C>(
         conn: &mut C,
         statement: LeaseStatement<'_>,
@@ -149,6 +157,7 @@ impl LeaseBackend for diesel::mysql::Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         use crate::backend::mysql::lease_sql::{self, Step, Token};
+        use diesel_async::RunQueryDsl;
         use scoped_futures::ScopedFutureExt;
 
         // The blocking driver's steps: see `lease_sql`.

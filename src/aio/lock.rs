@@ -9,8 +9,7 @@ use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
-use super::{locking_transaction, Async};
-use crate::backend::ClaimBackend;
+use super::{locking_transaction, Async, AsyncBackend};
 use crate::lock::{none_left_out, the_one_row};
 use crate::query::{lock_target, LockClause, Locked};
 use crate::{Error, LockBuilder};
@@ -30,7 +29,7 @@ pub trait LockDsl: Sized {
     where
         Self: LockQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
         F: for<'c> FnOnce(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
@@ -49,7 +48,7 @@ pub trait LockDsl: Sized {
     where
         Self: LockQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
         F: for<'c> FnOnce(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
@@ -78,7 +77,7 @@ impl<Q> LockBuilder<Q, Async> {
     where
         Q: LockQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
         F: for<'c> FnOnce(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
@@ -98,7 +97,7 @@ impl<Q> LockBuilder<Q, Async> {
     where
         Q: LockQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
         F: for<'c> FnOnce(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
@@ -149,7 +148,7 @@ impl<'q, Q, C, R> LockQuery<'q, C, R> for Q
 where
     Q: Clone,
     C: AsyncConnection,
-    C::Backend: ClaimBackend,
+    C::Backend: AsyncBackend,
     R: HasTable + Send + 'static,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
     Locked<Q>: LoadQuery<'q, C, R> + 'q,

@@ -105,11 +105,10 @@ use scoped_futures::ScopedBoxFuture;
 use std::panic::{self, AssertUnwindSafe};
 
 pub use claim::{ClaimDsl, ClaimQuery};
-pub use lease::{with_lease, Lease};
+pub use lease::{with_lease, AsyncBackend, Lease};
 pub use lock::{LockDsl, LockQuery};
 pub use versioned::{retry, VersionedDsl};
 
-use crate::backend::ClaimBackend;
 use crate::Error;
 
 /// The mode of the builders the [`aio::prelude`](prelude)'s traits make: they run
@@ -139,7 +138,7 @@ pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32,
 pub(crate) async fn locking_transaction<'a, C, T, E, F>(conn: &mut C, body: F) -> Result<T, E>
 where
     C: AsyncConnection,
-    C::Backend: ClaimBackend,
+    C::Backend: AsyncBackend,
     F: for<'c> FnOnce(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>>,
     E: From<Error>,
 {

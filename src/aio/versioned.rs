@@ -12,8 +12,7 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use scoped_futures::ScopedBoxFuture;
 
-use super::Async;
-use crate::backend::ClaimBackend;
+use super::{Async, AsyncBackend};
 use crate::versioned::{Attempts, Probe, Statement};
 use crate::{Error, RetryPolicy, Transient, Version, VersionedUpdate};
 
@@ -62,7 +61,7 @@ where
     where
         Self: Send + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C> + Send + 'a,
         Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
@@ -89,7 +88,7 @@ where
     where
         Self: Send + 'a,
         C: AsyncConnection,
-        C::Backend: ClaimBackend,
+        C::Backend: AsyncBackend,
         R: Send + 'a,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: LoadQuery<'a, C, R> + 'a,
