@@ -146,25 +146,27 @@ where
     C::TransactionManager::begin_transaction(conn)
         .await
         .map_err(Error::from)?;
+    // Until the transaction has ended, a dropped future leaves `open` to mark
+    // the connection broken.
     let mut open = OpenTransaction { conn: Some(conn) };
     let outcome = AssertUnwindSafe(body(open.conn())).catch_unwind().await;
-    let conn = open.close();
-    match outcome {
-        Ok(Ok(value)) => {
-            C::TransactionManager::commit_transaction(conn)
-                .await
-                .map_err(Error::from)?;
-            Ok(value)
-        }
+    let ended = match outcome {
+        Ok(Ok(value)) => C::TransactionManager::commit_transaction(open.conn())
+            .await
+            .map(|()| value)
+            .map_err(|error| Error::from(error).into()),
         Ok(Err(error)) => {
-            roll_back_to(conn, depth).await;
+            roll_back_to(open.conn(), depth).await;
             Err(error)
         }
         Err(payload) => {
-            roll_back_to(conn, depth).await;
+            roll_back_to(open.conn(), depth).await;
+            open.close();
             panic::resume_unwind(payload)
         }
-    }
+    };
+    open.close();
+    ended
 }
 
 /// Rolls back every transaction level above `depth`, stopping at the first
@@ -194,8 +196,9 @@ impl<'c, C: AsyncConnection> OpenTransaction<'c, C> {
         self.conn.as_deref_mut().expect("the transaction is open")
     }
 
-    fn close(mut self) -> &'c mut C {
-        self.conn.take().expect("the transaction is open")
+    /// The transaction has ended: nothing to mark.
+    fn close(mut self) {
+        self.conn = None;
     }
 }
 
