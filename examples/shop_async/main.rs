@@ -1,0 +1,277 @@
+//! The async worked example of `diesel-claim`: a smaller version of the `shop`
+//! example on diesel-async, where tokio tasks share a bb8 pool and run
+//! concurrently against a real database.
+//!
+//! 1. **Shipping emails** (`claim_each`, then `build_claim().batch(50).each`):
+//!    tasks claim shipped orders and send each confirmation email exactly once;
+//!    an outbox table stands in for the mail server.
+//! 2. **Bank transfers** (`with_locks` and `with_lock`, then `update_versioned`
+//!    with `aio::retry`): concurrent transfers neither create nor lose money,
+//!    and never overdraw an account.
+//! 3. **Nightly report** (`aio::with_lease`): tasks contend for one lease, and
+//!    no two of them are ever in the report at the same time.
+//!
+//! It ends by printing the checks it made and exits with status 1 if any failed.
+//!
+//! ```text
+//! DATABASE_URL=postgres://user@host/db \
+//!     cargo run --release --all-features --example shop_async     # PostgreSQL
+//! DATABASE_URL=mysql://user@host/db \
+//!     cargo run --release --all-features --example shop_async     # MySQL, MariaDB
+//! cargo run --release --all-features --example shop_async -- --help
+//! ```
+//!
+//! Without `DATABASE_URL` it connects to `postgres://postgres@127.0.0.1:5432/test`.
+//! On PostgreSQL everything happens in a schema of its own (`shop_async_<pid>_…`),
+//! on MySQL in a database of its own, dropped at the end, so runs on a shared
+//! server do not see each other.
+//!
+//! Setting up (tables, the crate's migrations) uses a blocking Diesel
+//! connection, before the tokio runtime starts; the stories use the async pool
+//! only.
+//!
+//! The closures given to the crate return a boxed future that borrows the
+//! connection, `|conn, row| async move { … }.scope_boxed()` (`ScopedFutureExt`
+//! is in `diesel_claim::aio::prelude`): such futures are provably `Send`, so the
+//! tasks that await them can be spawned.
+//!
+//! As in `shop`, the stories in `stories/` are written against a concrete
+//! connection type and compiled once per backend (`postgres.rs` and `mysql.rs`
+//! include them with `#[path]`), since Diesel checks queries per backend.
+
+// Loading `stories/` once per backend is the point (see above).
+#![allow(clippy::duplicate_mod)]
+
+use std::error::Error as StdError;
+use std::fmt::Display;
+use std::time::Instant;
+
+use diesel_async::pooled_connection::ManagerConfig;
+use diesel_async::AsyncConnection;
+use diesel_claim::Transient;
+
+mod mysql;
+mod postgres;
+mod schema;
+
+/// The error of the example's plumbing: anything goes, as long as it can cross
+/// tasks (workers return it through `JoinHandle`).
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// The shop's own error type: a domain error besides database ones.
+///
+/// It converts from `diesel_claim::Error`, as the closures of `with_lock` and
+/// friends require; from `diesel::result::Error`, so that `?` works on
+/// diesel-async calls inside them; and it says which of its values
+/// `aio::retry` should try again.
+#[derive(Debug, thiserror::Error)]
+pub enum ShopError {
+    /// A transfer larger than the payer's balance: rejected, nothing is written.
+    #[error("account {account} holds {balance}, cannot pay {amount}")]
+    InsufficientFunds {
+        account: i32,
+        balance: i64,
+        amount: i64,
+    },
+
+    #[error(transparent)]
+    Database(#[from] diesel_claim::Error),
+}
+
+impl From<diesel::result::Error> for ShopError {
+    fn from(error: diesel::result::Error) -> Self {
+        ShopError::Database(error.into())
+    }
+}
+
+impl Transient for ShopError {
+    /// Version conflicts and deadlocks are worth another attempt; an overdraft is
+    /// not: the balance will not grow by asking again.
+    fn is_transient(&self) -> bool {
+        match self {
+            ShopError::Database(error) => error.is_transient(),
+            ShopError::InsufficientFunds { .. } => false,
+        }
+    }
+}
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Orders placed in part 1 (half of them shipped at first).
+    pub orders: u32,
+    /// Concurrent tasks, each with a pooled connection of its own.
+    pub workers: u32,
+    /// A `postgres://` or `mysql://` URL.
+    pub database_url: String,
+}
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+const USAGE: &str = "\
+usage: shop_async [--orders N] [--workers N] [--database-url postgres://…|mysql://…]
+
+Runs the diesel-claim async shop example on PostgreSQL or MySQL/MariaDB, in a
+schema (or a database) of its own that is dropped at the end.
+
+  --orders N        orders to place and email (default 2000)
+  --workers N       concurrent tokio tasks (default 8)
+  --database-url U  server URL (default: $DATABASE_URL, else
+                    postgres://postgres@127.0.0.1:5432/test)";
+
+impl Options {
+    fn from_args() -> Result<Options, BoxError> {
+        let mut options = Options {
+            orders: 2000,
+            workers: 8,
+            database_url: std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.into()),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+            match arg.as_str() {
+                "--orders" => options.orders = value("--orders")?.parse()?,
+                "--workers" => options.workers = value("--workers")?.parse()?,
+                "--database-url" => options.database_url = value("--database-url")?,
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => return Err(format!("unknown argument {other:?}\n\n{USAGE}").into()),
+            }
+        }
+        if options.workers == 0 || options.orders == 0 {
+            return Err("--orders and --workers must be at least 1".into());
+        }
+        Ok(options)
+    }
+}
+
+fn main() {
+    match run() {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(error) => {
+            eprintln!("error: {error}");
+            let mut cause = error.source();
+            while let Some(error) = cause {
+                eprintln!("  caused by: {error}");
+                cause = error.source();
+            }
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Runs the stories and prints the checks; `Ok(false)` if one failed.
+fn run() -> Result<bool, BoxError> {
+    let options = Options::from_args()?;
+    let clock = Clock::start();
+    let url = options.database_url.as_str();
+
+    let checks = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        postgres::run(url, &options, clock)?
+    } else if url.starts_with("mysql://") {
+        mysql::run(url, &options, clock)?
+    } else {
+        return Err(format!("not a postgres:// or mysql:// URL: {url}").into());
+    };
+
+    checks.print();
+    if checks.all_passed() {
+        println!("\nall checks passed in {:.2}s", clock.seconds());
+    } else {
+        println!("\nSOME CHECKS FAILED ({:.2}s)", clock.seconds());
+    }
+    Ok(checks.all_passed())
+}
+
+/// The runtime the stories run on: multi-threaded, so that tasks really run in
+/// parallel and not only interleave at their `.await`s.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+/// A pool configuration whose connections run `sql` as soon as they are
+/// established, before the pool hands them out: the async counterpart of an
+/// r2d2 connection customizer.
+pub fn run_on_connect<C>(sql: String) -> ManagerConfig<C>
+where
+    C: AsyncConnection + 'static,
+{
+    let mut config = ManagerConfig::default();
+    config.custom_setup = Box::new(move |url| {
+        let sql = sql.clone();
+        Box::pin(async move {
+            let mut conn = C::establish(url).await?;
+            conn.batch_execute(&sql)
+                .await
+                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            Ok(conn)
+        })
+    });
+    config
+}
+
+/// Time since the start, for progress lines.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock(Instant);
+
+impl Clock {
+    fn start() -> Clock {
+        Clock(Instant::now())
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+
+    /// Prints a progress line stamped with the elapsed time.
+    pub fn log(&self, message: impl Display) {
+        println!("[{:>6.2}s] {message}", self.seconds());
+    }
+}
+
+/// The checks the example made, printed at the end.
+#[derive(Debug, Default)]
+pub struct Checks(Vec<Check>);
+
+#[derive(Debug)]
+struct Check {
+    name: String,
+    passed: bool,
+    detail: String,
+}
+
+impl Checks {
+    /// Records a check; `detail` says what was counted, pass or fail.
+    pub fn check(&mut self, name: &str, passed: bool, detail: impl Into<String>) {
+        self.0.push(Check {
+            name: name.to_owned(),
+            passed,
+            detail: detail.into(),
+        });
+    }
+
+    pub fn all_passed(&self) -> bool {
+        self.0.iter().all(|check| check.passed)
+    }
+
+    fn print(&self) {
+        println!("\nChecks");
+        let width = self
+            .0
+            .iter()
+            .map(|check| check.name.len())
+            .max()
+            .unwrap_or(0)
+            + 10;
+        for check in &self.0 {
+            let verdict = if check.passed { "PASS" } else { "FAIL" };
+            let name = format!("check {} ", check.name);
+            println!("  {name:.<width$} {verdict}  ({})", check.detail);
+        }
+    }
+}
