@@ -33,12 +33,12 @@
 // Loading `stories/` once per backend is the point (see above).
 #![allow(clippy::duplicate_mod)]
 
-use std::error::Error as StdError;
-use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
-use diesel_claim::Transient;
+// The error type, clock and checks, shared with the other worked example.
+#[path = "../common/shop.rs"]
+mod common;
+pub use common::{BoxError, Checks, Clock, ShopError};
 
 mod schema;
 
@@ -48,50 +48,6 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-
-/// The error of the example's plumbing: anything goes, as long as it can cross
-/// threads (workers return it through `JoinHandle`).
-pub type BoxError = Box<dyn StdError + Send + Sync>;
-
-/// The shop's own error type, for code that has domain errors besides database
-/// ones.
-///
-/// To be usable from `with_lock`, `claim_each` and friends it converts from
-/// `diesel_claim::Error`; to let `?` work on Diesel calls inside the closures it
-/// converts from `diesel::result::Error` too (through `diesel_claim::Error`, which
-/// turns lock timeouts, deadlocks and serialization failures into variants of
-/// their own); and to be retried by `diesel_claim::retry` it says which of its
-/// values are worth another attempt.
-#[derive(Debug, thiserror::Error)]
-pub enum ShopError {
-    /// A withdrawal larger than the balance: rejected, nothing is written.
-    #[error("account {account} holds {balance}, cannot withdraw {amount}")]
-    InsufficientFunds {
-        account: i32,
-        balance: i64,
-        amount: i64,
-    },
-
-    #[error(transparent)]
-    Database(#[from] diesel_claim::Error),
-}
-
-impl From<diesel::result::Error> for ShopError {
-    fn from(error: diesel::result::Error) -> Self {
-        ShopError::Database(error.into())
-    }
-}
-
-impl Transient for ShopError {
-    /// Version conflicts, deadlocks and serialization failures are worth a retry;
-    /// an overdraft is not: the balance will not grow by asking again.
-    fn is_transient(&self) -> bool {
-        match self {
-            ShopError::Database(error) => error.is_transient(),
-            ShopError::InsufficientFunds { .. } => false,
-        }
-    }
-}
 
 /// Command-line options.
 #[derive(Debug, Clone)]
@@ -160,19 +116,7 @@ fn is_mysql_url(url: &str) -> bool {
 }
 
 fn main() {
-    match run() {
-        Ok(true) => {}
-        Ok(false) => std::process::exit(1),
-        Err(error) => {
-            eprintln!("error: {error}");
-            let mut cause = error.source();
-            while let Some(error) = cause {
-                eprintln!("  caused by: {error}");
-                cause = error.source();
-            }
-            std::process::exit(2);
-        }
-    }
+    common::exit_with(run());
 }
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
@@ -187,13 +131,7 @@ fn run() -> Result<bool, BoxError> {
         None => run_sqlite(&options, clock)?,
     };
 
-    checks.print();
-    if checks.all_passed() {
-        println!("\nall checks passed in {:.2}s", clock.seconds());
-    } else {
-        println!("\nSOME CHECKS FAILED ({:.2}s)", clock.seconds());
-    }
-    Ok(checks.all_passed())
+    Ok(checks.conclude(clock))
 }
 
 #[cfg(feature = "sqlite")]
@@ -238,25 +176,6 @@ fn run_mysql(_: &str, _: &Options, _: Clock) -> Result<Checks, BoxError> {
     )
 }
 
-/// Time since the start, for progress lines.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock(Instant);
-
-impl Clock {
-    fn start() -> Clock {
-        Clock(Instant::now())
-    }
-
-    pub fn seconds(&self) -> f64 {
-        self.0.elapsed().as_secs_f64()
-    }
-
-    /// Prints a progress line stamped with the elapsed time.
-    pub fn log(&self, message: impl Display) {
-        println!("[{:>6.2}s] {message}", self.seconds());
-    }
-}
-
 /// A counter shared by workers that prints a line every `every` increments.
 #[derive(Debug)]
 pub struct Progress {
@@ -280,48 +199,6 @@ impl Progress {
         let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
         if count % self.every == 0 {
             self.clock.log(format_args!("{count} {}", self.what));
-        }
-    }
-}
-
-/// The checks the example made, printed at the end.
-#[derive(Debug, Default)]
-pub struct Checks(Vec<Check>);
-
-#[derive(Debug)]
-struct Check {
-    name: String,
-    passed: bool,
-    detail: String,
-}
-
-impl Checks {
-    /// Records a check; `detail` says what was counted, pass or fail.
-    pub fn check(&mut self, name: &str, passed: bool, detail: impl Into<String>) {
-        self.0.push(Check {
-            name: name.to_owned(),
-            passed,
-            detail: detail.into(),
-        });
-    }
-
-    pub fn all_passed(&self) -> bool {
-        self.0.iter().all(|check| check.passed)
-    }
-
-    fn print(&self) {
-        println!("\nChecks");
-        let width = self
-            .0
-            .iter()
-            .map(|check| check.name.len())
-            .max()
-            .unwrap_or(0)
-            + 10;
-        for check in &self.0 {
-            let verdict = if check.passed { "ok" } else { "FAILED" };
-            let name = format!("check {} ", check.name);
-            println!("  {name:.<width$} {verdict}  ({})", check.detail);
         }
     }
 }

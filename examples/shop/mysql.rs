@@ -6,11 +6,11 @@
 //! READ` a locking read also locks the gaps between the rows it passes, which
 //! blocks inserts and makes claimers skip more than the rows others hold.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::{self, ConnectionManager, CustomizeConnection, PooledConnection};
-use diesel::{Connection, MysqlConnection};
+use diesel::MysqlConnection;
 
 use crate::{BoxError, Checks, Clock, Options};
 
@@ -72,23 +72,13 @@ impl CustomizeConnection<MysqlConnection, r2d2::Error> for ReadCommitted {
 }
 
 pub fn run(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxError> {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
-    let database = format!("shop_{}_{nanos}", std::process::id());
-    println!(
-        "diesel-claim shop on MySQL/MariaDB (database {database}), {} workers, {} orders\n",
-        options.workers, options.orders
-    );
-
-    // A connection of its own, outside the pool, creates and drops the database.
-    let mut admin = MysqlConnection::establish(url)?;
-    admin.batch_execute(&format!("CREATE DATABASE {database}"))?;
-    let outcome = run_in_database(&with_database(url, &database), options, clock);
-    // Dropped whatever happened; a failure to drop is reported after the
-    // stories' own error, which matters more.
-    let dropped = admin.batch_execute(&format!("DROP DATABASE {database}"));
-    let checks = outcome?;
-    dropped?;
-    Ok(checks)
+    crate::common::in_own_mysql_database(url, "shop", |database, url| {
+        println!(
+            "diesel-claim shop on MySQL/MariaDB (database {database}), {} workers, {} orders\n",
+            options.workers, options.orders
+        );
+        run_in_database(url, options, clock)
+    })
 }
 
 fn run_in_database(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxError> {
@@ -105,21 +95,4 @@ fn run_in_database(url: &str, options: &Options, clock: Clock) -> Result<Checks,
     drop(conn);
 
     stories::run(&pool, options, clock)
-}
-
-/// `url` with its database (the path) replaced by `database`.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority = base.find("://").map_or(0, |i| i + "://".len());
-    let path = base[authority..]
-        .find('/')
-        .map_or(base.len(), |i| authority + i);
-    let mut url = format!("{}/{database}", &base[..path]);
-    if let Some(query) = query {
-        url.push('?');
-        url.push_str(query);
-    }
-    url
 }

@@ -6,11 +6,11 @@
 //! crate's migrations land in that schema too, `__diesel_schema_migrations`
 //! included, since they follow the `search_path` like any unqualified name.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::{self, ConnectionManager, CustomizeConnection, PooledConnection};
-use diesel::{Connection, PgConnection};
+use diesel::PgConnection;
 
 use crate::{BoxError, Checks, Clock, Options};
 
@@ -70,23 +70,13 @@ impl CustomizeConnection<PgConnection, r2d2::Error> for SearchPath {
 }
 
 pub fn run(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxError> {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
-    let schema = format!("shop_{}_{nanos}", std::process::id());
-    println!(
-        "diesel-claim shop on PostgreSQL (schema {schema}), {} workers, {} orders\n",
-        options.workers, options.orders
-    );
-
-    // A connection of its own, outside the pool, creates and drops the schema.
-    let mut admin = PgConnection::establish(url)?;
-    admin.batch_execute(&format!("CREATE SCHEMA {schema}"))?;
-    let outcome = run_in_schema(url, &schema, options, clock);
-    // Dropped whatever happened; a failure to drop is reported after the
-    // stories' own error, which matters more.
-    let dropped = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
-    let checks = outcome?;
-    dropped?;
-    Ok(checks)
+    crate::common::in_own_postgres_schema(url, "shop", |schema| {
+        println!(
+            "diesel-claim shop on PostgreSQL (schema {schema}), {} workers, {} orders\n",
+            options.workers, options.orders
+        );
+        run_in_schema(url, schema, options, clock)
+    })
 }
 
 fn run_in_schema(

@@ -42,58 +42,17 @@
 // Loading `stories/` once per backend is the point (see above).
 #![allow(clippy::duplicate_mod)]
 
-use std::error::Error as StdError;
-use std::fmt::Display;
-use std::time::Instant;
-
 use diesel_async::pooled_connection::ManagerConfig;
 use diesel_async::AsyncConnection;
-use diesel_claim::Transient;
+
+// The error type, clock and checks, shared with the other worked example.
+#[path = "../common/shop.rs"]
+mod common;
+pub use common::{BoxError, Checks, Clock, ShopError};
 
 mod mysql;
 mod postgres;
 mod schema;
-
-/// The error of the example's plumbing: anything goes, as long as it can cross
-/// tasks (workers return it through `JoinHandle`).
-pub type BoxError = Box<dyn StdError + Send + Sync>;
-
-/// The shop's own error type: a domain error besides database ones.
-///
-/// It converts from `diesel_claim::Error`, as the closures of `with_lock` and
-/// friends require; from `diesel::result::Error`, so that `?` works on
-/// diesel-async calls inside them; and it says which of its values
-/// `aio::retry` should try again.
-#[derive(Debug, thiserror::Error)]
-pub enum ShopError {
-    /// A transfer larger than the payer's balance: rejected, nothing is written.
-    #[error("account {account} holds {balance}, cannot pay {amount}")]
-    InsufficientFunds {
-        account: i32,
-        balance: i64,
-        amount: i64,
-    },
-
-    #[error(transparent)]
-    Database(#[from] diesel_claim::Error),
-}
-
-impl From<diesel::result::Error> for ShopError {
-    fn from(error: diesel::result::Error) -> Self {
-        ShopError::Database(error.into())
-    }
-}
-
-impl Transient for ShopError {
-    /// Version conflicts and deadlocks are worth another attempt; an overdraft is
-    /// not: the balance will not grow by asking again.
-    fn is_transient(&self) -> bool {
-        match self {
-            ShopError::Database(error) => error.is_transient(),
-            ShopError::InsufficientFunds { .. } => false,
-        }
-    }
-}
 
 /// Command-line options.
 #[derive(Debug, Clone)]
@@ -148,19 +107,7 @@ impl Options {
 }
 
 fn main() {
-    match run() {
-        Ok(true) => {}
-        Ok(false) => std::process::exit(1),
-        Err(error) => {
-            eprintln!("error: {error}");
-            let mut cause = error.source();
-            while let Some(error) = cause {
-                eprintln!("  caused by: {error}");
-                cause = error.source();
-            }
-            std::process::exit(2);
-        }
-    }
+    common::exit_with(run());
 }
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
@@ -177,13 +124,7 @@ fn run() -> Result<bool, BoxError> {
         return Err(format!("not a postgres:// or mysql:// URL: {url}").into());
     };
 
-    checks.print();
-    if checks.all_passed() {
-        println!("\nall checks passed in {:.2}s", clock.seconds());
-    } else {
-        println!("\nSOME CHECKS FAILED ({:.2}s)", clock.seconds());
-    }
-    Ok(checks.all_passed())
+    Ok(checks.conclude(clock))
 }
 
 /// The runtime the stories run on: multi-threaded, so that tasks really run in
@@ -213,65 +154,4 @@ where
         })
     });
     config
-}
-
-/// Time since the start, for progress lines.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock(Instant);
-
-impl Clock {
-    fn start() -> Clock {
-        Clock(Instant::now())
-    }
-
-    pub fn seconds(&self) -> f64 {
-        self.0.elapsed().as_secs_f64()
-    }
-
-    /// Prints a progress line stamped with the elapsed time.
-    pub fn log(&self, message: impl Display) {
-        println!("[{:>6.2}s] {message}", self.seconds());
-    }
-}
-
-/// The checks the example made, printed at the end.
-#[derive(Debug, Default)]
-pub struct Checks(Vec<Check>);
-
-#[derive(Debug)]
-struct Check {
-    name: String,
-    passed: bool,
-    detail: String,
-}
-
-impl Checks {
-    /// Records a check; `detail` says what was counted, pass or fail.
-    pub fn check(&mut self, name: &str, passed: bool, detail: impl Into<String>) {
-        self.0.push(Check {
-            name: name.to_owned(),
-            passed,
-            detail: detail.into(),
-        });
-    }
-
-    pub fn all_passed(&self) -> bool {
-        self.0.iter().all(|check| check.passed)
-    }
-
-    fn print(&self) {
-        println!("\nChecks");
-        let width = self
-            .0
-            .iter()
-            .map(|check| check.name.len())
-            .max()
-            .unwrap_or(0)
-            + 10;
-        for check in &self.0 {
-            let verdict = if check.passed { "PASS" } else { "FAIL" };
-            let name = format!("check {} ", check.name);
-            println!("  {name:.<width$} {verdict}  ({})", check.detail);
-        }
-    }
 }

@@ -1,0 +1,209 @@
+//! What both worked examples share: the shop's error type, the clock that
+//! stamps progress lines, and the checks printed at the end.
+
+use std::error::Error as StdError;
+use std::fmt::Display;
+use std::time::Instant;
+
+use diesel_claim::Transient;
+
+/// The error of the example's plumbing: anything goes, as long as it can cross
+/// threads and tasks (workers return it through `JoinHandle`).
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// The shop's own error type, for code that has domain errors besides database
+/// ones.
+///
+/// To be usable from `with_lock`, `claim_each` and friends it converts from
+/// `diesel_claim::Error`; to let `?` work on Diesel calls inside the closures it
+/// converts from `diesel::result::Error` too (through `diesel_claim::Error`, which
+/// turns lock timeouts, deadlocks and serialization failures into variants of
+/// their own); and to be retried by `diesel_claim::retry` (or `aio::retry`) it
+/// says which of its values are worth another attempt.
+#[derive(Debug, thiserror::Error)]
+pub enum ShopError {
+    /// A withdrawal larger than the balance: rejected, nothing is written.
+    #[error("account {account} holds {balance}, cannot withdraw {amount}")]
+    InsufficientFunds {
+        account: i32,
+        balance: i64,
+        amount: i64,
+    },
+
+    #[error(transparent)]
+    Database(#[from] diesel_claim::Error),
+}
+
+impl From<diesel::result::Error> for ShopError {
+    fn from(error: diesel::result::Error) -> Self {
+        ShopError::Database(error.into())
+    }
+}
+
+impl Transient for ShopError {
+    /// Version conflicts, deadlocks and serialization failures are worth a retry;
+    /// an overdraft is not: the balance will not grow by asking again.
+    fn is_transient(&self) -> bool {
+        match self {
+            ShopError::Database(error) => error.is_transient(),
+            ShopError::InsufficientFunds { .. } => false,
+        }
+    }
+}
+
+/// Time since the start, for progress lines.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock(Instant);
+
+impl Clock {
+    pub fn start() -> Clock {
+        Clock(Instant::now())
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+
+    /// Prints a progress line stamped with the elapsed time.
+    pub fn log(&self, message: impl Display) {
+        println!("[{:>6.2}s] {message}", self.seconds());
+    }
+}
+
+/// The checks the example made, printed at the end.
+#[derive(Debug, Default)]
+pub struct Checks(Vec<Check>);
+
+#[derive(Debug)]
+struct Check {
+    name: String,
+    passed: bool,
+    detail: String,
+}
+
+impl Checks {
+    /// Records a check; `detail` says what was counted, pass or fail.
+    pub fn check(&mut self, name: &str, passed: bool, detail: impl Into<String>) {
+        self.0.push(Check {
+            name: name.to_owned(),
+            passed,
+            detail: detail.into(),
+        });
+    }
+
+    pub fn all_passed(&self) -> bool {
+        self.0.iter().all(|check| check.passed)
+    }
+
+    /// Prints the checks and the verdict; whether all passed.
+    pub fn conclude(&self, clock: Clock) -> bool {
+        self.print();
+        if self.all_passed() {
+            println!("\nall checks passed in {:.2}s", clock.seconds());
+        } else {
+            println!("\nSOME CHECKS FAILED ({:.2}s)", clock.seconds());
+        }
+        self.all_passed()
+    }
+
+    fn print(&self) {
+        println!("\nChecks");
+        let width = self
+            .0
+            .iter()
+            .map(|check| check.name.len())
+            .max()
+            .unwrap_or(0)
+            + 10;
+        for check in &self.0 {
+            let verdict = if check.passed { "ok" } else { "FAILED" };
+            let name = format!("check {} ", check.name);
+            println!("  {name:.<width$} {verdict}  ({})", check.detail);
+        }
+    }
+}
+
+/// Runs `run` with the URL of a MySQL database of its own, `<prefix>_<pid>_<ns>`,
+/// which a connection outside any pool creates before and drops after, whatever
+/// happened; a failure to drop is reported after `run`'s own error, which
+/// matters more.
+#[cfg(feature = "mysql")]
+pub fn in_own_mysql_database<T>(
+    url: &str,
+    prefix: &str,
+    run: impl FnOnce(&str, &str) -> Result<T, BoxError>,
+) -> Result<T, BoxError> {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
+    let database = format!("{prefix}_{}_{nanos}", std::process::id());
+    let mut admin = diesel::MysqlConnection::establish(url)?;
+    admin.batch_execute(&format!("CREATE DATABASE {database}"))?;
+    let outcome = run(&database, &with_database(url, &database));
+    let dropped = admin.batch_execute(&format!("DROP DATABASE {database}"));
+    let value = outcome?;
+    dropped?;
+    Ok(value)
+}
+
+/// `url` with its database (the path) replaced by `database`.
+#[cfg(feature = "mysql")]
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let authority = base.find("://").map_or(0, |i| i + "://".len());
+    let path = base[authority..]
+        .find('/')
+        .map_or(base.len(), |i| authority + i);
+    let mut url = format!("{}/{database}", &base[..path]);
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    url
+}
+
+/// Runs `run` with the name of a PostgreSQL schema of its own,
+/// `<prefix>_<pid>_<ns>`, which a connection outside any pool creates before and
+/// drops after, as [`in_own_mysql_database`] does with a database.
+#[cfg(feature = "postgres")]
+pub fn in_own_postgres_schema<T>(
+    url: &str,
+    prefix: &str,
+    run: impl FnOnce(&str) -> Result<T, BoxError>,
+) -> Result<T, BoxError> {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
+    let schema = format!("{prefix}_{}_{nanos}", std::process::id());
+    let mut admin = diesel::PgConnection::establish(url)?;
+    admin.batch_execute(&format!("CREATE SCHEMA {schema}"))?;
+    let outcome = run(&schema);
+    let dropped = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+    let value = outcome?;
+    dropped?;
+    Ok(value)
+}
+
+/// Ends the example: status 0 when every check passed, 1 when one failed, 2
+/// with the error and its causes when the run could not finish.
+pub fn exit_with(outcome: Result<bool, BoxError>) -> ! {
+    match outcome {
+        Ok(true) => std::process::exit(0),
+        Ok(false) => std::process::exit(1),
+        Err(error) => {
+            eprintln!("error: {error}");
+            let mut cause = error.source();
+            while let Some(error) = cause {
+                eprintln!("  caused by: {error}");
+                cause = error.source();
+            }
+            std::process::exit(2);
+        }
+    }
+}
