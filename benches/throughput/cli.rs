@@ -13,7 +13,7 @@ usage: cargo bench --bench throughput --all-features -- [options]
   --rows N             pending rows per drain (default 10000)
   --workers 1,2,4,8    worker counts (default 1,2,4,8)
   --backend B          postgres, sqlite, mysql or all (default all)
-  --only MODE,...      run only these: B0 B1 B2 B3 B3h M1 M2 B4, B5 (contention),
+  --only MODE,...      run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4, B5 (contention),
                        IX (the index effect)
   --index-effect       run the index effect (10^6 done rows, with and without
                        the partial index; PostgreSQL and SQLite); alone, only it.

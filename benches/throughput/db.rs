@@ -75,13 +75,26 @@ impl BackendKind {
     /// `SELECT <columns>` of the first `limit` pending orders, locked as asked
     /// where there are row locks.
     pub fn select_pending(self, columns: &str, limit: u32, lock: RowLock) -> String {
+        self.select_pending_from(columns, None, limit, Some(lock))
+    }
+
+    /// `SELECT <columns>` of the first `limit` pending orders from id `from` on,
+    /// locked as asked where there are row locks (`None`: read without locks).
+    pub fn select_pending_from(
+        self,
+        columns: &str,
+        from: Option<i64>,
+        limit: u32,
+        lock: Option<RowLock>,
+    ) -> String {
         let clause = match (self, lock) {
-            (BackendKind::Sqlite, _) => "",
-            (BackendKind::Postgres, RowLock::SkipLocked) => " FOR NO KEY UPDATE SKIP LOCKED",
+            (BackendKind::Sqlite, _) | (_, None) => "",
+            (BackendKind::Postgres, Some(RowLock::SkipLocked)) => " FOR NO KEY UPDATE SKIP LOCKED",
             // InnoDB has no `NO KEY UPDATE`; the crate sends `FOR UPDATE` too.
-            (BackendKind::Mysql, RowLock::SkipLocked) => " FOR UPDATE SKIP LOCKED",
-            (_, RowLock::Wait) => " FOR UPDATE",
+            (BackendKind::Mysql, Some(RowLock::SkipLocked)) => " FOR UPDATE SKIP LOCKED",
+            (_, Some(RowLock::Wait)) => " FOR UPDATE",
         };
+        let from = from.map_or(String::new(), |id| format!(" AND id >= {id}"));
         // SQLite's planner satisfies `ORDER BY id LIMIT n` by scanning the table
         // in rowid order, past every row already done, rather than through the
         // partial index: each claim would cost O(rows done) and the baselines
@@ -91,7 +104,8 @@ impl BackendKind {
             BackendKind::Sqlite => " INDEXED BY orders_pending",
         };
         format!(
-            "SELECT {columns} FROM orders{index} WHERE {PENDING} ORDER BY id LIMIT {limit}{clause}"
+            "SELECT {columns} FROM orders{index} WHERE {PENDING}{from} ORDER BY id LIMIT \
+             {limit}{clause}"
         )
     }
 

@@ -24,7 +24,10 @@ pub enum ModeId {
     B2,
     /// The crate's batched claim.
     B3,
-    /// B3's hand-written twin: the same statements.
+    /// B3's hand-written twin: the same statements (see
+    /// [`hand_written_double_checked`]).
+    B3d,
+    /// B3 without the crate's double check: only the locking transactions.
     B3h,
     /// The crate's batched claim marking in one round trip, committed at once.
     M1,
@@ -59,7 +62,7 @@ impl Mode {
             Mode::new(M2, 100),
         ];
         for n in [10, 100, 1000] {
-            modes.extend([Mode::new(B3h, n), Mode::new(B3, n)]);
+            modes.extend([Mode::new(B3h, n), Mode::new(B3d, n), Mode::new(B3, n)]);
         }
         modes
     }
@@ -72,7 +75,7 @@ impl Mode {
     pub fn twin(self) -> Option<Mode> {
         match self.id {
             ModeId::B2 => Some(Mode::new(ModeId::B0, 1)),
-            ModeId::B3 => Some(Mode::new(ModeId::B3h, self.batch)),
+            ModeId::B3 => Some(Mode::new(ModeId::B3d, self.batch)),
             ModeId::M1 | ModeId::M2 => Some(Mode::new(ModeId::B1, self.batch)),
             _ => None,
         }
@@ -147,6 +150,7 @@ fn round<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<u64, diesel_claim::Er
         ModeId::B4 => hand_written_row(conn, RowLock::Wait)?,
         ModeId::B1 => hand_written_statement(conn, n)?,
         ModeId::B3h => hand_written_batch(conn, n, Select::Orders)?,
+        ModeId::B3d => hand_written_double_checked(conn, n)?,
         ModeId::B2 => conn.claim_rows(None)?,
         ModeId::B3 => conn.claim_batches(n)?,
         ModeId::M1 => conn.claim_marked(n, true)?,
@@ -215,6 +219,39 @@ fn hand_written_batch<C: BenchConn>(conn: &mut C, n: u32, select: Select) -> Que
         }
         Ok(ids.len() as u64)
     })
+}
+
+/// B3d: what the crate's batched claim sends, by hand. An unlocked read of a
+/// page of candidate ids (100, or `n` when more), then batches `BEGIN; SELECT
+/// <order> … AND id >= ? LIMIT n FOR NO KEY UPDATE SKIP LOCKED; UPDATE …;
+/// INSERT …; COMMIT` from the page's first id on, each past the last, until one
+/// ends at or past the page's last id or comes back short. (The crate goes on
+/// from where the page ended; a round here starts from the first pending id,
+/// which the partial index makes as cheap.)
+fn hand_written_double_checked<C: BenchConn>(conn: &mut C, n: u32) -> QueryResult<u64> {
+    let page = C::BACKEND.select_pending_from("id", None, n.max(100), None);
+    let candidates = conn.load_ids(&page)?;
+    let (Some(&first), Some(&last)) = (candidates.first(), candidates.last()) else {
+        return Ok(0);
+    };
+    let mut from = first;
+    let mut processed = 0;
+    loop {
+        let claim =
+            C::BACKEND.select_pending_from(ORDER_COLUMNS, Some(from), n, Some(RowLock::SkipLocked));
+        let ids = in_transaction(conn, |conn| {
+            let ids = ids_of(&conn.load_orders(&claim)?);
+            if !ids.is_empty() {
+                conn.process_batch(&ids)?;
+            }
+            Ok(ids)
+        })?;
+        processed += ids.len() as u64;
+        match ids.last() {
+            Some(&reached) if ids.len() == n as usize && reached < last => from = reached + 1,
+            _ => return Ok(processed),
+        }
+    }
 }
 
 /// Runs `body` between the backend's `BEGIN` and `COMMIT`, as hand-written

@@ -114,7 +114,8 @@ pub const DRAIN_TABLE_NOTES: &str = "\
   `BEGIN`) ones included; SQLite and MySQL: `COMMIT`s plus writes outside a
   transaction, counted from the statements sent.
 - × twin: rows/s over the hand-written twin's at the same backend and W (B2/B0,
-  B3/B3h at the same n, M1/B1 and M2/B1 at n = 100).";
+  B3/B3d at the same n, M1/B1 and M2/B1 at n = 100). B3h is B3 without the
+  double check's unlocked read: B3d/B3h is what that read costs.";
 
 pub fn contention_table(runs: &[ContentionRun]) -> String {
     let header = [
