@@ -403,22 +403,10 @@ on_async_backends! {
         .await;
         assert!(stalled.is_err(), "the claim should have stalled");
         let mut recycled = pool.get().await.unwrap();
-        let mut freed = false;
-        for _ in 0..100 {
-            let lock = pending()
-                .build_lock()
-                .nowait()
-                .run(&mut *recycled, |_: &mut Conn, _: Order| {
-                    async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
-                })
-                .await;
-            if lock.is_ok() {
-                freed = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(freed, "the lock outlived the recycled connection");
+        assert!(
+            pending_row_gets_free(&mut recycled).await,
+            "the lock outlived the recycled connection"
+        );
         assert_eq!(email_figures(&mut conn).await, (1000, 0, 1));
     }
 
@@ -465,8 +453,17 @@ on_async_backends! {
             "{locked:?}"
         );
         drop(own);
-        // The server ends the session when the socket closes; give it a moment.
-        let mut freed = false;
+        assert!(
+            pending_row_gets_free(&mut conn).await,
+            "the lock outlived the connection"
+        );
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+    }
+
+    /// Whether the pending row can be locked at once within 5 s: the server
+    /// ends a closed connection's session, and frees its locks, a moment after
+    /// the socket closes.
+    async fn pending_row_gets_free(conn: &mut Conn) -> bool {
         for _ in 0..100 {
             let lock = pending()
                 .build_lock()
@@ -476,13 +473,11 @@ on_async_backends! {
                 })
                 .await;
             if lock.is_ok() {
-                freed = true;
-                break;
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(freed, "the lock outlived the connection");
-        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+        false
     }
 
     /// 16 tasks move money between 5 accounts with `with_locks`, refusing
