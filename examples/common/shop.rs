@@ -1,11 +1,71 @@
-//! What both worked examples share: the shop's error type, the clock that
-//! stamps progress lines, and the checks printed at the end.
+//! What both worked examples share: the command line, the shop's error type,
+//! the clock that stamps progress lines, the checks printed at the end, the
+//! schema or database of its own each run works in, the exit status, and the
+//! bank story's retry policy and random numbers.
+//!
+//! `shop` and `shop_async` each include this file with `#[path]`; what differs
+//! between them (blocking or async, which backends, which tables) stays with
+//! them.
 
 use std::error::Error as StdError;
 use std::fmt::Display;
 use std::time::Instant;
 
 use diesel_claim::Transient;
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Orders placed in part 1 (half of them shipped at first).
+    pub orders: u32,
+    /// Concurrent workers (threads in `shop`, tokio tasks in `shop_async`), each
+    /// with a pooled connection of its own.
+    pub workers: u32,
+    /// A `postgres://` or `mysql://` URL; each example says what it uses without
+    /// one (`shop` falls back to SQLite, `shop_async` to a local PostgreSQL).
+    pub database_url: Option<String>,
+}
+
+impl Options {
+    /// Reads `--orders`, `--workers` (default `workers`) and `--database-url`
+    /// from the command line; `--help` prints `usage` and exits. Where the URL
+    /// comes from when the command line has none is up to the caller.
+    pub fn from_args(usage: &str, workers: u32) -> Result<Options, BoxError> {
+        let mut options = Options {
+            orders: 2000,
+            workers,
+            database_url: None,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+            match arg.as_str() {
+                "--orders" => options.orders = value("--orders")?.parse()?,
+                "--workers" => options.workers = value("--workers")?.parse()?,
+                "--database-url" => options.database_url = Some(value("--database-url")?),
+                "-h" | "--help" => {
+                    println!("{usage}");
+                    std::process::exit(0);
+                }
+                other => return Err(format!("unknown argument {other:?}\n\n{usage}").into()),
+            }
+        }
+        if options.workers == 0 || options.orders == 0 {
+            return Err("--orders and --workers must be at least 1".into());
+        }
+        Ok(options)
+    }
+}
+
+/// Whether `url` names a PostgreSQL server (it knows both schemes).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Whether `url` names a MySQL or MariaDB server.
+pub fn is_mysql_url(url: &str) -> bool {
+    url.starts_with("mysql://")
+}
 
 /// The error of the example's plumbing: anything goes, as long as it can cross
 /// threads and tasks (workers return it through `JoinHandle`).
@@ -204,6 +264,42 @@ pub fn exit_with(outcome: Result<bool, BoxError>) -> ! {
                 cause = error.source();
             }
             std::process::exit(2);
+        }
+    }
+}
+
+/// What the bank story of both examples needs. The stories are compiled once
+/// per backend, so a `shop` built without any backend feature has no use for it.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub mod bank {
+    use std::time::Duration;
+
+    use diesel_claim::RetryPolicy;
+
+    /// The retry policy for versioned updates: many workers on four rows
+    /// conflict a lot, so it allows many quick attempts.
+    pub const RETRY_POLICY: RetryPolicy = RetryPolicy {
+        max_attempts: 100,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(20),
+    };
+
+    /// A tiny deterministic random number generator (SplitMix64): the story
+    /// needs varied bookings or transfers, not a dependency.
+    pub struct Random(u64);
+
+    impl Random {
+        pub fn new(seed: u64) -> Random {
+            Random(seed)
+        }
+
+        /// A number in `0..bound`.
+        pub fn below(&mut self, bound: u64) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) % bound
         }
     }
 }

@@ -35,10 +35,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-// The error type, clock and checks, shared with the other worked example.
+// The command line, error type, clock, checks and per-run schema or database,
+// shared with the other worked example.
 #[path = "../common/shop.rs"]
 mod common;
-pub use common::{BoxError, Checks, Clock, ShopError};
+use common::{is_mysql_url, is_postgres_url};
+pub use common::{BoxError, Checks, Clock, Options, ShopError};
 
 mod schema;
 
@@ -48,17 +50,6 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-
-/// Command-line options.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Orders placed in part 1 (half of them shipped at first).
-    pub orders: u32,
-    /// Concurrent worker threads, each with a pooled connection of its own.
-    pub workers: u32,
-    /// A `postgres://` or `mysql://` URL; SQLite is used without one.
-    pub database_url: Option<String>,
-}
 
 const USAGE: &str = "\
 usage: shop [--orders N] [--workers N] [--database-url postgres://…|mysql://…]
@@ -72,47 +63,18 @@ there and drops it at the end).
   --workers N       concurrent workers (default 4)
   --database-url U  server URL (default: $DATABASE_URL if postgres:// or mysql://)";
 
-impl Options {
-    fn from_args() -> Result<Options, BoxError> {
-        let mut options = Options {
-            orders: 2000,
-            workers: 4,
-            database_url: None,
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-            match arg.as_str() {
-                "--orders" => options.orders = value("--orders")?.parse()?,
-                "--workers" => options.workers = value("--workers")?.parse()?,
-                "--database-url" => options.database_url = Some(value("--database-url")?),
-                "-h" | "--help" => {
-                    println!("{USAGE}");
-                    std::process::exit(0);
-                }
-                other => return Err(format!("unknown argument {other:?}\n\n{USAGE}").into()),
-            }
-        }
-        if options.workers == 0 || options.orders == 0 {
-            return Err("--orders and --workers must be at least 1".into());
-        }
-        // DATABASE_URL is often set for other tools (diesel CLI, .env files); only
-        // a server URL is taken from it, never a path to someone's SQLite file.
-        if options.database_url.is_none() {
-            options.database_url = std::env::var("DATABASE_URL")
-                .ok()
-                .filter(|url| is_postgres_url(url) || is_mysql_url(url));
-        }
-        Ok(options)
+/// The command line, with the server URL taken from `DATABASE_URL` when the
+/// command line names none.
+fn options() -> Result<Options, BoxError> {
+    let mut options = Options::from_args(USAGE, 4)?;
+    // DATABASE_URL is often set for other tools (diesel CLI, .env files); only
+    // a server URL is taken from it, never a path to someone's SQLite file.
+    if options.database_url.is_none() {
+        options.database_url = std::env::var("DATABASE_URL")
+            .ok()
+            .filter(|url| is_postgres_url(url) || is_mysql_url(url));
     }
-}
-
-fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
-fn is_mysql_url(url: &str) -> bool {
-    url.starts_with("mysql://")
+    Ok(options)
 }
 
 fn main() {
@@ -121,7 +83,7 @@ fn main() {
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
 fn run() -> Result<bool, BoxError> {
-    let options = Options::from_args()?;
+    let options = options()?;
     let clock = Clock::start();
 
     let checks = match &options.database_url {

@@ -45,25 +45,16 @@
 use diesel_async::pooled_connection::ManagerConfig;
 use diesel_async::AsyncConnection;
 
-// The error type, clock and checks, shared with the other worked example.
+// The command line, error type, clock, checks and per-run schema or database,
+// shared with the other worked example.
 #[path = "../common/shop.rs"]
 mod common;
-pub use common::{BoxError, Checks, Clock, ShopError};
+use common::{is_mysql_url, is_postgres_url};
+pub use common::{BoxError, Checks, Clock, Options, ShopError};
 
 mod mysql;
 mod postgres;
 mod schema;
-
-/// Command-line options.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Orders placed in part 1 (half of them shipped at first).
-    pub orders: u32,
-    /// Concurrent tasks, each with a pooled connection of its own.
-    pub workers: u32,
-    /// A `postgres://` or `mysql://` URL.
-    pub database_url: String,
-}
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -78,48 +69,24 @@ schema (or a database) of its own that is dropped at the end.
   --database-url U  server URL (default: $DATABASE_URL, else
                     postgres://postgres@127.0.0.1:5432/test)";
 
-impl Options {
-    fn from_args() -> Result<Options, BoxError> {
-        let mut options = Options {
-            orders: 2000,
-            workers: 8,
-            database_url: std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.into()),
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-            match arg.as_str() {
-                "--orders" => options.orders = value("--orders")?.parse()?,
-                "--workers" => options.workers = value("--workers")?.parse()?,
-                "--database-url" => options.database_url = value("--database-url")?,
-                "-h" | "--help" => {
-                    println!("{USAGE}");
-                    std::process::exit(0);
-                }
-                other => return Err(format!("unknown argument {other:?}\n\n{USAGE}").into()),
-            }
-        }
-        if options.workers == 0 || options.orders == 0 {
-            return Err("--orders and --workers must be at least 1".into());
-        }
-        Ok(options)
-    }
-}
-
 fn main() {
     common::exit_with(run());
 }
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
 fn run() -> Result<bool, BoxError> {
-    let options = Options::from_args()?;
+    let mut options = Options::from_args(USAGE, 8)?;
+    // Without --database-url: DATABASE_URL, whatever it names, else the default.
+    let url = options
+        .database_url
+        .get_or_insert_with(|| std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.into()))
+        .clone();
     let clock = Clock::start();
-    let url = options.database_url.as_str();
 
-    let checks = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        postgres::run(url, &options, clock)?
-    } else if url.starts_with("mysql://") {
-        mysql::run(url, &options, clock)?
+    let checks = if is_postgres_url(&url) {
+        postgres::run(&url, &options, clock)?
+    } else if is_mysql_url(&url) {
+        mysql::run(&url, &options, clock)?
     } else {
         return Err(format!("not a postgres:// or mysql:// URL: {url}").into());
     };

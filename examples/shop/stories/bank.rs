@@ -9,13 +9,12 @@
 //! transaction, so the checks can compare every balance with its history.
 
 use std::ops::AddAssign;
-use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
-use diesel_claim::RetryPolicy;
 
 use super::{run_workers, Conn, Pool};
+use crate::common::bank::{Random, RETRY_POLICY};
 use crate::schema::{accounts, ledger, Account};
 use crate::{BoxError, Checks, Clock, Options, ShopError};
 
@@ -106,13 +105,7 @@ fn book_versioned(
     amount: i64,
     attempts: &mut u64,
 ) -> Result<i64, ShopError> {
-    // Many workers on four rows conflict a lot: allow many quick attempts.
-    let policy = RetryPolicy {
-        max_attempts: 100,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(20),
-    };
-    diesel_claim::retry(conn, policy, |conn| {
+    diesel_claim::retry(conn, RETRY_POLICY, |conn| {
         *attempts += 1;
         // No lock and no transaction: others may change the row meanwhile.
         let account: Account = accounts::table.find(account_id).first(conn)?;
@@ -317,23 +310,4 @@ fn check_money(
         ),
     );
     Ok(())
-}
-
-/// A tiny deterministic random number generator (SplitMix64): the example needs
-/// varied bookings, not a dependency.
-struct Random(u64);
-
-impl Random {
-    fn new(seed: u64) -> Random {
-        Random(seed)
-    }
-
-    /// A number in `0..bound`.
-    fn below(&mut self, bound: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % bound
-    }
 }
