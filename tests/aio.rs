@@ -312,21 +312,7 @@ on_async_backends! {
     async fn dropped_claim_releases_its_lock_through_the_pool() {
         let (db, pool) = test_db(1).await;
         insert_pending(&mut pool.get().await.unwrap(), 1).await;
-        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
-            let mut conn = pool.get().await.unwrap();
-            pending()
-                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        std::future::pending::<()>().await;
-                        Ok::<_, diesel_claim::Error>(())
-                    }
-                    .scope_boxed()
-                })
-                .await
-        })
-        .await;
-        assert!(stalled.is_err(), "the claim should have stalled");
+        stall_mid_claim(&mut *pool.get().await.unwrap()).await;
         // The pool's one connection was discarded; a new one can lock the row
         // at once and sees no email.
         let mut conn = pool.get().await.unwrap();
@@ -387,21 +373,7 @@ on_async_backends! {
             .max_size(1)
             .build()
             .unwrap();
-        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
-            let mut conn = pool.get().await.unwrap();
-            pending()
-                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        std::future::pending::<()>().await;
-                        Ok::<_, diesel_claim::Error>(())
-                    }
-                    .scope_boxed()
-                })
-                .await
-        })
-        .await;
-        assert!(stalled.is_err(), "the claim should have stalled");
+        stall_mid_claim(&mut *pool.get().await.unwrap()).await;
         let mut recycled = pool.get().await.unwrap();
         assert!(
             pending_row_gets_free(&mut recycled).await,
@@ -418,20 +390,7 @@ on_async_backends! {
         let (db, pool) = test_db(1).await;
         insert_pending(&mut pool.get().await.unwrap(), 1).await;
         let mut own = Conn::establish(&db.url).await.unwrap();
-        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
-            pending()
-                .claim_each(&mut own, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        std::future::pending::<()>().await;
-                        Ok::<_, diesel_claim::Error>(())
-                    }
-                    .scope_boxed()
-                })
-                .await
-        })
-        .await;
-        assert!(stalled.is_err(), "the claim should have stalled");
+        stall_mid_claim(&mut own).await;
         // Not a savepoint inside the abandoned transaction: an error.
         let again = own
             .transaction(async |_: &mut Conn| Ok::<_, diesel::result::Error>(()))
@@ -458,6 +417,25 @@ on_async_backends! {
             "the lock outlived the connection"
         );
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+    }
+
+    /// Claims the pending row, writes its email and stalls in the closure,
+    /// until a timeout drops the claim's future mid-transaction.
+    async fn stall_mid_claim(conn: &mut Conn) {
+        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
+            pending()
+                .claim_each(conn, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        std::future::pending::<()>().await;
+                        Ok::<_, diesel_claim::Error>(())
+                    }
+                    .scope_boxed()
+                })
+                .await
+        })
+        .await;
+        assert!(stalled.is_err(), "the claim should have stalled");
     }
 
     /// Whether the pending row can be locked at once within 5 s: the server
