@@ -312,7 +312,7 @@ on_async_backends! {
     async fn dropped_claim_releases_its_lock_through_the_pool() {
         let (db, pool) = test_db(1).await;
         insert_pending(&mut pool.get().await.unwrap(), 1).await;
-        stall_mid_claim(&mut *pool.get().await.unwrap()).await;
+        stall_mid_claim(&mut pool.get().await.unwrap()).await;
         // The pool's one connection was discarded; a new one can lock the row
         // at once and sees no email.
         let mut conn = pool.get().await.unwrap();
@@ -373,7 +373,7 @@ on_async_backends! {
             .max_size(1)
             .build()
             .unwrap();
-        stall_mid_claim(&mut *pool.get().await.unwrap()).await;
+        stall_mid_claim(&mut pool.get().await.unwrap()).await;
         let mut recycled = pool.get().await.unwrap();
         assert!(
             pending_row_gets_free(&mut recycled).await,
