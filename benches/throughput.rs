@@ -3,8 +3,8 @@
 //! ```sh
 //! cargo bench --bench throughput --all-features -- [--quick] [--rows N] \
 //!     [--workers 1,2,4,8] [--backend postgres|sqlite|mysql|all] [--only MODE,...] \
-//!     [--index-effect] [--memory] [--svg PATH] [--repeat R] [--trace] \
-//!     [--mysql-isolation read-committed|repeatable-read]
+//!     [--batches 10,100,1000] [--index-effect] [--memory] [--svg PATH] [--repeat R] \
+//!     [--trace] [--mysql-isolation read-committed|repeatable-read] [--sqlite-analyze]
 //! ```
 //!
 //! N pending orders are drained by W workers, each with a connection of its
@@ -97,6 +97,7 @@ fn main() -> ExitCode {
 /// correctness failure.
 fn bench(options: &Options) -> Result<(), String> {
     db::set_mysql_isolation(options.mysql_isolation);
+    db::set_sqlite_analyze(options.sqlite_analyze);
     let mut results = Results::default();
     let mut machine = machine_description();
     let load_before = load_average();
@@ -159,7 +160,7 @@ fn run_drains<C: BenchConn>(
 ) -> Result<(), String> {
     let modes: Vec<Mode> = Mode::all()
         .into_iter()
-        .filter(|mode| mode.runs_on(C::BACKEND) && options.runs(&mode.id_name()))
+        .filter(|mode| mode.runs_on(C::BACKEND) && options.runs_mode(*mode))
         .collect();
     if let Some(&first) = modes.first() {
         // Not reported: the first mode measured should not pay for cold caches.
@@ -228,9 +229,15 @@ fn server_version_query(backend: BackendKind) -> String {
         BackendKind::Postgres => "SELECT version() || ', fsync ' || current_setting('fsync') \
              || ', synchronous_commit ' || current_setting('synchronous_commit') AS t"
             .to_owned(),
-        BackendKind::Sqlite => "SELECT 'SQLite ' || sqlite_version() || ', WAL, synchronous ' \
-             || (SELECT synchronous FROM pragma_synchronous) AS t"
-            .to_owned(),
+        BackendKind::Sqlite => format!(
+            "SELECT 'SQLite ' || sqlite_version() || ', WAL, synchronous ' \
+             || (SELECT synchronous FROM pragma_synchronous) || ', drains {}' AS t",
+            if db::sqlite_analyze() {
+                "ANALYZEd after each refill"
+            } else {
+                "without statistics"
+            }
+        ),
         // The connections set their own isolation level (see `db::open_mysql`).
         BackendKind::Mysql => format!(
             "SELECT CONCAT(VERSION(), ', innodb_flush_log_at_trx_commit ', \

@@ -222,7 +222,8 @@ impl<Q, M> ClaimBuilder<Q, M> {
     ///
     /// By default, 100 keys or one batch, whichever is more: a batch may run
     /// past its page, and the next page is read from where it ended, so workers
-    /// do not read the keys others take. When draining, or marking (whose rows
+    /// do not read the keys others take. A page's first batch starts at its
+    /// first candidate, not where the last page ended. When draining, or marking (whose rows
     /// come back in no order), batches keep to their page and a page holds 1000
     /// keys or ten batches.
     pub fn page_size(mut self, page_size: u32) -> Self {
@@ -549,7 +550,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                 State::Retry(mut keys) => {
                     self.state = match keys.next() {
                         Some(key) => {
-                            let page = Page::new(Lower::From(key.clone()), vec![key], false);
+                            let page = Page::new(vec![key], false);
                             State::Page(page, Then::Retry(keys))
                         }
                         None => State::Scan,
@@ -614,8 +615,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             self.state = State::PassEnd;
             return;
         }
-        let start = self.cursor.take().map_or(Lower::Unbounded, Lower::After);
-        let page = Page::new(start, keys, self.open_ended);
+        let page = Page::new(keys, self.open_ended);
         // Closed pages end where they end; open-ended ones where the takes got to.
         let then = if self.open_ended || full_page {
             Then::Scan
@@ -757,9 +757,11 @@ where
 
 /// A page of candidate keys, in key order, and what has become of them.
 struct Page<K> {
-    /// Where the page's range starts.
-    start: Lower<K>,
-    /// Where the next batch starts: past the furthest candidate claimed so far.
+    /// Where the next batch starts: at the first candidate, then past the
+    /// furthest candidate claimed so far. Not at the cursor: the rows between
+    /// it and the first candidate were done when the page was read, and a take
+    /// starting there would step over every one of them (without a partial
+    /// index, or before the planner knows how few rows are pending).
     next: Lower<K>,
     keys: Vec<K>,
     position: HashMap<K, usize>,
@@ -781,11 +783,10 @@ struct Page<K> {
 }
 
 impl<K: Clone + Eq + Hash> Page<K> {
-    fn new(start: Lower<K>, keys: Vec<K>, open_ended: bool) -> Self {
+    fn new(keys: Vec<K>, open_ended: bool) -> Self {
         let position = keys.iter().cloned().zip(0..).collect();
         Page {
-            next: start.clone(),
-            start,
+            next: Lower::From(keys[0].clone()),
             processed: vec![false; keys.len()],
             keys,
             position,
@@ -797,13 +798,17 @@ impl<K: Clone + Eq + Hash> Page<K> {
         }
     }
 
+    fn first(&self) -> &K {
+        self.keys.first().expect("a page has at least one key")
+    }
+
     fn last(&self) -> &K {
         self.keys.last().expect("a page has at least one key")
     }
 
     fn whole_range(&self) -> KeyRange<K> {
         KeyRange {
-            lower: self.start.clone(),
+            lower: Lower::From(self.first().clone()),
             through: Some(self.last().clone()),
         }
     }
@@ -1154,4 +1159,57 @@ where
 
 fn primary_key<R: HasTable>() -> PrimaryKey<R> {
     R::table().primary_key()
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::*;
+
+    /// A claim of rows that are their own keys, per row, pages of two keys.
+    fn claim(drain: bool) -> Claim<i64> {
+        let builder = ClaimBuilder::<(), Blocking>::new(()).page_size(2);
+        let builder = if drain { builder.drain() } else { builder };
+        builder
+            .start::<diesel::pg::Pg, i64>(Taking::Select, Ok(None), 0)
+            .unwrap()
+    }
+
+    /// Reads the page `keys` and claims every row offered until the page is done.
+    fn claim_page(claim: &mut Claim<i64>, keys: Vec<i64>) -> Vec<Lower<i64>> {
+        let Step::Candidates(..) = claim.next() else {
+            panic!("expected a candidate read");
+        };
+        let mut takes_from = Vec::new();
+        claim.candidates(keys.clone());
+        for key in keys {
+            let Step::Batch(range, limit) = claim.next() else {
+                panic!("expected a batch");
+            };
+            takes_from.push(range.lower);
+            let rows = claim.taken(vec![key], limit, |row| *row).unwrap();
+            claim.processed(rows.len());
+        }
+        takes_from
+    }
+
+    /// Rows between the end of one page and the first candidate of the next were
+    /// done when the page was read: the takes start at the candidate, rather than
+    /// step over them.
+    #[test]
+    fn takes_start_at_the_first_candidate_of_their_page() {
+        for drain in [false, true] {
+            let mut claim = claim(drain);
+            let takes_from = claim_page(&mut claim, vec![1, 2]);
+            assert!(
+                matches!(takes_from[..], [Lower::From(1), Lower::After(1)]),
+                "drain {drain}: {takes_from:?}"
+            );
+            // Rows 3 to 5 were claimed by someone else meanwhile.
+            let takes_from = claim_page(&mut claim, vec![6, 7]);
+            assert!(
+                matches!(takes_from[..], [Lower::From(6), Lower::After(6)]),
+                "drain {drain}: {takes_from:?}"
+            );
+        }
+    }
 }

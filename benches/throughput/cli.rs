@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::db::{BackendKind, Isolation};
+use crate::drain::{Mode, BATCH_SIZES};
 
 pub const USAGE: &str = "\
 usage: cargo bench --bench throughput --all-features -- [options]
@@ -15,6 +16,8 @@ usage: cargo bench --bench throughput --all-features -- [options]
   --backend B          postgres, sqlite, mysql or all (default all)
   --only MODE,...      run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4, B5 (contention),
                        IX (the index effect)
+  --batches 10,100,1000
+                       batch sizes of B3, B3d and B3h (default 10,100,1000)
   --index-effect       run the index effect (10^6 done rows, with and without
                        the partial index; PostgreSQL and SQLite); alone, only it.
                        The full run includes it, --quick does not
@@ -25,6 +28,8 @@ usage: cargo bench --bench throughput --all-features -- [options]
   --mysql-isolation L  read-committed (default, what claimers on InnoDB should
                        use) or repeatable-read (InnoDB's default), for every
                        MySQL connection
+  --sqlite-analyze     run SQLite's drains with the statistics ANALYZE gathers
+                       after the refill (every row pending) instead of none
   --repeat R           run every drain R times, interleaved, and report the
                        fastest (default 1)
   --trace              print every statement the drains send (with few --rows)
@@ -50,12 +55,16 @@ pub struct Options {
     /// Mode ids to run (`B0`, `B3h`, `B5`, `IX`, …); `None` runs them all
     /// (all but `IX` with `--quick`).
     pub only: Option<Vec<String>>,
+    /// Batch sizes of B3, B3d and B3h.
+    pub batches: Vec<u32>,
     pub memory: bool,
     pub svg: Option<PathBuf>,
     pub trace: bool,
     /// Runs of each drain; the fastest is reported.
     pub repeat: u32,
     pub mysql_isolation: Isolation,
+    /// SQLite's drains run with statistics (`--sqlite-analyze`).
+    pub sqlite_analyze: bool,
     /// How long each B5 configuration runs.
     pub contention_time: Duration,
 }
@@ -80,11 +89,13 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
     let mut workers = None;
     let mut backends = BackendKind::ALL.to_vec();
     let mut only = None;
+    let mut batches = BATCH_SIZES.to_vec();
     let mut memory = false;
     let mut svg = None;
     let mut trace = false;
     let mut repeat = 1;
     let mut mysql_isolation = Isolation::ReadCommitted;
+    let mut sqlite_analyze = false;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
         match arg.as_str() {
@@ -98,6 +109,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
                 let ids = parse_list(&value()?, |id| Ok(id.to_owned()))?;
                 only.get_or_insert_with(Vec::new).extend(ids);
             }
+            "--batches" => batches = parse_list(&value()?, parse_number)?,
             "--index-effect" => only
                 .get_or_insert_with(Vec::new)
                 .push(INDEX_EFFECT.to_owned()),
@@ -106,6 +118,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             "--trace" => trace = true,
             "--repeat" => repeat = parse_number::<u32>(&value()?)?.max(1),
             "--mysql-isolation" => mysql_isolation = parse_isolation(&value()?)?,
+            "--sqlite-analyze" => sqlite_analyze = true,
             "-h" | "--help" => return Ok(Command::Help),
             MEMORY_CHILD_FLAG => {
                 return Ok(Command::MemoryChild {
@@ -131,16 +144,23 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         }),
         backends,
         only,
+        batches,
         memory,
         svg,
         trace,
         repeat,
         mysql_isolation,
+        sqlite_analyze,
         contention_time: Duration::from_millis(if quick { 200 } else { 2000 }),
     }))
 }
 
 impl Options {
+    /// Whether this drain mode is to run.
+    pub fn runs_mode(&self, mode: Mode) -> bool {
+        self.runs(&mode.id_name()) && (!mode.is_sized() || self.batches.contains(&mode.batch))
+    }
+
     /// Whether the mode with this id (`B0`, `B3h`, `B5`, `IX`, …) is to run.
     pub fn runs(&self, id: &str) -> bool {
         match &self.only {

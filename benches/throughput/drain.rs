@@ -37,6 +37,9 @@ pub enum ModeId {
     B4,
 }
 
+/// The batch sizes B3, B3d and B3h run at (unless `--batches` says otherwise).
+pub const BATCH_SIZES: [u32; 3] = [10, 100, 1000];
+
 /// A mode and its batch size (1 for the per-row modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mode {
@@ -61,10 +64,16 @@ impl Mode {
             Mode::new(M1, 100),
             Mode::new(M2, 100),
         ];
-        for n in [10, 100, 1000] {
+        for n in BATCH_SIZES {
             modes.extend([Mode::new(B3h, n), Mode::new(B3d, n), Mode::new(B3, n)]);
         }
         modes
+    }
+
+    /// Whether the mode is one of the batched claims run at each of
+    /// [`BATCH_SIZES`] (B3, B3d, B3h).
+    pub fn is_sized(self) -> bool {
+        matches!(self.id, ModeId::B3 | ModeId::B3d | ModeId::B3h)
     }
 
     pub fn id_name(self) -> String {
