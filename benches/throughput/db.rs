@@ -127,10 +127,11 @@ impl BackendKind {
         }
     }
 
-    /// Whether B1 needs a transaction around its statements: on SQLite the
-    /// write lock must be held from the claim to the outbox insert, or the
-    /// statements of workers interleave.
-    pub fn batch_needs_transaction(self) -> bool {
+    /// Whether B1's claiming statement needs a transaction of its own: on
+    /// SQLite a lone `UPDATE` reads before it takes the write lock, and fails
+    /// if another writer commits in between; `BEGIN IMMEDIATE` takes the lock
+    /// first.
+    pub fn claim_needs_transaction(self) -> bool {
         self == BackendKind::Sqlite
     }
 

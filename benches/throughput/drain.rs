@@ -179,25 +179,23 @@ fn hand_written_row<C: BenchConn>(conn: &mut C, lock: RowLock) -> QueryResult<u6
     })
 }
 
-/// B1: `WITH c AS (SELECT … SKIP LOCKED) UPDATE … RETURNING id`, then the
-/// outbox rows in one `INSERT`. MySQL has no `UPDATE … RETURNING`, so there B1
-/// is the transaction that comes closest: B3h's, selecting only ids.
+/// B1: `WITH c AS (SELECT … SKIP LOCKED) UPDATE … RETURNING id`, committed on
+/// its own (SQLite: in `BEGIN IMMEDIATE … COMMIT`), then the outbox rows in one
+/// `INSERT`. MySQL has no `UPDATE … RETURNING`, so there B1 is the transaction
+/// that comes closest: B3h's, selecting only ids.
 fn hand_written_statement<C: BenchConn>(conn: &mut C, n: u32) -> QueryResult<u64> {
     let Some(claim) = C::BACKEND.claim_and_mark_batch(n) else {
         return hand_written_batch(conn, n, Select::Ids);
     };
-    let statements = |conn: &mut C| {
-        let ids = conn.load_ids(&claim)?;
-        if !ids.is_empty() {
-            conn.write_outbox(&ids)?;
-        }
-        Ok(ids.len() as u64)
-    };
-    if C::BACKEND.batch_needs_transaction() {
-        in_transaction(conn, statements)
+    let ids = if C::BACKEND.claim_needs_transaction() {
+        in_transaction(conn, |conn| conn.load_ids(&claim))?
     } else {
-        statements(conn)
+        conn.load_ids(&claim)?
+    };
+    if !ids.is_empty() {
+        conn.write_outbox(&ids)?;
     }
+    Ok(ids.len() as u64)
 }
 
 /// What a hand-written batch claim selects.
