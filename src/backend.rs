@@ -413,6 +413,12 @@ pub(crate) mod mysql {
             clause: &LockClause,
             mut out: AstPass<'_, '_, Mysql>,
         ) -> QueryResult<()> {
+            // A locking read can fail after sending some of its rows (a lock
+            // wait timeout, a deadlock). MariaDB Connector/C then re-executes
+            // the same prepared statement only after waiting for the rest of a
+            // result set that the error ended: it hangs for ever. So locking
+            // reads are prepared afresh each time, never cached.
+            out.unsafe_to_cache_prepared();
             // InnoDB has no `NO KEY UPDATE` (a foreign-key check takes a shared
             // lock, which `FOR UPDATE` blocks) and, on MariaDB, no `FOR SHARE`.
             out.push_sql(match clause.strength {

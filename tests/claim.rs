@@ -1093,7 +1093,7 @@ mod pg_only {
 mod mysql_only {
     use diesel::connection::SimpleConnection;
 
-    use super::mysql::{email_figures, insert_pending, send_email, test_db};
+    use super::mysql::{email_figures, insert_pending, send_email, test_db, Conn};
     use super::*;
 
     /// The isolation trap: under `REPEATABLE READ` (InnoDB's default) a plain
@@ -1147,6 +1147,45 @@ mod mysql_only {
                 assert_eq!(processed, ORDERS as u64, "{isolation}");
             }
         }
+    }
+
+    /// A locking read that fails after sending some of its rows (here a lock
+    /// wait timeout at the third row) must leave the connection able to claim
+    /// again. MariaDB Connector/C re-executing the same prepared statement
+    /// then waits for the rest of a result set that ended with the error, for
+    /// ever: the crate must not reuse such a statement.
+    #[test]
+    fn a_locking_read_that_fails_midway_leaves_the_connection_usable() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 4);
+        conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .unwrap();
+        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 3 FOR UPDATE");
+        let claim = |conn: &mut Conn| {
+            pending()
+                .build_claim()
+                .wait()
+                .batch(10)
+                .each(conn, |conn, order: Order| {
+                    Ok::<_, Error>(send_email(conn, &order, 0)?)
+                })
+        };
+        let result = claim(&mut conn);
+        assert!(matches!(result, Err(Error::LockNotAvailable)), "{result:?}");
+        drop(release);
+        holder.join().unwrap();
+        // Again on the same connection, in a thread, so that a hang fails the
+        // test instead of stalling it.
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let _ = done_tx.send(claim(&mut conn).map(|report| report.processed));
+        });
+        let result = done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the second claim on the connection hung");
+        assert_eq!(result.unwrap(), 4);
+        assert_eq!(email_figures(&mut pool.get().unwrap()), (4, 0, 0));
     }
 
     /// A claimer whose connection is killed gets an error, never "nothing to do".
