@@ -223,9 +223,9 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// By default, 100 keys or one batch, whichever is more: a batch may run
     /// past its page, and the next page is read from where it ended, so workers
     /// do not read the keys others take. A page's first batch starts at its
-    /// first candidate, not where the last page ended. When draining, or marking (whose rows
-    /// come back in no order), batches keep to their page and a page holds 1000
-    /// keys or ten batches.
+    /// first candidate, not where the last page ended. When draining, or
+    /// marking (whose rows come back in no order), batches keep to their page
+    /// and a page holds 1000 keys or ten batches.
     pub fn page_size(mut self, page_size: u32) -> Self {
         if page_size == 0 {
             self.lock.reject("page_size must be at least 1".to_owned());
@@ -759,9 +759,9 @@ where
 struct Page<K> {
     /// Where the next batch starts: at the first candidate, then past the
     /// furthest candidate claimed so far. Not at the cursor: the rows between
-    /// it and the first candidate were done when the page was read, and a take
-    /// starting there would step over every one of them (without a partial
-    /// index, or before the planner knows how few rows are pending).
+    /// it and the first candidate were done when the page was read (by other
+    /// workers, often), and a take starting there would step over every one of
+    /// them inside its transaction.
     next: Lower<K>,
     keys: Vec<K>,
     position: HashMap<K, usize>,
@@ -786,7 +786,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
     fn new(keys: Vec<K>, open_ended: bool) -> Self {
         let position = keys.iter().cloned().zip(0..).collect();
         Page {
-            next: Lower::From(keys[0].clone()),
+            next: Lower::From(keys.first().expect("a page has at least one key").clone()),
             processed: vec![false; keys.len()],
             keys,
             position,

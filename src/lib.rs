@@ -223,11 +223,11 @@
 //!   [`Error::Deadlock`]: call again (it is transient; [`retry`] does it).
 //! - **Locking reads are prepared afresh each time.** A locking read can fail
 //!   after sending some of its rows (a lock wait timeout, a deadlock), and
-//!   MariaDB Connector/C (Debian's `libmysqlclient`) then hangs when the same
-//!   prepared statement runs again. The crate's locking reads are therefore
-//!   never put in Diesel's statement cache on MySQL. Diesel does cache your
-//!   own (`.for_update()`): after such an error, drop the connection rather
-//!   than run the same locking read on it again.
+//!   MariaDB Connector/C (what Debian installs as `libmysqlclient`) hangs when
+//!   the same prepared statement runs again. The crate's locking reads are
+//!   therefore never put in Diesel's statement cache on MySQL. Diesel does
+//!   cache your own (`.for_update()`): after such an error, drop the
+//!   connection rather than run the same locking read on it again.
 //! - **Errors.** `innodb_lock_wait_timeout` and `NOWAIT` are
 //!   [`Error::LockNotAvailable`], 1213 is [`Error::Deadlock`], and a server
 //!   without `SKIP LOCKED` (MySQL before 8.0.1, MariaDB before 10.6) gives
