@@ -13,7 +13,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
 use diesel_claim::aio::{retry, with_lease, Lease};
 
-use crate::fixtures::{accounts, orders, outbox, Account, Order};
+use testkit::fixtures::{accounts, orders, outbox, Account, Order};
 
 /// The shipped orders whose email is not sent.
 fn pending() -> diesel::dsl::Filter<
@@ -38,10 +38,10 @@ macro_rules! on_async_backends {
             pub type Db = $db;
             pub type Pool = bb8::Pool<Conn>;
 
-            pub async fn test_db(size: u32) -> (crate::common::$test_db, Pool) {
-                let db = crate::common::$test_db::new();
+            pub async fn test_db(size: u32) -> (testkit::$test_db, Pool) {
+                let db = testkit::$test_db::new();
                 let mut setup = <Db as diesel::Connection>::establish(&db.url).unwrap();
-                crate::fixtures::create_schema(&mut setup, crate::fixtures::$schema);
+                testkit::fixtures::create_schema(&mut setup, testkit::fixtures::$schema);
                 let manager = AsyncDieselConnectionManager::<Conn>::new(db.url.clone());
                 let pool = bb8::Pool::builder()
                     .max_size(size)

@@ -9,7 +9,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{ClaimReport, Error, LockStrength};
 
-use crate::fixtures::{customers, on_every_backend, orders, outbox, Order};
+use testkit::fixtures::{customers, on_every_backend, orders, outbox, Order};
 
 fn pending() -> diesel::dsl::Filter<
     diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,

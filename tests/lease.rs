@@ -12,7 +12,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_claim::{with_lease, Error, Lease, MAX_NAME_LEN, MAX_TTL};
 
-use crate::fixtures::{accounts, customers, on_every_backend, orders, outbox};
+use testkit::fixtures::{accounts, customers, on_every_backend, orders, outbox};
 
 diesel::table! {
     diesel_claim_leases (name) {
@@ -626,10 +626,10 @@ mod sqlite_only {
 
     #[test]
     fn expiry_is_computed_by_the_database_clock() {
-        let db = crate::common::SqliteTestDb::new();
-        let pool = crate::common::sqlite_pool(&db.url, 1);
+        let db = testkit::SqliteTestDb::new();
+        let pool = testkit::sqlite_pool(&db.url, 1);
         let mut conn = pool.get().unwrap();
-        crate::fixtures::create_schema(&mut conn, crate::fixtures::SQLITE_SCHEMA);
+        testkit::fixtures::create_schema(&mut conn, testkit::fixtures::SQLITE_SCHEMA);
         let _lease = Lease::acquire(&mut conn, "clock", Duration::from_secs(10))
             .unwrap()
             .unwrap();
@@ -654,10 +654,10 @@ mod sqlite_only {
 #[cfg(feature = "postgres")]
 mod pg_only {
     use super::*;
-    use crate::common::{pg_pool, PgTestDb};
-    use crate::fixtures::{create_schema, POSTGRES_SCHEMA};
     use diesel::sql_types::{Double, Text};
     use diesel_claim::advisory;
+    use testkit::fixtures::{create_schema, POSTGRES_SCHEMA};
+    use testkit::{pg_pool, PgTestDb};
 
     type Pool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<PgConnection>>;
 

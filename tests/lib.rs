@@ -1,14 +1,15 @@
 //! Integration tests of diesel-claim against real databases.
 //!
 //! Run them with `cargo nextest run --all-features`. PostgreSQL tests use
-//! `PG_DATABASE_URL` (see `common::pg_url` for the fallbacks); SQLite tests
-//! need nothing; MySQL tests use `MYSQL_DATABASE_URL` (see `common::mysql_url`).
+//! `PG_DATABASE_URL` (see `testkit::pg_url` for the fallbacks); SQLite tests
+//! need nothing; MySQL tests use `MYSQL_DATABASE_URL` (see `testkit::mysql_url`).
 //! Without a backend feature there is nothing to test.
 
 #![cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 
-mod common;
-mod fixtures;
+// Throwaway databases, the shop schema and `on_every_backend!`, shared with
+// the examples and the benchmark.
+extern crate diesel_claim_testkit as testkit;
 
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 mod aio;
@@ -57,7 +58,7 @@ fn common_pg_database_roundtrip() {
     }
 
     let database_exists = |name: &str| -> bool {
-        let mut admin = PgConnection::establish(&common::pg_url()).expect("admin connection");
+        let mut admin = PgConnection::establish(&testkit::pg_url()).expect("admin connection");
         select(exists(
             pg_database::table.filter(pg_database::datname.eq(name)),
         ))
@@ -65,12 +66,12 @@ fn common_pg_database_roundtrip() {
         .expect("query pg_database")
     };
 
-    let db = common::PgTestDb::new();
+    let db = testkit::PgTestDb::new();
     let name = db.name().to_owned();
     assert!(database_exists(&name));
     assert!(db.url.contains(&name));
 
-    let pool = common::pg_pool(&db.url, 4);
+    let pool = testkit::pg_pool(&db.url, 4);
     on_every_connection_at_once(&pool, |conn| {
         let one: i32 = select(1.into_sql::<Integer>())
             .get_result(conn)
@@ -96,8 +97,8 @@ fn common_sqlite_pool_roundtrip() {
             .unwrap_or_else(|e| panic!("PRAGMA {name}: {e}"))
     }
 
-    let db = common::SqliteTestDb::new();
-    let pool = common::sqlite_pool(&db.url, 4);
+    let db = testkit::SqliteTestDb::new();
+    let pool = testkit::sqlite_pool(&db.url, 4);
     on_every_connection_at_once(&pool, |conn| {
         let one: i32 = select(1.into_sql::<Integer>())
             .get_result(conn)

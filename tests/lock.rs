@@ -12,7 +12,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, OnLocked};
 
-use crate::fixtures::{accounts, on_every_backend, run_bank, Account, BankError};
+use testkit::fixtures::{accounts, on_every_backend, run_bank, Account, BankError};
 
 /// How deep the connection's transaction nesting is (0: none open).
 fn transaction_depth<C: Connection>(conn: &mut C) -> u32 {
@@ -303,9 +303,12 @@ mod sqlite_only {
     /// do not wait) and the sequence would be A-in, B-in, A-out.
     #[test]
     fn with_lock_holds_the_database_write_lock() {
-        let db = crate::common::SqliteTestDb::new();
-        let pool = crate::common::sqlite_pool(&db.url, 2);
-        crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::SQLITE_SCHEMA);
+        let db = testkit::SqliteTestDb::new();
+        let pool = testkit::sqlite_pool(&db.url, 2);
+        testkit::fixtures::create_schema(
+            &mut pool.get().unwrap(),
+            testkit::fixtures::SQLITE_SCHEMA,
+        );
         diesel::insert_into(accounts::table)
             .values(&vec![
                 (accounts::id.eq(1), accounts::balance.eq(100i64)),

@@ -1,22 +1,14 @@
-//! The torture suite at light scale (see `examples/torture/` and
-//! `RELIABILITY.md`): every scenario on every backend, with real worker
+//! The torture suite at light scale (see `diesel_claim_testkit::torture`,
+//! the `torture` example and `RELIABILITY.md`): every scenario on every backend, with real worker
 //! processes and real faults, on every test run.
 //!
 //! Worker processes are this test binary run again on the same test (`<name>
 //! --exact`), told by an environment variable to act as a worker; that works
 //! under nextest (a process per test) and `cargo test` alike.
 
-// The example uses the rest (the heavy scale, its own launcher).
-#[allow(dead_code)]
-#[cfg_attr(
-    not(all(feature = "postgres", feature = "sqlite")),
-    allow(unused_imports, unused_macros)
-)]
-#[path = "../examples/torture/suite/mod.rs"]
-mod suite;
-
 use suite::procs::{Launcher, WORKER_ENV};
 use suite::{Backend, Scale};
+use testkit::torture as suite;
 
 /// Runs every scenario that applies to `backend` at light scale, or, in a
 /// worker process, the worker it was started as.

@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{retry, Error, RetryPolicy};
 
-use crate::fixtures::{accounts, on_every_backend, run_bank, Account, BankError, BankFigures};
+use testkit::fixtures::{accounts, on_every_backend, run_bank, Account, BankError, BankFigures};
 
 /// A changeset whose fields may all be `None`: then it is empty.
 #[derive(Debug, Clone, AsChangeset)]

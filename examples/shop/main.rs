@@ -37,10 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 // The command line, error type, clock, checks and per-run schema or database,
 // shared with the other worked example.
-#[path = "../common/shop.rs"]
-mod common;
 use common::{is_mysql_url, is_postgres_url};
 pub use common::{BoxError, Checks, Clock, Options, ShopError};
+use diesel_claim_testkit::shop as common;
 
 mod schema;
 
@@ -51,22 +50,16 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-const USAGE: &str = "\
-usage: shop [--orders N] [--workers N] [--database-url postgres://…|mysql://…]
-
+const ABOUT: &str = "\
 Runs the diesel-claim shop example on a fresh SQLite file, or on PostgreSQL or
 MySQL/MariaDB when --database-url or DATABASE_URL names a postgres:// or
 mysql:// database (the example works in a schema, or a database, of its own
-there and drops it at the end).
-
-  --orders N        orders to place and email (default 2000)
-  --workers N       concurrent workers (default 4)
-  --database-url U  server URL (default: $DATABASE_URL if postgres:// or mysql://)";
+there and drops it at the end).";
 
 /// The command line, with the server URL taken from `DATABASE_URL` when the
 /// command line names none.
-fn options() -> Result<Options, BoxError> {
-    let mut options = Options::from_args(USAGE, 4)?;
+fn options() -> Options {
+    let mut options = Options::from_args("shop", ABOUT, 4);
     // DATABASE_URL is often set for other tools (diesel CLI, .env files); only
     // a server URL is taken from it, never a path to someone's SQLite file.
     if options.database_url.is_none() {
@@ -74,7 +67,7 @@ fn options() -> Result<Options, BoxError> {
             .ok()
             .filter(|url| is_postgres_url(url) || is_mysql_url(url));
     }
-    Ok(options)
+    options
 }
 
 fn main() {
@@ -83,7 +76,7 @@ fn main() {
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
 fn run() -> Result<bool, BoxError> {
-    let options = options()?;
+    let options = options();
     let clock = Clock::start();
 
     let checks = match &options.database_url {

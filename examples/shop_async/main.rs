@@ -47,10 +47,9 @@ use diesel_async::AsyncConnection;
 
 // The command line, error type, clock, checks and per-run schema or database,
 // shared with the other worked example.
-#[path = "../common/shop.rs"]
-mod common;
 use common::{is_mysql_url, is_postgres_url};
 pub use common::{BoxError, Checks, Clock, Options, ShopError};
+use diesel_claim_testkit::shop as common;
 
 mod mysql;
 mod postgres;
@@ -58,16 +57,10 @@ mod schema;
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-const USAGE: &str = "\
-usage: shop_async [--orders N] [--workers N] [--database-url postgres://…|mysql://…]
-
+const ABOUT: &str = "\
 Runs the diesel-claim async shop example on PostgreSQL or MySQL/MariaDB, in a
-schema (or a database) of its own that is dropped at the end.
-
-  --orders N        orders to place and email (default 2000)
-  --workers N       concurrent tokio tasks (default 8)
-  --database-url U  server URL (default: $DATABASE_URL, else
-                    postgres://postgres@127.0.0.1:5432/test)";
+schema (or a database) of its own that is dropped at the end. The server is
+--database-url, else $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/test.";
 
 fn main() {
     common::exit_with(run());
@@ -75,7 +68,7 @@ fn main() {
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
 fn run() -> Result<bool, BoxError> {
-    let mut options = Options::from_args(USAGE, 8)?;
+    let mut options = Options::from_args("shop_async", ABOUT, 8);
     // Without --database-url: DATABASE_URL, whatever it names, else the default.
     let url = options
         .database_url

@@ -8,71 +8,43 @@
 //! ```
 //!
 //! Prints one line per scenario and exits with status 1 if any failed. The
-//! light scale also runs in the test suite (`tests/torture.rs`). PostgreSQL is
+//! light scale also runs in the test suite (`tests/torture.rs`); the
+//! scenarios live in `diesel_claim_testkit::torture`. PostgreSQL is
 //! found as the tests find it (`PG_DATABASE_URL`); every scenario works in a
 //! database of its own, dropped at the end.
 
-// The suite is written for both backends; with fewer, parts of it go unused.
-#![cfg_attr(
-    not(all(feature = "postgres", feature = "sqlite")),
-    allow(
-        dead_code,
-        unreachable_code,
-        unused_imports,
-        unused_macros,
-        unused_variables
-    )
-)]
-
 use std::process::ExitCode;
 
-// The tests' helpers: throwaway databases, the shop schema, `on_every_backend!`.
-#[allow(dead_code, unused_imports)]
-#[path = "../../tests/common/mod.rs"]
-mod common;
-#[allow(dead_code, unused_imports)]
-#[path = "../../tests/fixtures.rs"]
-mod fixtures;
-mod suite;
+use clap::Parser;
+use diesel_claim_testkit::torture::{self as suite, procs::Launcher, Backend, Scale};
 
-use suite::{procs::Launcher, Backend, Scale};
-
-const USAGE: &str = "\
-usage: torture [--scenario all|N,N,…|name,…] [--scale light|heavy] [--backend postgres|sqlite|all]
-
-Runs the reliability scenarios (see RELIABILITY.md) and prints one line per
-scenario with its figures and PASS or FAIL; exits with status 1 on any FAIL.
-Defaults: --scenario all --scale light --backend all.";
-
+/// Runs the reliability scenarios (see RELIABILITY.md) and prints one line per
+/// scenario with its figures and PASS or FAIL; exits with status 1 on any FAIL.
+#[derive(Debug, Parser)]
+#[command(name = "torture")]
 struct Options {
+    /// `all`, or scenarios by number or name, separated by commas
+    #[arg(long = "scenario", default_value = "all")]
     selection: String,
+    /// `light` (as in the tests) or `heavy`
+    #[arg(long, default_value = "light", value_parser = scale)]
     scale: Scale,
-    backends: Vec<Backend>,
+    /// `postgres`, `sqlite` or `all` (the backends this build has)
+    #[arg(long = "backend", default_value = "all", value_parser = backends)]
+    backends: Backends,
 }
 
-fn parse_options(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
-    let mut options = Options {
-        selection: "all".to_owned(),
-        scale: Scale::Light,
-        backends: Backend::parse_list("all").unwrap_or_default(),
-    };
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--scenario" => options.selection = value()?,
-            "--scale" => {
-                let text = value()?;
-                options.scale = Scale::parse(&text).ok_or(format!("unknown scale {text:?}"))?;
-            }
-            "--backend" => {
-                let text = value()?;
-                options.backends = Backend::parse_list(&text)
-                    .ok_or(format!("unknown or disabled backend {text:?}"))?;
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(options)
+#[derive(Debug, Clone)]
+struct Backends(Vec<Backend>);
+
+fn scale(text: &str) -> Result<Scale, String> {
+    Scale::parse(text).ok_or_else(|| format!("unknown scale {text:?}: light or heavy"))
+}
+
+fn backends(text: &str) -> Result<Backends, String> {
+    Backend::parse_list(text)
+        .map(Backends)
+        .ok_or_else(|| format!("unknown or disabled backend {text:?}"))
 }
 
 fn main() -> ExitCode {
@@ -82,24 +54,11 @@ fn main() -> ExitCode {
         let args: Vec<String> = args.skip(1).collect();
         return ExitCode::from(suite::worker_main(&args) as u8);
     }
-    if args
-        .peek()
-        .is_some_and(|arg| arg == "-h" || arg == "--help")
-    {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let options = match parse_options(args) {
-        Ok(options) => options,
-        Err(problem) => {
-            eprintln!("{problem}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = Options::parse();
     let outcomes = suite::run(
         &options.selection,
         options.scale,
-        &options.backends,
+        &options.backends.0,
         &Launcher::Example,
     );
     let failed = outcomes.iter().filter(|o| !o.passed()).count();

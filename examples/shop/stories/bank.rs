@@ -14,7 +14,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 
 use super::{run_workers, Conn, Pool};
-use crate::common::bank::{Random, RETRY_POLICY};
+use crate::common::bank::RETRY_POLICY;
 use crate::schema::{accounts, ledger, Account};
 use crate::{BoxError, Checks, Clock, Options, ShopError};
 
@@ -189,13 +189,13 @@ fn book_concurrently(
 ) -> Result<Tally, BoxError> {
     let tallies = run_workers(pool, workers, |conn, worker| {
         // A different sequence per worker and per round.
-        let mut random = Random::new(worker as u64 * 2 + method as u64 + 1);
+        let mut random = fastrand::Rng::with_seed(worker as u64 * 2 + method as u64 + 1);
         let mut tally = Tally::default();
         for _ in 0..BOOKINGS_PER_WORKER {
-            let account = ids[random.below(ids.len() as u64) as usize];
+            let account = ids[random.u64(..ids.len() as u64) as usize];
             // -100 ..= 100, never 0.
-            let amount = random.below(100) as i64 + 1;
-            let amount = if random.below(2) == 0 {
+            let amount = random.u64(..100) as i64 + 1;
+            let amount = if random.u64(..2) == 0 {
                 amount
             } else {
                 -amount

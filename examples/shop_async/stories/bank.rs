@@ -15,7 +15,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
 
 use super::{run_workers, Conn, Pool};
-use crate::common::bank::{Random, RETRY_POLICY};
+use crate::common::bank::RETRY_POLICY;
 use crate::schema::{accounts, Account};
 use crate::{BoxError, Checks, Clock, Options, ShopError};
 
@@ -248,13 +248,13 @@ async fn transfer_concurrently(
 ) -> Result<Tally, BoxError> {
     let tallies = run_workers(pool, workers, |mut conn, worker| async move {
         // A different sequence per task and per round.
-        let mut random = Random::new(worker as u64 * 3 + method as u64 + 1);
+        let mut random = fastrand::Rng::with_seed(worker as u64 * 3 + method as u64 + 1);
         let mut tally = Tally::default();
         for _ in 0..TRANSFERS_PER_WORKER {
-            let from = random.below(ACCOUNTS as u64) as i32 + 1;
+            let from = random.u64(..ACCOUNTS as u64) as i32 + 1;
             // Any account but `from`.
-            let to = (from + random.below(ACCOUNTS as u64 - 1) as i32) % ACCOUNTS + 1;
-            let amount = random.below(60) as i64 + 1;
+            let to = (from + random.u64(..ACCOUNTS as u64 - 1) as i32) % ACCOUNTS + 1;
+            let amount = random.u64(..60) as i64 + 1;
             let outcome = match method {
                 Method::WithLocks => {
                     tally.attempts += 1;

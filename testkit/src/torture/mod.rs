@@ -3,8 +3,7 @@
 //!
 //! The same code runs from two places: the `torture` example (one command, any
 //! scale) and the integration test `torture::light_*` (light scale, every CI
-//! run). Both need the tests' helpers at the crate root as `crate::common` and
-//! `crate::fixtures` (throwaway databases, the shop schema, `on_every_backend!`).
+//! run).
 //!
 //! Scenarios that need real processes start workers by re-running the current
 //! executable: see [`procs::Launcher`].
@@ -660,13 +659,13 @@ pub trait Connect: diesel::r2d2::R2D2Connection + 'static {
 #[cfg(feature = "postgres")]
 impl Connect for diesel::PgConnection {
     fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
-        crate::common::pg_pool(url, size)
+        crate::pg_pool(url, size)
     }
 }
 
 #[cfg(feature = "sqlite")]
 impl Connect for diesel::SqliteConnection {
     fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
-        crate::common::sqlite_pool(url, size)
+        crate::sqlite_pool(url, size)
     }
 }

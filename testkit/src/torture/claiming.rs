@@ -16,7 +16,7 @@ use diesel_claim::Error;
 
 use super::procs::{self, Fields};
 use super::{counted_retry, in_threads, tables, Connect, Ctx, Figures, Running, DELIBERATE};
-use crate::fixtures::{orders, outbox, Order, XorShift};
+use crate::fixtures::{orders, outbox, Order};
 
 /// Shipped orders whose email is not sent yet: what the scenarios claim.
 #[diesel::dsl::auto_type]
@@ -200,9 +200,9 @@ on_suite_backends! {
         thread::scope(|scope| {
             scope.spawn(|| {
                 let mut conn = pool.get().unwrap();
-                let mut random = XorShift::new(7);
+                let mut random = fastrand::Rng::with_seed(7);
                 while running.get() {
-                    let id = 1 + random.below(rows as u64) as i32;
+                    let id = 1 + random.u64(..rows as u64) as i32;
                     let taken_out = diesel::update(pending().filter(orders::id.eq(id)))
                         .set(orders::shipped.eq(false))
                         .execute(&mut *conn)

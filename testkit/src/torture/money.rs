@@ -17,7 +17,7 @@ use diesel_claim::{retry, Error, RetryPolicy};
 use super::procs::Fields;
 use super::tables::ledger;
 use super::{counted_retry, in_threads, tables, Connect, Ctx, Figures, Running, Scale};
-use crate::fixtures::{accounts, Account, BankError, XorShift};
+use crate::fixtures::{account_pair, accounts, Account, BankError};
 
 /// Every account starts with this much.
 const OPENING: i64 = 1_000;
@@ -114,11 +114,11 @@ on_suite_backends! {
         let first = args.number("first");
         in_threads(threads, |index| {
             let mut conn = pool.get().unwrap();
-            let mut random = XorShift::new(first + index as u64);
+            let mut random = fastrand::Rng::with_seed(first + index as u64);
             let mut figures = Figures::default();
             while Instant::now() < until {
-                let (from, to) = random.pair(accounts);
-                let amount = 1 + random.below(300) as i64;
+                let (from, to) = account_pair(&mut random, accounts);
+                let amount = 1 + random.u64(..300) as i64;
                 let outcome = counted_retry(&mut *conn, &mut figures, |conn| match method {
                     Method::Locked => locked_transfer(conn, from, to, amount),
                     Method::Optimistic => optimistic_transfer(conn, from, to, amount),

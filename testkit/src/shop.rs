@@ -1,11 +1,8 @@
-//! What both worked examples share: the command line, the shop's error type,
-//! the clock that stamps progress lines, the checks printed at the end, the
-//! schema or database of its own each run works in, the exit status, and the
-//! bank story's retry policy and random numbers.
-//!
-//! `shop` and `shop_async` each include this file with `#[path]`; what differs
-//! between them (blocking or async, which backends, which tables) stays with
-//! them.
+//! What both worked examples (`shop` and `shop_async`) share: the command
+//! line, the shop's error type, the clock that stamps progress lines, the
+//! checks printed at the end, the schema or database of its own each run works
+//! in, the exit status, and the bank story's retry policy. What differs between
+//! them (blocking or async, which backends, which tables) stays with them.
 
 use std::error::Error as StdError;
 use std::fmt::Display;
@@ -14,58 +11,37 @@ use std::time::Instant;
 use diesel_claim::Transient;
 
 /// Command-line options.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Parser)]
 pub struct Options {
-    /// Orders placed in part 1 (half of them shipped at first).
+    /// Orders placed in part 1 (half of them shipped at first)
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
     pub orders: u32,
     /// Concurrent workers (threads in `shop`, tokio tasks in `shop_async`), each
-    /// with a pooled connection of its own.
+    /// with a pooled connection of its own
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub workers: u32,
-    /// A `postgres://` or `mysql://` URL; each example says what it uses without
-    /// one (`shop` falls back to SQLite, `shop_async` to a local PostgreSQL).
+    /// A postgres:// or mysql:// server URL
+    #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
 }
 
 impl Options {
-    /// Reads `--orders`, `--workers` (default `workers`) and `--database-url`
-    /// from the command line; `--help` prints `usage` and exits. Where the URL
-    /// comes from when the command line has none is up to the caller.
-    pub fn from_args(usage: &str, workers: u32) -> Result<Options, BoxError> {
-        let mut options = Options {
-            orders: 2000,
-            workers,
-            database_url: None,
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-            match arg.as_str() {
-                "--orders" => options.orders = value("--orders")?.parse()?,
-                "--workers" => options.workers = value("--workers")?.parse()?,
-                "--database-url" => options.database_url = Some(value("--database-url")?),
-                "-h" | "--help" => {
-                    println!("{usage}");
-                    std::process::exit(0);
-                }
-                other => return Err(format!("unknown argument {other:?}\n\n{usage}").into()),
-            }
-        }
-        if options.workers == 0 || options.orders == 0 {
-            return Err("--orders and --workers must be at least 1".into());
-        }
-        Ok(options)
+    /// Reads the command line of the example `name`, described by `about`,
+    /// with `workers` workers unless it says otherwise; `--help` prints the
+    /// options and exits. Where the URL comes from when the command line has
+    /// none is up to the caller.
+    pub fn from_args(name: &'static str, about: &'static str, workers: u32) -> Options {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Options::command()
+            .name(name)
+            .about(about)
+            .mut_arg("workers", |arg| arg.default_value(workers.to_string()))
+            .get_matches();
+        Options::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
     }
 }
 
-/// Whether `url` names a PostgreSQL server (it knows both schemes).
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
-/// Whether `url` names a MySQL or MariaDB server.
-pub fn is_mysql_url(url: &str) -> bool {
-    url.starts_with("mysql://")
-}
+pub use crate::url::{is_mysql_url, is_postgres_url};
 
 /// The error of the example's plumbing: anything goes, as long as it can cross
 /// threads and tasks (workers return it through `JoinHandle`).
@@ -201,29 +177,11 @@ pub fn in_own_mysql_database<T>(
     let database = format!("{prefix}_{}_{nanos}", std::process::id());
     let mut admin = diesel::MysqlConnection::establish(url)?;
     admin.batch_execute(&format!("CREATE DATABASE {database}"))?;
-    let outcome = run(&database, &with_database(url, &database));
+    let outcome = run(&database, &crate::url::with_database(url, &database));
     let dropped = admin.batch_execute(&format!("DROP DATABASE {database}"));
     let value = outcome?;
     dropped?;
     Ok(value)
-}
-
-/// `url` with its database (the path) replaced by `database`.
-#[cfg(feature = "mysql")]
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority = base.find("://").map_or(0, |i| i + "://".len());
-    let path = base[authority..]
-        .find('/')
-        .map_or(base.len(), |i| authority + i);
-    let mut url = format!("{}/{database}", &base[..path]);
-    if let Some(query) = query {
-        url.push('?');
-        url.push_str(query);
-    }
-    url
 }
 
 /// Runs `run` with the name of a PostgreSQL schema of its own,
@@ -283,23 +241,4 @@ pub mod bank {
         initial_backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(20),
     };
-
-    /// A tiny deterministic random number generator (SplitMix64): the story
-    /// needs varied bookings or transfers, not a dependency.
-    pub struct Random(u64);
-
-    impl Random {
-        pub fn new(seed: u64) -> Random {
-            Random(seed)
-        }
-
-        /// A number in `0..bound`.
-        pub fn below(&mut self, bound: u64) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)) % bound
-        }
-    }
 }

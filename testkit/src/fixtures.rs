@@ -197,11 +197,11 @@ where
                 let (transfers, refused, retries) = (&transfers, &refused, &retries);
                 scope.spawn(move || {
                     let mut conn = pool.get().unwrap();
-                    let mut rng = XorShift::new(t as u64 + 1);
+                    let mut rng = fastrand::Rng::with_seed(t as u64 + 1);
                     start.wait();
                     for _ in 0..per_thread {
-                        let (from, to) = rng.pair(accounts);
-                        let amount = 1 + rng.below(300) as i64;
+                        let (from, to) = account_pair(&mut rng, accounts);
+                        let amount = 1 + rng.u64(..300) as i64;
                         let (outcome, retried) = transfer(&mut conn, from, to, amount);
                         retries.fetch_add(retried, Relaxed);
                         match outcome {
@@ -237,34 +237,11 @@ where
     figures
 }
 
-/// A tiny deterministic PRNG (xorshift64), so that no dependency is needed.
-pub struct XorShift(u64);
-
-impl XorShift {
-    pub fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform-ish in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Two distinct account ids in `1..=accounts`.
-    pub fn pair(&mut self, accounts: u64) -> (i32, i32) {
-        let from = self.below(accounts);
-        let to = (from + 1 + self.below(accounts - 1)) % accounts;
-        (from as i32 + 1, to as i32 + 1)
-    }
+/// Two distinct account ids in `1..=accounts`, picked at random.
+pub fn account_pair(random: &mut fastrand::Rng, accounts: u64) -> (i32, i32) {
+    let from = random.u64(..accounts);
+    let to = (from + 1 + random.u64(..accounts - 1)) % accounts;
+    (from as i32 + 1, to as i32 + 1)
 }
 
 /// Expands its test functions once per enabled backend, in modules `pg`,
@@ -273,6 +250,7 @@ impl XorShift {
 /// its r2d2 pool, `ROW_LOCKS` says whether it has row locks, and `test_db(size)`
 /// gives a fresh database with the shop schema and the crate's migrations, plus
 /// a pool of `size` connections to it.
+#[macro_export]
 macro_rules! on_every_backend {
     (@backend $module:ident, $conn:ty, $row_locks:expr,
         $test_db:ident, $pool:ident, $schema:ident, $($tests:tt)*) => {
@@ -287,17 +265,17 @@ macro_rules! on_every_backend {
             /// Makes the session give up waiting for a lock after a short while.
             pub const SHORT_LOCK_WAIT: &str = $crate::fixtures::short_lock_wait!($module);
 
-            pub fn test_db(size: u32) -> (crate::common::$test_db, Pool) {
-                let db = crate::common::$test_db::new();
-                let pool = crate::common::$pool(&db.url, size);
-                crate::fixtures::create_schema(&mut pool.get().unwrap(), crate::fixtures::$schema);
+            pub fn test_db(size: u32) -> ($crate::$test_db, Pool) {
+                let db = $crate::$test_db::new();
+                let pool = $crate::$pool(&db.url, size);
+                $crate::fixtures::create_schema(&mut pool.get().unwrap(), $crate::fixtures::$schema);
                 (db, pool)
             }
 
             /// Accounts `1..=balances.len()` with the given balances, all at version 0.
             pub fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
                 use diesel::prelude::*;
-                use crate::fixtures::accounts;
+                use $crate::fixtures::accounts;
                 let rows: Vec<_> = balances
                     .iter()
                     .enumerate()
@@ -343,9 +321,11 @@ macro_rules! on_every_backend {
             MysqlTestDb, mysql_pool, MYSQL_SCHEMA, $($tests)*);
     };
 }
-pub(crate) use on_every_backend;
+pub use crate::on_every_backend;
 
 /// SQL that makes a session of the backend give up waiting for a lock soon.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! short_lock_wait {
     (pg) => {
         "SET lock_timeout = '200ms'"
@@ -358,7 +338,7 @@ macro_rules! short_lock_wait {
         "SET SESSION innodb_lock_wait_timeout = 1"
     };
 }
-pub(crate) use short_lock_wait;
+pub use crate::short_lock_wait;
 
 pub fn create_schema<C>(conn: &mut C, schema: &str)
 where

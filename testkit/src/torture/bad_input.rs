@@ -14,7 +14,7 @@ use diesel_claim::{Error, Lease, LockStrength, MAX_NAME_LEN, MAX_TTL};
 
 use super::claiming::pending;
 use super::{panic_message, Ctx, Figures};
-use crate::fixtures::{accounts, Account, Order, XorShift};
+use crate::fixtures::{accounts, Account, Order};
 
 diesel::table! {
     diesel_claim_leases (name) {
@@ -71,10 +71,10 @@ const HOSTILE: &[&str] = &[
 ];
 
 /// A name of up to `max_pieces` random hostile pieces.
-fn hostile_name(random: &mut XorShift, max_pieces: u64) -> String {
-    let pieces = random.below(max_pieces + 1);
+fn hostile_name(random: &mut fastrand::Rng, max_pieces: u64) -> String {
+    let pieces = random.u64(..max_pieces + 1);
     (0..pieces)
-        .map(|_| HOSTILE[random.below(HOSTILE.len() as u64) as usize])
+        .map(|_| HOSTILE[random.u64(..HOSTILE.len() as u64) as usize])
         .collect()
 }
 
@@ -185,7 +185,7 @@ on_suite_backends! {
     /// Random hostile names, and names of 10 kB: refused exactly when invalid,
     /// otherwise taken, stored byte for byte, and released.
     fn hostile_names(conn: &mut Conn, figures: &mut Figures, statements: &StatementCount, count: usize) {
-        let mut random = XorShift::new(4);
+        let mut random = fastrand::Rng::with_seed(4);
         let long = (0..5).map(|_| HOSTILE[0].repeat(10_000));
         let names: Vec<String> = (0..count).map(|_| hostile_name(&mut random, 12)).chain(long).collect();
         let mut stored = 0;

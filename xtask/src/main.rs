@@ -1,0 +1,183 @@
+//! The repository's own tasks, run as `cargo xtask <task>` (an alias in
+//! `.cargo/config.toml`):
+//!
+//! - `cargo xtask test`: makes the machine ready (see [`setup`]), then runs
+//!   every test of the workspace on every backend, and the doc tests.
+//! - `cargo xtask check`: what CI checks besides the tests (`.ci/run` runs
+//!   both): formatting, clippy on every feature set, the docs, the benchmark's
+//!   quick mode, and the worked examples on every backend.
+//!
+//! Both stop at the first step that fails, and exit with status 1.
+
+use std::ffi::OsStr;
+use std::process::{Command, ExitCode};
+
+use clap::{Parser, Subcommand};
+
+mod setup;
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "diesel-claim's own tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Installs what is missing, starts the database servers, runs every test
+    Test {
+        /// Passed on to `cargo nextest run`, e.g. a filter: `-- claim::pg`
+        #[arg(last = true)]
+        nextest: Vec<String>,
+    },
+    /// Formatting, lints, docs, the benchmark's quick mode and the worked
+    /// examples on every backend
+    Check,
+}
+
+/// An error that ends the task: what failed, for the user to read.
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.task {
+        Task::Test { nextest } => setup::machine().and_then(|servers| test(&servers, &nextest)),
+        Task::Check => setup::machine().and_then(|servers| check(&servers)),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("\nxtask: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Every test on every backend: the integration tests and unit tests under
+/// nextest, then the doc tests (which nextest does not run).
+fn test(servers: &setup::Servers, nextest_args: &[String]) -> Result<(), Error> {
+    cargo(
+        servers,
+        ["nextest", "run", "--workspace", "--all-features"],
+        nextest_args,
+    )?;
+    cargo(servers, ["test", "--doc", "--all-features"], &[])
+}
+
+/// Every feature set the crate promises to compile, lint-free: each backend
+/// alone, none, and the async API with each of its backends.
+const FEATURE_SETS: [&[&str]; 6] = [
+    &["--no-default-features"],
+    &["--features", "postgres"],
+    &["--features", "sqlite"],
+    &["--features", "mysql"],
+    &["--features", "async,postgres"],
+    &["--features", "async,mysql"],
+];
+
+fn check(servers: &setup::Servers) -> Result<(), Error> {
+    cargo(servers, ["fmt", "--all", "--", "--check"], &[])?;
+    cargo(
+        servers,
+        ["clippy", "--workspace", "--all-targets", "--all-features"],
+        &["--", "-D", "warnings"].map(String::from),
+    )?;
+    for features in FEATURE_SETS {
+        let mut args = vec!["clippy", "--all-targets"];
+        args.extend(features);
+        cargo(servers, args, &["--", "-D", "warnings"].map(String::from))?;
+    }
+    step(
+        servers,
+        Command::new(cargo_program())
+            .args(["doc", "--no-deps", "--all-features"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    // The benchmark's smoke test: every mode on every backend, checking only
+    // that nothing is processed twice or left behind; timings never fail it.
+    cargo(
+        servers,
+        ["bench", "--bench", "throughput", "--all-features"],
+        &["--", "--quick"].map(String::from),
+    )?;
+    // The worked examples: the README's command on SQLite, then every server.
+    cargo(
+        servers,
+        [
+            "run",
+            "--release",
+            "--features",
+            "sqlite",
+            "--example",
+            "shop",
+        ],
+        &[],
+    )?;
+    for url in [&servers.postgres, &servers.mysql] {
+        for (example, features) in [
+            ("shop", "postgres,mysql"),
+            ("shop_async", "async,postgres,mysql"),
+        ] {
+            step(
+                servers,
+                Command::new(cargo_program())
+                    .args([
+                        "run",
+                        "--release",
+                        "--features",
+                        features,
+                        "--example",
+                        example,
+                    ])
+                    .env("DATABASE_URL", url),
+            )?;
+        }
+    }
+    println!("\nall checks passed");
+    Ok(())
+}
+
+/// Runs `cargo <args> <more>` with the servers' URLs in its environment.
+fn cargo<'a>(
+    servers: &setup::Servers,
+    args: impl IntoIterator<Item = &'a str>,
+    more: &[String],
+) -> Result<(), Error> {
+    step(servers, Command::new(cargo_program()).args(args).args(more))
+}
+
+/// The cargo that runs this task, so that a toolchain chosen by rustup for it
+/// runs the steps too.
+fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+/// Prints `command` as a step, runs it with the servers' URLs, and fails if
+/// it does.
+fn step(servers: &setup::Servers, command: &mut Command) -> Result<(), Error> {
+    command
+        .env("PG_DATABASE_URL", &servers.postgres)
+        .env("MYSQL_DATABASE_URL", &servers.mysql);
+    println!("\n==> {}", shown(command));
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", shown(command)))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} failed ({status})", shown(command)).into())
+    }
+}
+
+/// `command` as it would be typed, environment additions first.
+fn shown(command: &Command) -> String {
+    let env = command
+        .get_envs()
+        .filter(|(name, _)| !name.to_string_lossy().ends_with("_DATABASE_URL"))
+        .filter_map(|(name, value)| Some(format!("{}={}", name.to_str()?, value?.to_str()?)));
+    let program = std::iter::once(command.get_program()).chain(command.get_args());
+    env.chain(program.map(OsStr::to_string_lossy).map(String::from))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
