@@ -35,7 +35,9 @@ impl Options {
         let matches = Options::command()
             .name(name)
             .about(about)
-            .mut_arg("workers", |arg| arg.default_value(workers.to_string()))
+            .mut_arg("workers", |arg| {
+                arg.default_value(workers.to_string()).required(false)
+            })
             .get_matches();
         Options::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
     }

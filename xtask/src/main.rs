@@ -10,6 +10,7 @@
 //! Both stop at the first step that fails, and exit with status 1.
 
 use std::ffi::OsStr;
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand};
@@ -176,8 +177,10 @@ fn shown(command: &Command) -> String {
         .get_envs()
         .filter(|(name, _)| !name.to_string_lossy().ends_with("_DATABASE_URL"))
         .filter_map(|(name, value)| Some(format!("{}={}", name.to_str()?, value?.to_str()?)));
-    let program = std::iter::once(command.get_program()).chain(command.get_args());
-    env.chain(program.map(OsStr::to_string_lossy).map(String::from))
+    // `cargo`, not the toolchain's full path to it.
+    let program = Path::new(command.get_program()).file_name();
+    let words = program.into_iter().chain(command.get_args());
+    env.chain(words.map(OsStr::to_string_lossy).map(String::from))
         .collect::<Vec<_>>()
         .join(" ")
 }
