@@ -126,11 +126,11 @@ fn contend<C: BenchConn>(
     let conn = C::open(url).map_err(|e| format!("cannot connect: {e}"));
     start.wait();
     let mut conn = conn?;
-    let mut random = XorShift::new(seed);
+    let mut random = fastrand::Rng::with_seed(seed);
     let mut tally = Tally::default();
     let deadline = Instant::now() + duration;
     while Instant::now() < deadline {
-        let account = 1 + random.below(hot as u64) as i32;
+        let account = 1 + random.u64(..hot as u64) as i32;
         let outcome = match approach {
             Approach::Optimistic => conn.add_one_optimistic(account, &mut tally.attempts),
             Approach::Pessimistic => {
@@ -146,22 +146,4 @@ fn contend<C: BenchConn>(
         }
     }
     Ok(tally)
-}
-
-/// A tiny deterministic PRNG (xorshift64): no dependency for picking accounts.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        XorShift((seed + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x % n
-    }
 }

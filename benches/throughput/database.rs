@@ -2,107 +2,50 @@
 //! PostgreSQL or MySQL server (dropped at the end) or an SQLite file in a
 //! temporary directory.
 
-use std::marker::PhantomData;
-
 use diesel::prelude::*;
 
 use crate::db::{BackendKind, BenchConn};
 use crate::schema;
 
-/// The server a backend's runs use: `<PREFIX>_DATABASE_URL`, else
-/// `DATABASE_URL` if it is that backend's URL, else the local default.
+/// The server a backend's runs use: as the tests find theirs
+/// (`PG_DATABASE_URL`, `MYSQL_DATABASE_URL`, …; see `diesel_claim_testkit`).
 pub fn server_url(backend: BackendKind) -> String {
-    let (variable, scheme, default) = match backend {
-        BackendKind::Postgres => (
-            "PG_DATABASE_URL",
-            "postgres",
-            "postgres://postgres@127.0.0.1:5432/test",
-        ),
-        BackendKind::Mysql => (
-            "MYSQL_DATABASE_URL",
-            "mysql",
-            "mysql://root@127.0.0.1:3306/test",
-        ),
+    match backend {
+        BackendKind::Postgres => testkit::pg_url(),
+        BackendKind::Mysql => testkit::mysql_url(),
         BackendKind::Sqlite => unreachable!("SQLite has no server"),
-    };
-    std::env::var(variable)
-        .ok()
-        .or_else(|| {
-            std::env::var("DATABASE_URL")
-                .ok()
-                .filter(|url| url.starts_with(scheme))
-        })
-        .unwrap_or_else(|| default.to_owned())
+    }
 }
 
 /// The database the benchmark creates for itself on a server, dropped when
 /// this is dropped, also when the run fails.
-pub struct ServerDatabase<C: BenchConn> {
-    name: String,
-    admin_url: String,
-    url: String,
-    _conn: PhantomData<fn() -> C>,
+enum ServerDatabase {
+    Postgres(testkit::PgTestDb),
+    Mysql(testkit::MysqlTestDb),
 }
 
-impl<C: BenchConn> ServerDatabase<C> {
-    fn create(admin: &mut C, admin_url: &str) -> QueryResult<Self> {
-        let name = format!("diesel_claim_bench_{}", std::process::id());
-        // A database left by an earlier run of the same pid, killed before it
-        // could drop it, goes first.
-        admin.batch_execute(&Self::drop_statement(&name))?;
-        admin.batch_execute(&format!("CREATE DATABASE {}", Self::quoted(&name)))?;
-        Ok(ServerDatabase {
-            url: with_database(admin_url, &name),
-            name,
-            admin_url: admin_url.to_owned(),
-            _conn: PhantomData,
-        })
-    }
-
-    fn quoted(name: &str) -> String {
-        match C::BACKEND {
-            BackendKind::Mysql => format!("`{name}`"),
-            _ => format!(r#""{name}""#),
+impl ServerDatabase {
+    fn create(backend: BackendKind) -> Self {
+        match backend {
+            BackendKind::Postgres => ServerDatabase::Postgres(testkit::PgTestDb::new()),
+            BackendKind::Mysql => ServerDatabase::Mysql(testkit::MysqlTestDb::new()),
+            BackendKind::Sqlite => unreachable!("SQLite has no server"),
         }
     }
 
-    fn drop_statement(name: &str) -> String {
-        // PostgreSQL refuses to drop a database others are connected to;
-        // `FORCE` ends them (a failed run may have left a worker connected).
-        let force = match C::BACKEND {
-            BackendKind::Postgres => " WITH (FORCE)",
-            _ => "",
-        };
-        format!("DROP DATABASE IF EXISTS {}{force}", Self::quoted(name))
-    }
-}
-
-impl<C: BenchConn> Drop for ServerDatabase<C> {
-    fn drop(&mut self) {
-        let dropped = C::open(&self.admin_url)
-            .map_err(|e| e.to_string())
-            .and_then(|mut admin| {
-                admin
-                    .batch_execute(&Self::drop_statement(&self.name))
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = dropped {
-            eprintln!("could not drop the benchmark database {}: {e}", self.name);
+    fn url(&self) -> &str {
+        match self {
+            ServerDatabase::Postgres(db) => &db.url,
+            ServerDatabase::Mysql(db) => &db.url,
         }
     }
-}
 
-/// `url` with its database name replaced by `database`.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority = base.find("://").map_or(0, |i| i + 3);
-    let path = base[authority..]
-        .find('/')
-        .map_or(base.len(), |i| authority + i);
-    let query = query.map(|q| format!("?{q}")).unwrap_or_default();
-    format!("{}/{database}{query}", &base[..path])
+    fn name(&self) -> &str {
+        match self {
+            ServerDatabase::Postgres(db) => db.name(),
+            ServerDatabase::Mysql(db) => db.name(),
+        }
+    }
 }
 
 /// A database holding the workload's tables, for connections of type `C`.
@@ -111,7 +54,7 @@ pub struct BenchDb<C: BenchConn> {
     /// PostgreSQL and MySQL: the database, and a connection to the server's
     /// other database (PostgreSQL reads `pg_stat_database` from it, so that
     /// reading it does not count as a transaction of the benchmark's database).
-    server: Option<(ServerDatabase<C>, C)>,
+    server: Option<(ServerDatabase, C)>,
     _sqlite_dir: Option<tempfile::TempDir>,
 }
 
@@ -120,12 +63,11 @@ impl<C: BenchConn> BenchDb<C> {
         let mut db = match C::BACKEND {
             BackendKind::Postgres | BackendKind::Mysql => {
                 let admin_url = server_url(C::BACKEND);
-                let mut admin = C::open(&admin_url)
+                let admin = C::open(&admin_url)
                     .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
-                let database = ServerDatabase::create(&mut admin, &admin_url)
-                    .map_err(|e| format!("cannot create the benchmark database: {e}"))?;
+                let database = ServerDatabase::create(C::BACKEND);
                 BenchDb {
-                    url: database.url.clone(),
+                    url: database.url().to_owned(),
                     server: Some((database, admin)),
                     _sqlite_dir: None,
                 }
@@ -173,7 +115,7 @@ impl<C: BenchConn> BenchDb<C> {
             .and_then(|()| {
                 admin.load_count(&format!(
                     "SELECT xact_commit AS n FROM pg_stat_database WHERE datname = '{}'",
-                    database.name
+                    database.name()
                 ))
             })
             .map(Some)

@@ -57,6 +57,11 @@ impl MysqlTestDb {
             admin_url,
         }
     }
+
+    /// Name of the database.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 impl Drop for MysqlTestDb {

@@ -25,27 +25,19 @@
 //! the partial index), `memory` (peak RSS, in child processes), `report`
 //! (tables and bars) and `svg` (the plot).
 
-#[path = "throughput/cli.rs"]
+// Throwaway databases, shared with the tests and examples.
+extern crate diesel_claim_testkit as testkit;
+
 mod cli;
-#[path = "throughput/contention.rs"]
 mod contention;
-#[path = "throughput/counting.rs"]
 mod counting;
-#[path = "throughput/database.rs"]
 mod database;
-#[path = "throughput/db.rs"]
 mod db;
-#[path = "throughput/drain.rs"]
 mod drain;
-#[path = "throughput/index_effect.rs"]
 mod index_effect;
-#[path = "throughput/memory.rs"]
 mod memory;
-#[path = "throughput/report.rs"]
 mod report;
-#[path = "throughput/schema.rs"]
 mod schema;
-#[path = "throughput/svg.rs"]
 mod svg;
 
 use std::process::ExitCode;
