@@ -1,4 +1,8 @@
-// Shared by the documentation examples: an in-memory SQLite shop.
+// Shared by the documentation examples: a small shop on the backend the build
+// enables (PostgreSQL first, then MySQL, then SQLite), in tables that live as
+// long as the connection, so that examples running at once never meet and
+// nothing is left behind: temporary tables on PostgreSQL and MySQL (servers
+// found as the tests find theirs), a database in memory on SQLite.
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 
@@ -34,15 +38,51 @@ pub struct Account {
     pub version: i32,
 }
 
+const DOCTEST_ROWS: &str = "
+    INSERT INTO orders (shipped, email_sent) VALUES (TRUE, FALSE), (TRUE, FALSE), (FALSE, FALSE);
+    INSERT INTO accounts (balance, version) VALUES (100, 0), (50, 0);";
+
+#[cfg(feature = "postgres")]
+fn establish_connection() -> PgConnection {
+    let mut conn = PgConnection::establish(&diesel_claim_testkit::pg_url()).unwrap();
+    // Everything the session creates, the lease table included, goes into its
+    // own temporary schema.
+    conn.batch_execute(
+        "SET search_path TO pg_temp;
+         CREATE TABLE orders (id SERIAL PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
+         CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);",
+    )
+    .unwrap();
+    conn.batch_execute(DOCTEST_ROWS).unwrap();
+    diesel_claim::run_migrations(&mut conn).unwrap();
+    conn
+}
+
+#[cfg(all(feature = "mysql", not(feature = "postgres")))]
+fn establish_connection() -> MysqlConnection {
+    let mut conn = MysqlConnection::establish(&diesel_claim_testkit::mysql_url()).unwrap();
+    // The crate's migrations would create a lasting lease table; the session's
+    // own temporary one has the same columns.
+    conn.batch_execute(
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+         CREATE TEMPORARY TABLE orders (id INTEGER AUTO_INCREMENT PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL) ENGINE = InnoDB;
+         CREATE TEMPORARY TABLE accounts (id INTEGER AUTO_INCREMENT PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL) ENGINE = InnoDB;
+         CREATE TEMPORARY TABLE diesel_claim_leases (name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, expires_at BIGINT NOT NULL) ENGINE = InnoDB;",
+    )
+    .unwrap();
+    conn.batch_execute(DOCTEST_ROWS).unwrap();
+    conn
+}
+
+#[cfg(all(feature = "sqlite", not(any(feature = "postgres", feature = "mysql"))))]
 fn establish_connection() -> SqliteConnection {
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
     conn.batch_execute(
         "CREATE TABLE orders (id INTEGER PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
-         INSERT INTO orders (shipped, email_sent) VALUES (TRUE, FALSE), (TRUE, FALSE), (FALSE, FALSE);
-         CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
-         INSERT INTO accounts (balance, version) VALUES (100, 0), (50, 0);",
+         CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);",
     )
     .unwrap();
+    conn.batch_execute(DOCTEST_ROWS).unwrap();
     diesel_claim::run_migrations(&mut conn).unwrap();
     conn
 }
