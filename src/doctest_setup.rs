@@ -96,3 +96,7 @@ fn send_shipped_email(_order: &Order) -> Result<(), diesel_claim::Error> {
 fn send_shipped_emails(_orders: &[Order]) -> Result<(), diesel_claim::Error> {
     Ok(())
 }
+
+/// The application's own error type, in the examples.
+#[allow(dead_code)]
+type MyError = diesel_claim::Error;

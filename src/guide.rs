@@ -1,0 +1,279 @@
+//! The guide: how each capability works, what it costs, and the caveats that
+//! come with it. The [crate root](crate) has the overview.
+//!
+//! # Claiming: `claim_each`
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let pending = orders::table
+//!     .filter(orders::shipped.eq(true))
+//!     .filter(orders::email_sent.eq(false));
+//!
+//! let report = pending.claim_each(&mut conn, |conn, order: Order| {
+//!     send_shipped_email(&order)?;
+//!     diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!     Ok::<_, diesel_claim::Error>(())
+//! })?;
+//! assert_eq!((report.processed, report.skipped), (2, 0));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! This is double-checked locking. An unlocked read pages through the query's
+//! primary keys (so nothing pending costs one query and no transaction, and memory
+//! does not grow with the number of pending rows). Then, in a transaction of its
+//! own, the *same* query, restricted to keys past those already gone through, is
+//! re-run in key order under `FOR NO KEY UPDATE OF <table> SKIP LOCKED LIMIT 1`:
+//! the first row that still matches and that nobody else holds is locked. Rows
+//! other workers have taken or are holding are passed over inside that one
+//! statement, not re-checked one transaction each, and the next page is read from
+//! past the row locked, so workers neither slow each other down nor read the
+//! candidates others take.
+//! The closure runs in the transaction, which then commits. It sees the row as it
+//! is under the lock, not as the unlocked read saw it.
+//!
+//! Options are set with [`build_claim`](ClaimDsl::build_claim): what to do with a
+//! locked row (skip, fail with [`Error::LockNotAvailable`], or wait and re-check),
+//! lock strength, a cap on processed rows, the page size, draining (repeat until a
+//! pass claims nothing new, never processing a row twice in one call), and batches.
+//!
+//! ## Batches, and claiming in one statement
+//!
+//! [`batch(n)`](ClaimBuilder::batch) claims up to `n` rows per transaction: one
+//! locking read and one commit for the batch. The closure runs per row
+//! ([`each`](ClaimBuilder::each)) or once per batch
+//! ([`each_batch`](ClaimBuilder::each_batch)); an error in it rolls back the whole
+//! batch.
+//!
+//! When the work on the database's side is a plain column update, the claim can
+//! make it in the statement that claims the rows: [`mark`](ClaimBuilder::mark)
+//! sends `UPDATE … SET <changes> WHERE <key> = ANY(ARRAY(SELECT <key> FROM <your
+//! query> … LIMIT n FOR NO KEY UPDATE SKIP LOCKED)) RETURNING …` and hands the rows,
+//! as updated, to the closure in the same transaction;
+//! [`mark_and_commit`](ClaimBuilder::mark_and_commit) lets that statement commit on
+//! its own first, so a batch costs one round trip.
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let pending = orders::table
+//!     .filter(orders::shipped.eq(true))
+//!     .filter(orders::email_sent.eq(false));
+//!
+//! let report = pending
+//!     .build_claim()
+//!     .batch(100)
+//!     .mark_and_commit(orders::email_sent.eq(true))
+//!     .each_batch(&mut conn, |_conn, orders: Vec<Order>| {
+//!         send_shipped_emails(&orders) // the rows are already marked, and committed
+//!     })?;
+//! assert_eq!(report.processed, 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Whether the closure's failure (an `Err` or a panic) puts the rows back:
+//!
+//! | | rows back to pending | transactions per batch |
+//! |---|---|---|
+//! | [`each`](ClaimBuilder::each), [`each_batch`](ClaimBuilder::each_batch) | yes, the whole batch | one |
+//! | [`mark(…)`](ClaimBuilder::mark) | yes, the whole batch | one |
+//! | [`mark_and_commit(…)`](ClaimBuilder::mark_and_commit) | **no**: the batch stays marked and nobody processes it | none of the crate's (PostgreSQL); `BEGIN IMMEDIATE` around the statement (SQLite) |
+//!
+//! Things to know, all of them consequences of the design:
+//!
+//! - **At most once, possibly zero times.** Under skip-locked, a row locked by
+//!   anyone else — another claimer, or an unrelated transaction holding
+//!   `FOR SHARE` — is skipped without error ([`ClaimReport::skipped`] counts them).
+//!   The claimer assumes everyone else is more important than itself. Run it again
+//!   (from the next job, or with [`drain`](ClaimBuilder::drain)), or use
+//!   [`nowait`](ClaimBuilder::nowait) to be told.
+//! - **Once per successful commit.** Side effects outside the database (an email)
+//!   happen before the commit; if the commit fails, the row stays pending and may
+//!   be processed again. Make such effects idempotent where you can.
+//! - **Clear the filter.** The closure must make the row stop matching (set the
+//!   flag) in its transaction; a row left matching is processed again by the next
+//!   call (never twice in one call).
+//! - **Outside a transaction.** Each row needs a transaction of its own; calling it
+//!   inside one is [`Error::InvalidArgument`].
+//! - **Isolation.** The re-check relies on `READ COMMITTED` (PostgreSQL's
+//!   default), where a locked row is re-read at its latest version. Under
+//!   `REPEATABLE READ` or `SERIALIZABLE`, a row changed since the transaction's
+//!   snapshot fails with [`Error::SerializationFailure`] instead, which is safe but
+//!   must be retried.
+//! - **Cost.** Per row: `BEGIN`, one locked read, the closure, `COMMIT`; plus one
+//!   unlocked read per page (100 keys, or a batch). Batches divide the
+//!   transactions by their size. Index the pending predicate over the primary
+//!   key, for example `CREATE INDEX orders_pending ON orders (id) WHERE shipped AND
+//!   NOT email_sent`: both reads then walk only pending rows, however many rows
+//!   are done. The repository's `BENCHMARKS.md` has the figures.
+//! - **SQLite's statistics.** SQLite gathers statistics only on `ANALYZE` (or
+//!   `PRAGMA optimize`). Gathered while nearly every row was pending, they tell
+//!   it the partial index holds the whole table, and it then reads candidates
+//!   by rowid, past every row other workers have done since: four and eight
+//!   workers claiming batches of 1000 ran at two thirds of the speed of the
+//!   same statements naming the index. Without statistics, or with statistics
+//!   of the table in its usual state, it takes the index.
+//! - **Joins lock one table.** Only the claimed table's rows are locked
+//!   (`OF <table>`), so a claim never blocks updates of joined rows. The rows'
+//!   type names that table (`#[derive(Identifiable)]`); with a join, select it
+//!   (`.select(Order::as_select())`). The query's own `ORDER BY` and `LIMIT` are
+//!   replaced by the key order and [`max_rows`](ClaimBuilder::max_rows).
+//! - **Never on a replica.** Candidates must be read from the primary: a lagging
+//!   replica only costs wasted re-checks, but the re-check must see the primary.
+//! - **Errors and panics.** An `Err` from the closure rolls back that row (or
+//!   batch) and ends the call with it; rows committed before stay committed. A
+//!   panic rolls back, leaves no lock held and no transaction open, and resumes
+//!   unwinding.
+//! - **SQLite** has no row locks: each row's transaction is `BEGIN IMMEDIATE`,
+//!   which takes the database write lock before the re-check. Still at most once;
+//!   claimers queue (set a `busy_timeout`) rather than skip, and the lock options
+//!   have no effect there.
+//!
+//! # MySQL and MariaDB
+//!
+//! The same guarantees, tested on MariaDB, with these differences:
+//!
+//! - **`FOR UPDATE`, and no `OF`.** InnoDB has no `FOR NO KEY UPDATE` (a
+//!   foreign-key insert referencing a claimed row waits for the claim's commit),
+//!   and MariaDB has no `OF`, so the crate sends what both servers take. A locking
+//!   read locks every row it reads, joined rows included: a claim through a join
+//!   holds the joined rows too, for the length of its batch, and skips candidates
+//!   whose joined rows someone else holds.
+//! - **`READ COMMITTED` for claimers.** The re-check is a locking read, which
+//!   reads the newest version of the row, so a claim is at most once under
+//!   `REPEATABLE READ` (InnoDB's default) as under `READ COMMITTED`. But under
+//!   `REPEATABLE READ` a locking read keeps the locks of every row it passed,
+//!   done ones included, and of the gaps between them, which holds off inserts
+//!   and makes other claimers skip more. Set `SET SESSION TRANSACTION ISOLATION
+//!   LEVEL READ COMMITTED` on claiming connections.
+//! - **No `UPDATE … RETURNING`.** [`mark`](ClaimBuilder::mark) locks the batch
+//!   with a select, updates it by key and reads it back, in the batch's
+//!   transaction; [`mark_and_commit`](ClaimBuilder::mark_and_commit) runs the same
+//!   three statements in a transaction of their own.
+//!   [`VersionedUpdate::get_result`] is not available.
+//! - **No partial indexes.** Index `(flag, id)` for a query filtering on `flag`.
+//! - **Deadlocks between claimers.** InnoDB locks a row's entry in each index
+//!   separately, so a claim whose locking read goes through the flag's index can
+//!   deadlock with another claim's closure updating that flag. The victim's batch
+//!   is rolled back and stays pending, and the call ends with
+//!   [`Error::Deadlock`]: call again (it is transient; [`retry`] does it).
+//! - **Locking reads are prepared afresh each time.** A locking read can fail
+//!   after sending some of its rows (a lock wait timeout, a deadlock), and
+//!   MariaDB Connector/C (what Debian installs as `libmysqlclient`) hangs when
+//!   the same prepared statement runs again. The crate's locking reads are
+//!   therefore never put in Diesel's statement cache on MySQL. Diesel does
+//!   cache your own (`.for_update()`): after such an error, drop the
+//!   connection rather than run the same locking read on it again.
+//! - **Errors.** `innodb_lock_wait_timeout` and `NOWAIT` are
+//!   [`Error::LockNotAvailable`], 1213 is [`Error::Deadlock`], and a server
+//!   without `SKIP LOCKED` (MySQL before 8.0.1, MariaDB before 10.6) gives
+//!   [`Error::Unsupported`] rather than waiting.
+//! - **Leases** use the server's clock (`SYSDATE(6)`) and compare names as bytes.
+//!   `named_lock::with_named_lock` wraps `GET_LOCK`: held by the session, freed
+//!   when it ends, without a fencing token.
+//!
+//! # Optimistic updates: `update_versioned`
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::{retry, Error, RetryPolicy};
+//!
+//! # fn main() -> Result<(), Error> {
+//! # let mut conn = establish_connection();
+//! let new_version = retry(&mut conn, RetryPolicy::default(), |conn| {
+//!     let account: Account = accounts::table.find(1).select(Account::as_select()).first(conn)?;
+//!     accounts::table
+//!         .find(account.id)
+//!         .update_versioned(accounts::version, account.version, accounts::balance.eq(account.balance + 50))
+//!         .execute(conn)
+//! })?;
+//! assert_eq!(new_version, 1);
+//!
+//! let stale = accounts::table
+//!     .find(1)
+//!     .update_versioned(accounts::version, 0, accounts::balance.eq(0))
+//!     .execute(&mut conn);
+//! assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Zero rows updated is never `Ok`: it is a [`Error::VersionConflict`] carrying
+//! the version found, or [`Error::NotFound`]. The version is set to `expected + 1`,
+//! and an `expected` at the type's maximum is [`Error::VersionOverflow`]. Every
+//! writer of the table must go through the version check (or bump the version);
+//! a plain `UPDATE` elsewhere defeats it. Under heavy contention on the same rows
+//! retries add up: prefer [`with_lock`](LockDsl::with_lock) there.
+//!
+//! # Pessimistic locks: `with_lock`
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::Error;
+//!
+//! # fn main() -> Result<(), Error> {
+//! # let mut conn = establish_connection();
+//! accounts::table.find(2).with_lock(&mut conn, |conn, account: Account| {
+//!     diesel::update(&account).set(accounts::balance.eq(account.balance - 30)).execute(conn)?;
+//!     Ok::<_, Error>(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The row stays locked until the closure returns; a missing row is
+//! [`Error::NotFound`]. [`with_locks`](LockDsl::with_locks) locks every row a
+//! query selects (order it by key) and hands them over as a `Vec`. With [`nowait`](LockBuilder::nowait), a row locked by
+//! someone else is [`Error::LockNotAvailable`] at once, without aborting a
+//! surrounding transaction. Lock rows in a consistent order (by key) to avoid
+//! deadlocks; those that still happen are [`Error::Deadlock`], which [`retry`]
+//! retries.
+//!
+//! # Named leases
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! // diesel_claim::run_migrations(&mut conn)?; // creates the lease table, once
+//! let reserved = diesel_claim::with_lease(&mut conn, "signup:ada", Duration::from_secs(10), |conn, lease| {
+//!     // Check that the name is free and insert the user, storing `lease.token()`
+//!     // with the write so that a stale holder's later write can be rejected.
+//!     Ok::<_, diesel_claim::Error>(lease.token())
+//! })?;
+//! assert_eq!(reserved, Some(1));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A lease replaces the memcached `add` lock: one holder per name at a time, an
+//! expiry judged by the database clock (so clients' clocks do not matter), and a
+//! release or renewal that only the current holder can make. A lease is a
+//! liveness hint, not a guarantee: a holder that stalls past its TTL loses it
+//! while it may still be working. Writes that must not interleave should check
+//! the [fencing token](Lease::token), which strictly increases per name.
+//! Leases are taken, renewed and released outside transactions, so that others
+//! see them at once; [`Lease::acquire_within`] waits for a held lease up to a
+//! deadline. The lease table comes from the crate's [`migrations`].
+
+// What the guide's links name.
+#[cfg(feature = "postgres")]
+#[allow(unused_imports)]
+use crate::advisory;
+#[allow(unused_imports)]
+use crate::{
+    migrations, retry, with_lease, ClaimBuilder, ClaimDsl, ClaimReport, Error, Lease, LockBuilder,
+    LockDsl, VersionedDsl, VersionedUpdate,
+};
