@@ -4,13 +4,14 @@ use diesel::backend::Backend;
 use diesel::connection::{Connection, TransactionManager};
 use diesel::QueryResult;
 
-/// A database backend this crate supports: [`diesel::pg::Pg`] (feature `postgres`)
-/// and [`diesel::sqlite::Sqlite`] (feature `sqlite`).
+/// A database backend this crate supports: `diesel::pg::Pg` (feature
+/// `postgres`), `diesel::sqlite::Sqlite` (feature `sqlite`) and
+/// `diesel::mysql::Mysql` (feature `mysql`, for MySQL 8.0.1+ and MariaDB 10.6+).
 ///
 /// The trait is sealed; its methods are the crate's internal backend strategy.
 #[diagnostic::on_unimplemented(
     message = "diesel-claim does not support the backend `{Self}`",
-    note = "enable the diesel-claim feature of your backend: `postgres` or `sqlite`"
+    note = "enable the diesel-claim feature of your backend: `postgres`, `sqlite` or `mysql`"
 )]
 pub trait ClaimBackend: Backend + Default + strategy::Strategy {}
 
@@ -450,7 +451,7 @@ pub(crate) mod mysql {
         where
             C: LoadConnection<Backend = Self>,
         {
-            use lease_sql::{Step, Token};
+            use lease_sql::{AfterTake, Token};
             let LeaseStatement::Acquire { name, ttl_micros } = statement else {
                 let (update, token) = lease_sql::update(statement);
                 return Ok(lease_sql::owned(update.execute(conn)?, token));
@@ -459,11 +460,11 @@ pub(crate) mod mysql {
             conn.transaction(|conn| {
                 let taken = lease_sql::take_expired(name, ttl_micros).execute(conn)?;
                 Ok(match lease_sql::after_take(taken) {
-                    Step::ReadToken => {
+                    AfterTake::ReadToken => {
                         let token: Token = lease_sql::read_token(name).get_result(conn)?;
                         Some(token.token)
                     }
-                    Step::InsertNew => {
+                    AfterTake::InsertNew => {
                         lease_sql::inserted(lease_sql::insert_new(name, ttl_micros).execute(conn)?)
                     }
                 })
@@ -513,37 +514,37 @@ pub(crate) mod mysql {
         pub const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
         /// A statement with its arguments bound.
-        pub type Statement<'a> = BoxedSqlQuery<'a, Mysql, SqlQuery>;
+        pub type LeaseSql<'a> = BoxedSqlQuery<'a, Mysql, SqlQuery>;
 
-        fn sql_query(sql: &str) -> Statement<'_> {
+        fn sql_query(sql: &str) -> LeaseSql<'_> {
             diesel::sql_query(sql).into_boxed()
         }
 
-        pub fn take_expired(name: &str, ttl_micros: i64) -> Statement<'_> {
+        pub fn take_expired(name: &str, ttl_micros: i64) -> LeaseSql<'_> {
             sql_query(MYSQL_TAKE_EXPIRED)
                 .bind::<BigInt, _>(ttl_micros)
                 .bind::<Text, _>(name)
         }
 
         /// What follows [`take_expired`] having changed `taken` rows.
-        pub enum Step {
+        pub enum AfterTake {
             ReadToken,
             InsertNew,
         }
 
-        pub fn after_take(taken: usize) -> Step {
+        pub fn after_take(taken: usize) -> AfterTake {
             if taken == 1 {
-                Step::ReadToken
+                AfterTake::ReadToken
             } else {
-                Step::InsertNew
+                AfterTake::InsertNew
             }
         }
 
-        pub fn read_token(name: &str) -> Statement<'_> {
+        pub fn read_token(name: &str) -> LeaseSql<'_> {
             sql_query(MYSQL_TOKEN).bind::<Text, _>(name)
         }
 
-        pub fn insert_new(name: &str, ttl_micros: i64) -> Statement<'_> {
+        pub fn insert_new(name: &str, ttl_micros: i64) -> LeaseSql<'_> {
             sql_query(<Mysql as Strategy>::LEASE_ACQUIRE)
                 .bind::<Text, _>(name)
                 .bind::<BigInt, _>(ttl_micros)
@@ -556,7 +557,7 @@ pub(crate) mod mysql {
 
         /// The statement that renews or releases (not acquires), and the
         /// lease's token.
-        pub fn update(statement: LeaseStatement<'_>) -> (Statement<'_>, i64) {
+        pub fn update(statement: LeaseStatement<'_>) -> (LeaseSql<'_>, i64) {
             match statement {
                 LeaseStatement::Renew {
                     name,

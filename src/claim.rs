@@ -338,7 +338,7 @@ impl<Q> ClaimBuilder<Q> {
     /// tests); rows they leave matching are claimed again by the next call. One
     /// call never hands a row over twice: the batches move on by key, and a row
     /// inserted into a range already claimed from that comes back ends the call
-    /// with [`Error::InvalidArgument`]. The rows' type must be
+    /// with [`Error::UnexpectedOutcome`]. The rows' type must be
     /// [`Selectable`](diesel::Selectable) from the claimed table.
     pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V> {
         MarkedClaim {
@@ -863,7 +863,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
             // Only possible when rows come back in no order (a mark), from a key
             // range the page has not gone past yet.
             if seen_before {
-                return Err(Error::InvalidArgument(
+                return Err(Error::UnexpectedOutcome(
                     "a claimed row came back a second time in one call: the mark must take \
                      rows out of the query (set what its filter tests)"
                         .to_owned(),

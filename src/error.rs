@@ -71,6 +71,15 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// The database answered with an outcome the operation cannot go on from,
+    /// though nothing it was given was invalid: `with_lock`'s query selected
+    /// several rows, a mark left a claimed row matching the query so that it
+    /// came back a second time in one call, `GET_LOCK` failed on the server, or
+    /// a named lock was no longer held when it was released. What the
+    /// operation's transaction wrote is rolled back.
+    #[error("unexpected outcome: {0}")]
+    UnexpectedOutcome(String),
+
     /// The database server lacks what the operation needs: MySQL before 8.0.1
     /// and MariaDB before 10.6 have no `SKIP LOCKED` or `NOWAIT`, so their
     /// claims and row locks fail with this rather than block.
@@ -110,9 +119,9 @@ impl Error {
 impl From<diesel::result::Error> for Error {
     fn from(error: diesel::result::Error) -> Self {
         match classify(&error) {
-            Some(Transient::LockNotAvailable) => Error::LockNotAvailable,
-            Some(Transient::Deadlock) => Error::Deadlock(error),
-            Some(Transient::SerializationFailure) => Error::SerializationFailure(error),
+            Some(ErrorClass::LockNotAvailable) => Error::LockNotAvailable,
+            Some(ErrorClass::Deadlock) => Error::Deadlock(error),
+            Some(ErrorClass::SerializationFailure) => Error::SerializationFailure(error),
             None if matches!(error, diesel::result::Error::NotFound) => Error::NotFound,
             None if lacks_skip_locked(&error) => Error::Unsupported(error),
             None => Error::Database(error),
@@ -148,7 +157,7 @@ impl From<Error> for diesel::result::Error {
 const LOCK_NOT_AVAILABLE_MESSAGE: &str = "lock not available: could not obtain lock on row";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transient {
+enum ErrorClass {
     LockNotAvailable,
     Deadlock,
     SerializationFailure,
@@ -160,16 +169,16 @@ enum Transient {
 /// [`DatabaseErrorKind::Unknown`] without exposing the SQLSTATE or result code, so the
 /// server's message is all there is. The messages matched here are the servers' own,
 /// stable for decades, and covered by tests against the real servers.
-fn classify(error: &diesel::result::Error) -> Option<Transient> {
+fn classify(error: &diesel::result::Error) -> Option<ErrorClass> {
     let diesel::result::Error::DatabaseError(kind, info) = error else {
         return None;
     };
     if let DatabaseErrorKind::SerializationFailure = kind {
         // Diesel reports MySQL's deadlock (1213) as a serialization failure.
         if info.message().starts_with("Deadlock found") {
-            return Some(Transient::Deadlock);
+            return Some(ErrorClass::Deadlock);
         }
-        return Some(Transient::SerializationFailure);
+        return Some(ErrorClass::SerializationFailure);
     }
     if !matches!(kind, DatabaseErrorKind::Unknown) {
         return None;
@@ -177,7 +186,7 @@ fn classify(error: &diesel::result::Error) -> Option<Transient> {
     classify_message(info.as_ref())
 }
 
-fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
+fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<ErrorClass> {
     let message = info.message();
     // PostgreSQL 55P03: NOWAIT ("could not obtain lock on row in relation ...") and
     // lock_timeout ("canceling statement due to lock timeout"); SQLite SQLITE_BUSY;
@@ -194,11 +203,11 @@ fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<Transient> {
     // PostgreSQL 40P01; MySQL and MariaDB 1213, which diesel-async's MySQL
     // connection reports with an unknown kind.
     if message.starts_with("deadlock detected") || message.starts_with("Deadlock found") {
-        Some(Transient::Deadlock)
+        Some(ErrorClass::Deadlock)
     } else if message.starts_with("could not serialize access") {
-        Some(Transient::SerializationFailure)
+        Some(ErrorClass::SerializationFailure)
     } else if LOCK_NOT_AVAILABLE.iter().any(|m| message.starts_with(m)) {
-        Some(Transient::LockNotAvailable)
+        Some(ErrorClass::LockNotAvailable)
     } else {
         None
     }
@@ -222,18 +231,18 @@ fn lacks_skip_locked(error: &diesel::result::Error) -> bool {
 /// MariaDB 1205 (`innodb_lock_wait_timeout`; MariaDB's `NOWAIT`) and MySQL 3572
 /// (`NOWAIT`).
 pub fn is_lock_not_available(error: &diesel::result::Error) -> bool {
-    classify(error) == Some(Transient::LockNotAvailable)
+    classify(error) == Some(ErrorClass::LockNotAvailable)
 }
 
 /// Whether `error` is a deadlock the database broke by aborting this transaction
 /// (PostgreSQL `40P01`, MySQL and MariaDB 1213).
 pub fn is_deadlock(error: &diesel::result::Error) -> bool {
-    classify(error) == Some(Transient::Deadlock)
+    classify(error) == Some(ErrorClass::Deadlock)
 }
 
 /// Whether `error` is a serialization failure (SQLSTATE `40001`).
 pub fn is_serialization_failure(error: &diesel::result::Error) -> bool {
-    classify(error) == Some(Transient::SerializationFailure)
+    classify(error) == Some(ErrorClass::SerializationFailure)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub trait LockDsl: Sized {
     ///
     /// Waits for the lock (PostgreSQL `FOR NO KEY UPDATE OF <table>`, SQLite the
     /// database write lock). No row is [`Error::NotFound`]; more than one is
-    /// [`Error::InvalidArgument`] (and nothing is committed). Inside a transaction
+    /// [`Error::UnexpectedOutcome`] (and nothing is committed). Inside a transaction
     /// of the caller's it runs as a savepoint.
     fn with_lock<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
     where
@@ -171,12 +171,12 @@ impl<Q> LockBuilder<Q> {
 }
 
 /// The row `with_lock` runs with: no row is [`Error::NotFound`], more than one
-/// [`Error::InvalidArgument`].
+/// [`Error::UnexpectedOutcome`].
 pub(crate) fn the_one_row<R>(mut rows: Vec<R>) -> Result<R, Error> {
     match (rows.pop(), rows.len()) {
         (Some(row), 0) => Ok(row),
         (None, _) => Err(Error::NotFound),
-        (Some(_), others) => Err(Error::InvalidArgument(format!(
+        (Some(_), others) => Err(Error::UnexpectedOutcome(format!(
             "with_lock expects one row, the query selected {}",
             others + 1
         ))),

@@ -69,7 +69,7 @@ where
         Some(1) => {}
         Some(_) => return Ok(None),
         None => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::UnexpectedOutcome(format!(
                 "GET_LOCK({name:?}) failed on the server (out of memory, or the session was killed)"
             ))
             .into())
@@ -86,7 +86,7 @@ where
     };
     match released.map_err(Error::from)?.outcome {
         Some(1) => Ok(Some(value)),
-        _ => Err(Error::InvalidArgument(format!(
+        _ => Err(Error::UnexpectedOutcome(format!(
             "the named lock {name:?} was no longer held by this session when released \
              (released inside the closure?)"
         ))

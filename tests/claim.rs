@@ -637,7 +637,7 @@ on_every_backend! {
                 }
                 Ok::<_, Error>(())
             });
-        assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        assert!(matches!(result, Err(Error::UnexpectedOutcome(_))), "{result:?}");
         seen.sort();
         assert_eq!(seen, [1, 2, 5, 6]);
     }

@@ -861,6 +861,24 @@ mod mysql_only {
         assert_eq!(free.unwrap(), Some(()));
     }
 
+    /// A lock the closure released itself is no longer held when the call
+    /// releases it: the call says so rather than report success.
+    #[test]
+    fn a_named_lock_released_inside_the_closure_is_an_unexpected_outcome() {
+        let (_db, pool) = test_db(2);
+        let (mut a, mut b) = (pool.get().unwrap(), pool.get().unwrap());
+        let released_early = with_named_lock(&mut *a, "n", Duration::ZERO, |conn| {
+            diesel::sql_query("DO RELEASE_LOCK('n')").execute(conn)?;
+            Ok::<_, Error>(())
+        });
+        assert!(
+            matches!(&released_early, Err(Error::UnexpectedOutcome(m)) if m.contains("no longer held")),
+            "{released_early:?}"
+        );
+        let free = with_named_lock(&mut *b, "n", Duration::ZERO, |_| Ok::<_, Error>(()));
+        assert_eq!(free.unwrap(), Some(()));
+    }
+
     /// Eight sessions on one name: critical sections never overlap.
     #[test]
     fn named_locks_are_mutually_exclusive() {

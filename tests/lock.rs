@@ -139,7 +139,7 @@ on_every_backend! {
             diesel::update(accounts::table).set(accounts::balance.eq(0)).execute(conn)?;
             Ok::<_, Error>(())
         });
-        assert!(matches!(&many, Err(Error::InvalidArgument(m)) if m.contains('2')), "{many:?}");
+        assert!(matches!(&many, Err(Error::UnexpectedOutcome(m)) if m.contains('2')), "{many:?}");
         assert!(!ran);
         assert_eq!(transaction_depth(conn), 0);
         assert_eq!(balances(conn), vec![100, 200]);

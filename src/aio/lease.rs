@@ -156,7 +156,7 @@ impl AsyncBackend for diesel::mysql::Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        use crate::backend::mysql::lease_sql::{self, Step, Token};
+        use crate::backend::mysql::lease_sql::{self, AfterTake, Token};
         use diesel_async::RunQueryDsl;
         use scoped_futures::ScopedFutureExt;
 
@@ -173,11 +173,11 @@ impl AsyncBackend for diesel::mysql::Mysql {
                         .execute(conn)
                         .await?;
                     Ok::<_, Error>(match lease_sql::after_take(taken) {
-                        Step::ReadToken => {
+                        AfterTake::ReadToken => {
                             let token: Token = lease_sql::read_token(name).get_result(conn).await?;
                             Some(token.token)
                         }
-                        Step::InsertNew => lease_sql::inserted(
+                        AfterTake::InsertNew => lease_sql::inserted(
                             lease_sql::insert_new(name, ttl_micros)
                                 .execute(conn)
                                 .await?,
