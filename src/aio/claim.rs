@@ -16,7 +16,8 @@ use futures_util::future::BoxFuture;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
 use super::{locking_transaction, transaction_depth, Async, AsyncBackend};
-use crate::claim::{keys_query, rows_query, Claim, InQuery, KeysQuery, RowsQuery, Step, Taking};
+use crate::claim::engine::{Claim, Step, Taking};
+use crate::claim::query::{keys_query, rows_query, InQuery, KeysQuery, RowsQuery};
 use crate::query::{lock_target, InRange, KeyRange, LockClause, Locked};
 use crate::{ClaimBuilder, ClaimReport, Error};
 

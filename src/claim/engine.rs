@@ -1,0 +1,525 @@
+//! The claim engine: one run of a claim as a state machine, with no I/O of its
+//! own. It decides which keys to read, which range each locked take covers,
+//! which candidates were passed over, when a drain pass ends, and what the
+//! report says; a driver (blocking in [`super`], async in `aio`) runs the
+//! statements it asks for and reports back what they returned.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+
+use crate::query::{KeyRange, LockClause, Lower};
+use crate::{ClaimReport, Error};
+
+/// Rows read per page of the unlocked candidate scan, unless batches are large.
+const DEFAULT_PAGE_SIZE: i64 = 1000;
+
+/// Rows read per page of the candidate scan, at least, when takes may run
+/// past their page.
+const MIN_OPEN_PAGE_SIZE: i64 = 100;
+
+/// Batches per page of the candidate scan, by default, when takes keep to
+/// their page.
+const BATCHES_PER_PAGE: i64 = 10;
+
+/// The statement a claim takes its rows with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taking {
+    /// A locking select: rows come back in key order.
+    Select,
+    /// A marking `UPDATE … RETURNING`: rows come back in no particular order.
+    Mark,
+    /// The same, committed on its own before the closure runs.
+    MarkAndCommit,
+}
+
+/// What one run of a claim is set up with: the builder's options, checked,
+/// and what the backend can do.
+pub(crate) struct Plan {
+    pub(crate) clause: LockClause,
+    pub(crate) taking: Taking,
+    /// The backend has row locks (not SQLite's database write lock).
+    pub(crate) row_locks: bool,
+    /// The backend has `UPDATE … RETURNING`.
+    pub(crate) update_returning: bool,
+    /// A row locked by someone else fails the call rather than being skipped.
+    pub(crate) fail_on_locked: bool,
+    pub(crate) batch: i64,
+    pub(crate) page_size: Option<i64>,
+    pub(crate) drain: bool,
+    pub(crate) max_rows: Option<u64>,
+}
+
+/// One run of a claim, as a state machine: [`next`](Self::next) says what to
+/// read or claim next, and the driver (blocking here, async in `aio`) reports
+/// back what it read. Everything but the I/O and the closure is decided here, so
+/// both drivers claim alike.
+pub(crate) struct Claim<K> {
+    pub(crate) clause: LockClause,
+    pub(crate) taking: Taking,
+    row_locks: bool,
+    /// A mark is one statement that is atomic on its own (`UPDATE … RETURNING`
+    /// with row locks).
+    pub(crate) one_statement_mark: bool,
+    fail_on_locked: bool,
+    batch: i64,
+    /// Takes run past the end of their page: see [`Page::open_ended`].
+    open_ended: bool,
+    page_size: i64,
+    drain: bool,
+    remaining: u64,
+    report: ClaimReport,
+    /// Candidates found locked by others in this pass, to retry in the next
+    /// (only when draining, on backends with row locks).
+    retry: Vec<K>,
+    state: State<K>,
+    /// The highest key scanned for candidates so far.
+    cursor: Option<K>,
+    /// Candidates passed over in this pass.
+    skipped: u64,
+    processed_before_pass: u64,
+}
+
+/// What a claim does next, for its driver to carry out.
+pub(crate) enum Step<K> {
+    /// Read up to `limit` keys of the query's rows in the range, without locks,
+    /// and hand them to [`Claim::candidates`].
+    Candidates(KeyRange<K>, i64),
+    /// Read every key of the query's rows in the range, without locks, and hand
+    /// them to [`Claim::still_matching`].
+    StillMatching(KeyRange<K>),
+    /// Claim up to `limit` rows of the range, in a transaction of the batch's
+    /// own (see [`Claim::taken`]), run the closure, and report to
+    /// [`Claim::processed`].
+    Batch(KeyRange<K>, i64),
+    /// The claim is over.
+    Done(ClaimReport),
+}
+
+enum State<K> {
+    /// A pass begins: the candidates found locked in the last pass come first.
+    Pass,
+    /// Retrying those, one page each.
+    Retry(std::vec::IntoIter<K>),
+    /// Reading the next page of candidates.
+    Scan,
+    /// Waiting for a page of candidates.
+    Scanning,
+    /// Claiming batches from a page; `then` comes after it.
+    Page(Page<K>, Then<K>),
+    /// Waiting to learn which of the page's unprocessed candidates still match.
+    Sorting(Page<K>, Then<K>),
+    /// The pass is over.
+    PassEnd,
+    Done,
+}
+
+/// Where a claim goes after a page.
+enum Then<K> {
+    Retry(std::vec::IntoIter<K>),
+    Scan,
+    PassEnd,
+}
+
+impl<K> From<Then<K>> for State<K> {
+    fn from(then: Then<K>) -> Self {
+        match then {
+            Then::Retry(keys) => State::Retry(keys),
+            Then::Scan => State::Scan,
+            Then::PassEnd => State::PassEnd,
+        }
+    }
+}
+
+impl<K> Claim<K> {
+    /// A claim run that has not read anything yet.
+    pub(crate) fn new(plan: Plan) -> Self {
+        // Rows that come back in key order tell how far a take went, so takes
+        // can run past the page; a drain keeps to its pages, whose candidates
+        // it retries.
+        let open_ended = plan.taking == Taking::Select && !plan.drain;
+        Claim {
+            clause: plan.clause,
+            taking: plan.taking,
+            row_locks: plan.row_locks,
+            one_statement_mark: plan.row_locks && plan.update_returning,
+            fail_on_locked: plan.row_locks && plan.fail_on_locked,
+            batch: plan.batch,
+            open_ended,
+            page_size: plan.page_size.unwrap_or(if open_ended {
+                // Takes move on by themselves: reading much further ahead than
+                // a batch would only re-read keys other workers take first.
+                MIN_OPEN_PAGE_SIZE.max(plan.batch)
+            } else {
+                // Pages of several batches: workers that arrive at a page
+                // together then take whole batches from it, each passing
+                // over the others'.
+                DEFAULT_PAGE_SIZE.max(plan.batch.saturating_mul(BATCHES_PER_PAGE))
+            }),
+            drain: plan.drain,
+            remaining: plan.max_rows.unwrap_or(u64::MAX),
+            report: ClaimReport::default(),
+            retry: Vec::new(),
+            state: State::Pass,
+            cursor: None,
+            skipped: 0,
+            processed_before_pass: 0,
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash> Claim<K> {
+    /// What to do next.
+    pub(crate) fn next(&mut self) -> Step<K> {
+        loop {
+            match std::mem::replace(&mut self.state, State::Done) {
+                State::Pass => {
+                    self.report.passes += 1;
+                    self.processed_before_pass = self.report.processed;
+                    self.skipped = 0;
+                    // Rows processed before are never visited again: only the
+                    // rows found locked, then rows beyond the highest key seen.
+                    self.state = State::Retry(std::mem::take(&mut self.retry).into_iter());
+                }
+                State::Retry(mut keys) => {
+                    self.state = match keys.next() {
+                        Some(key) => {
+                            let page = Page::new(vec![key], false);
+                            State::Page(page, Then::Retry(keys))
+                        }
+                        None => State::Scan,
+                    };
+                }
+                State::Scan if self.remaining > 0 => {
+                    self.state = State::Scanning;
+                    return Step::Candidates(KeyRange::after(self.cursor.clone()), self.page_size);
+                }
+                State::Scan => self.state = State::PassEnd,
+                State::Page(page, then) if self.remaining > 0 && !page.exhausted => {
+                    let limit = i64::try_from(self.remaining)
+                        .map_or(self.batch, |left| left.min(self.batch));
+                    let range = page.next_range();
+                    self.state = State::Page(page, then);
+                    return Step::Batch(range, limit);
+                }
+                State::Page(page, then) => {
+                    let then = match then {
+                        Then::Retry(keys) => Then::Retry(keys),
+                        // An open-ended take that came back short found nothing
+                        // claimable beyond.
+                        _ if self.open_ended && page.ran_dry => Then::PassEnd,
+                        scanned => scanned,
+                    };
+                    if !matches!(then, Then::Retry(_)) {
+                        self.cursor = Some(page.scanned_through());
+                    }
+                    let unprocessed = page.unprocessed().count() as u64;
+                    self.skipped += unprocessed;
+                    if self.drain && self.row_locks && unprocessed > 0 && self.remaining > 0 {
+                        // One read tells the candidates locked by others (still
+                        // matching) from those others have processed since.
+                        let range = page.whole_range();
+                        self.state = State::Sorting(page, then);
+                        return Step::StillMatching(range);
+                    }
+                    self.state = then.into();
+                }
+                State::PassEnd => {
+                    let claimed_nothing_new = self.report.processed == self.processed_before_pass;
+                    if !self.drain || claimed_nothing_new || self.remaining == 0 {
+                        self.report.skipped = self.skipped;
+                        return Step::Done(self.report);
+                    }
+                    self.state = State::Pass;
+                }
+                State::Done => return Step::Done(self.report),
+                State::Scanning | State::Sorting(..) => {
+                    unreachable!("a claim's driver skipped a read it was asked for")
+                }
+            }
+        }
+    }
+
+    /// The keys [`Step::Candidates`] read.
+    pub(crate) fn candidates(&mut self, mut keys: Vec<K>) {
+        let full_page = keys.len() as i64 == self.page_size;
+        // A join to many rows repeats a key; keys come sorted.
+        keys.dedup();
+        if keys.is_empty() {
+            self.state = State::PassEnd;
+            return;
+        }
+        let page = Page::new(keys, self.open_ended);
+        // Closed pages end where they end; open-ended ones where the takes got to.
+        let then = if self.open_ended || full_page {
+            Then::Scan
+        } else {
+            Then::PassEnd
+        };
+        self.state = State::Page(page, then);
+    }
+
+    /// The keys [`Step::StillMatching`] read.
+    pub(crate) fn still_matching(&mut self, keys: Vec<K>) {
+        let State::Sorting(page, then) = std::mem::replace(&mut self.state, State::Done) else {
+            unreachable!("still_matching without a page to sort");
+        };
+        let still_matching: HashSet<K> = keys.into_iter().collect();
+        let locked = page
+            .unprocessed()
+            .filter(|key| still_matching.contains(key));
+        self.retry.extend(locked.cloned());
+        self.state = then.into();
+    }
+
+    /// Records the rows a [`Step::Batch`] claimed (it asked for `limit`), in its
+    /// transaction, and returns them as the closure gets them.
+    pub(crate) fn taken<R>(
+        &mut self,
+        rows: Vec<R>,
+        limit: i64,
+        key_of: impl Fn(&R) -> K,
+    ) -> Result<Vec<R>, Error> {
+        let ordered = self.taking == Taking::Select;
+        let State::Page(page, _) = &mut self.state else {
+            unreachable!("rows taken outside a page");
+        };
+        page.record(rows, limit, ordered, key_of)
+    }
+
+    /// With [`nowait`](crate::ClaimBuilder::nowait), the range to read keys of (without
+    /// locks) after [`taken`](Self::taken), for
+    /// [`verify_none_locked`](Self::verify_none_locked): the batch's range up to
+    /// where it reached.
+    pub(crate) fn locked_check(&self, mut range: KeyRange<K>) -> Option<KeyRange<K>> {
+        let State::Page(page, _) = &self.state else {
+            return None;
+        };
+        range.through = page.reached.clone();
+        self.fail_on_locked.then_some(range)
+    }
+
+    /// Fails if a key [`locked_check`](Self::locked_check)'s range still
+    /// matches the query but is not in the batch: someone else holds its lock.
+    pub(crate) fn verify_none_locked<R>(
+        &self,
+        keys: Vec<K>,
+        rows: &[R],
+        key_of: impl Fn(&R) -> K,
+    ) -> Result<(), Error> {
+        let taken: HashSet<K> = rows.iter().map(key_of).collect();
+        if keys.iter().any(|key| !taken.contains(key)) {
+            return Err(Error::LockNotAvailable);
+        }
+        Ok(())
+    }
+
+    /// The batch committed with `rows` processed.
+    pub(crate) fn processed(&mut self, rows: usize) {
+        self.report.processed += rows as u64;
+        self.remaining -= rows as u64;
+    }
+}
+
+/// A page of candidate keys, in key order, and what has become of them.
+struct Page<K> {
+    /// Where the next batch starts: at the first candidate, then past the
+    /// furthest candidate claimed so far. Not at the cursor: the rows between
+    /// it and the first candidate were done when the page was read (by other
+    /// workers, often), and a take starting there would step over every one of
+    /// them inside its transaction.
+    next: Lower<K>,
+    keys: Vec<K>,
+    position: HashMap<K, usize>,
+    processed: Vec<bool>,
+    /// Rows processed that were not candidates: inserted since the scan, or,
+    /// when open-ended, beyond the page.
+    newcomers: HashSet<K>,
+    /// Takes run past the page's last key, to its first claimable rows
+    /// wherever they are: the page's keys only tell which candidates the takes
+    /// passed over. Else takes keep to the page.
+    open_ended: bool,
+    /// The page has no more to give.
+    exhausted: bool,
+    /// The last take came back short: nothing more in its range is claimable.
+    ran_dry: bool,
+    /// How far the takes have gone through the range, inclusive (`None`: to the
+    /// end of it, when open-ended).
+    reached: Option<K>,
+}
+
+impl<K: Clone + Eq + Hash> Page<K> {
+    fn new(keys: Vec<K>, open_ended: bool) -> Self {
+        let position = keys.iter().cloned().zip(0..).collect();
+        Page {
+            next: Lower::From(keys.first().expect("a page has at least one key").clone()),
+            processed: vec![false; keys.len()],
+            keys,
+            position,
+            newcomers: HashSet::new(),
+            open_ended,
+            exhausted: false,
+            ran_dry: false,
+            reached: None,
+        }
+    }
+
+    fn first(&self) -> &K {
+        self.keys.first().expect("a page has at least one key")
+    }
+
+    fn last(&self) -> &K {
+        self.keys.last().expect("a page has at least one key")
+    }
+
+    fn whole_range(&self) -> KeyRange<K> {
+        KeyRange {
+            lower: Lower::From(self.first().clone()),
+            through: Some(self.last().clone()),
+        }
+    }
+
+    fn next_range(&self) -> KeyRange<K> {
+        KeyRange {
+            lower: self.next.clone(),
+            through: (!self.open_ended).then(|| self.last().clone()),
+        }
+    }
+
+    /// Where the scan for candidates goes on from after this page.
+    fn scanned_through(&self) -> K {
+        match &self.next {
+            Lower::After(key) if self.open_ended => key.clone(),
+            _ => self.last().clone(),
+        }
+    }
+
+    fn unprocessed(&self) -> impl Iterator<Item = &K> {
+        self.keys
+            .iter()
+            .zip(&self.processed)
+            .filter(|(_, processed)| !**processed)
+            .map(|(key, _)| key)
+    }
+
+    /// Records the rows a batch claimed (`limit` asked for) and moves the page on.
+    fn record<R>(
+        &mut self,
+        mut rows: Vec<R>,
+        limit: i64,
+        ordered: bool,
+        key_of: impl Fn(&R) -> K,
+    ) -> Result<Vec<R>, Error> {
+        // Fewer rows than asked for: nothing more in the range is claimable now.
+        self.ran_dry = (rows.len() as i64) < limit;
+        self.exhausted = self.ran_dry;
+        let whole_range = self.next_range().through;
+        // A join to many rows repeats a key, next to each other in key order.
+        rows.dedup_by(|a, b| key_of(a) == key_of(b));
+        let mut furthest = None;
+        for row in &rows {
+            let key = key_of(row);
+            let seen_before = match self.position.get(&key) {
+                Some(&index) => {
+                    furthest = furthest.max(Some(index));
+                    std::mem::replace(&mut self.processed[index], true)
+                }
+                None => !self.newcomers.insert(key),
+            };
+            // Only possible when rows come back in no order (a mark), from a key
+            // range the page has not gone past yet.
+            if seen_before {
+                return Err(Error::UnexpectedOutcome(
+                    "a claimed row came back a second time in one call: the mark must take \
+                     rows out of the query (set what its filter tests)"
+                        .to_owned(),
+                ));
+            }
+        }
+        let next = if ordered {
+            rows.last().map(&key_of)
+        } else {
+            // No order to go by: past the furthest candidate claimed. A batch that
+            // claimed no candidate made no progress through the page.
+            self.exhausted |= furthest.is_none();
+            furthest.map(|index| self.keys[index].clone())
+        };
+        self.reached = match &next {
+            Some(next) if !self.ran_dry => Some(next.clone()),
+            _ => whole_range,
+        };
+        if let Some(next) = next {
+            // Open-ended, a take that ended on a key not in the page went past
+            // it (or, rarely, on a row inserted into it since the scan): the
+            // scan goes on from there.
+            self.exhausted |=
+                &next == self.last() || (self.open_ended && !self.position.contains_key(&next));
+            self.next = Lower::After(next);
+        }
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LockStrength;
+
+    /// A claim of rows that are their own keys, per row, pages of two keys,
+    /// with row locks.
+    fn claim(drain: bool) -> Claim<i64> {
+        Claim::new(Plan {
+            clause: LockClause {
+                strength: LockStrength::NoKeyUpdate,
+                skip_locked: true,
+                of: None,
+            },
+            taking: Taking::Select,
+            row_locks: true,
+            update_returning: true,
+            fail_on_locked: false,
+            batch: 1,
+            page_size: Some(2),
+            drain,
+            max_rows: None,
+        })
+    }
+
+    /// Reads the page `keys` and claims every row offered until the page is done.
+    fn claim_page(claim: &mut Claim<i64>, keys: Vec<i64>) -> Vec<Lower<i64>> {
+        let Step::Candidates(..) = claim.next() else {
+            panic!("expected a candidate read");
+        };
+        let mut takes_from = Vec::new();
+        claim.candidates(keys.clone());
+        for key in keys {
+            let Step::Batch(range, limit) = claim.next() else {
+                panic!("expected a batch");
+            };
+            takes_from.push(range.lower);
+            let rows = claim.taken(vec![key], limit, |row| *row).unwrap();
+            claim.processed(rows.len());
+        }
+        takes_from
+    }
+
+    /// Rows between the end of one page and the first candidate of the next were
+    /// done when the page was read: the takes start at the candidate, rather than
+    /// step over them.
+    #[test]
+    fn takes_start_at_the_first_candidate_of_their_page() {
+        for drain in [false, true] {
+            let mut claim = claim(drain);
+            let takes_from = claim_page(&mut claim, vec![1, 2]);
+            assert!(
+                matches!(takes_from[..], [Lower::From(1), Lower::After(1)]),
+                "drain {drain}: {takes_from:?}"
+            );
+            // Rows 3 to 5 were claimed by someone else meanwhile.
+            let takes_from = claim_page(&mut claim, vec![6, 7]);
+            assert!(
+                matches!(takes_from[..], [Lower::From(6), Lower::After(6)]),
+                "drain {drain}: {takes_from:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! Claiming: process each row of a query at most once across workers.
+
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use diesel::connection::Connection;
+use diesel::prelude::*;
+use diesel::query_builder::Query;
+
+use crate::backend::{transaction_depth, ClaimBackend};
+use crate::query::{KeyRange, LockClause, LockOptions};
+use crate::transaction::locking_transaction;
+use crate::{Blocking, Error, LockStrength, OnLocked};
+
+pub(crate) mod engine;
+pub(crate) mod query;
+
+use engine::{Claim, Plan, Step, Taking};
+pub use query::{ClaimQuery, MarkQuery};
+
+/// What one call of [`claim_each`](ClaimDsl::claim_each) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimReport {
+    /// Rows the closure processed and whose transaction committed.
+    pub processed: u64,
+    /// Candidates this call read and did not process: locked by someone else, or
+    /// no longer matching the query when it came to lock them. (Rows a locking
+    /// statement passes over past the candidates read are not counted.)
+    pub skipped: u64,
+    /// Passes over the candidates (more than one only when draining).
+    pub passes: u32,
+}
+
+/// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries.
+///
+/// See the [crate documentation](crate#claiming-claim_each) for the algorithm and
+/// its caveats.
+pub trait ClaimDsl: Sized {
+    /// Processes each row of this query at most once across every worker that
+    /// claims from it, with the default options: skip rows locked by others,
+    /// `FOR NO KEY UPDATE OF <table>`, no cap, one pass.
+    ///
+    /// Each row is re-read under a row lock in a transaction of its own, with the
+    /// query's own filter and the row's primary key; if it still matches, `f` runs
+    /// in that transaction, which commits when `f` returns `Ok`. An `Err` from `f`
+    /// rolls that row back and ends the call with the error; rows committed before
+    /// stay committed. Must be called outside a transaction.
+    ///
+    /// The rows' type identifies the claimed table (`#[derive(Identifiable)]`);
+    /// with a join, select that table's struct (`.select(Order::as_select())`).
+    fn claim_each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Self: ClaimQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.build_claim().each(conn, f)
+    }
+
+    /// Starts a claim with options; run it with [`ClaimBuilder::each`].
+    fn build_claim(self) -> ClaimBuilder<Self> {
+        ClaimBuilder::new(self)
+    }
+}
+
+impl<Q: Query> ClaimDsl for Q {}
+
+/// A claim and its options, made by [`ClaimDsl::build_claim`].
+///
+/// ```
+/// # include!("../doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+///
+/// # fn main() -> Result<(), diesel_claim::Error> {
+/// # let mut conn = establish_connection();
+/// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+/// let report = pending
+///     .build_claim()
+///     .nowait() // a row locked by someone else is an error, not a skip
+///     .max_rows(100)
+///     .drain()
+///     .each(&mut conn, |conn, order: Order| {
+///         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+///         Ok::<_, diesel_claim::Error>(())
+///     })?;
+/// assert_eq!(report.processed, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
+pub struct ClaimBuilder<Q, M = Blocking> {
+    pub(crate) query: Q,
+    lock: LockOptions,
+    max_rows: Option<u64>,
+    drain: bool,
+    /// `None`: the default, which depends on the batch size.
+    page_size: Option<i64>,
+    batch: i64,
+    mode: PhantomData<M>,
+}
+
+impl<Q, M> ClaimBuilder<Q, M> {
+    pub(crate) fn new(query: Q) -> Self {
+        ClaimBuilder {
+            query,
+            lock: LockOptions::default(),
+            max_rows: None,
+            drain: false,
+            page_size: None,
+            batch: 1,
+            mode: PhantomData,
+        }
+    }
+
+    /// Sets what to do with a row another transaction has locked. Choosing two
+    /// different policies for one claim is an error reported by [`each`](Self::each).
+    pub fn on_locked(mut self, policy: OnLocked) -> Self {
+        self.lock.on_locked(policy);
+        self
+    }
+
+    /// Leaves locked rows to whoever holds them (the default).
+    pub fn skip_locked(self) -> Self {
+        self.on_locked(OnLocked::Skip)
+    }
+
+    /// Fails with [`Error::LockNotAvailable`] when a candidate is locked by another
+    /// transaction, before processing any row past it (it costs one more,
+    /// unlocked, read per batch). Not available with
+    /// [`mark_and_commit`](Self::mark_and_commit).
+    pub fn nowait(self) -> Self {
+        self.on_locked(OnLocked::Fail)
+    }
+
+    /// Waits for locked rows; afterwards the row is re-checked against the filter.
+    pub fn wait(self) -> Self {
+        self.on_locked(OnLocked::Wait)
+    }
+
+    /// Sets the lock strength (PostgreSQL): [`NoKeyUpdate`](LockStrength::NoKeyUpdate),
+    /// the default, or [`Update`](LockStrength::Update), which also holds off
+    /// foreign-key inserts referencing the row. The shared strengths do not
+    /// exclude other claimers and are an error.
+    pub fn strength(mut self, strength: LockStrength) -> Self {
+        if matches!(strength, LockStrength::Share | LockStrength::KeyShare) {
+            self.lock.reject(format!(
+                "a claim needs an exclusive lock: {strength:?} would let other claimers process \
+                 the same row"
+            ));
+        }
+        self.lock.strength(strength);
+        self
+    }
+
+    /// Stops after processing `max_rows` rows (at least 1).
+    pub fn max_rows(mut self, max_rows: u64) -> Self {
+        if max_rows == 0 {
+            self.lock.reject("max_rows must be at least 1".to_owned());
+        }
+        self.max_rows = Some(max_rows);
+        self
+    }
+
+    /// Claims up to `rows` rows per transaction (at least 1; the default is 1).
+    ///
+    /// One statement locks the batch, the closure runs for every row of it (or
+    /// once for the whole batch, with [`each_batch`](Self::each_batch)), and one
+    /// commit ends it. The guarantees are those of a single row — each row is
+    /// re-checked under its lock and processed at most once — but an error or a
+    /// panic in the closure rolls back the **whole batch**: rows the closure had
+    /// already handled in it stay pending too, so work outside the database (an
+    /// email sent) may be done again by the next claim. Locks are held until the
+    /// batch commits.
+    pub fn batch(mut self, rows: u32) -> Self {
+        if rows == 0 {
+            self.lock.reject("batch must be at least 1 row".to_owned());
+        }
+        self.batch = i64::from(rows);
+        self
+    }
+
+    /// Repeats until a pass claims nothing new: rows skipped because they were
+    /// locked are tried again, and rows added beyond the highest key already
+    /// scanned are picked up. (Without it, a pass picks up rows added beyond
+    /// only when it comes to them.)
+    ///
+    /// A row is never processed twice in one call, even when the closure leaves it
+    /// matching the filter: later passes revisit only the rows found locked
+    /// (one read per page tells those from rows others processed; they are then
+    /// retried one row at a time) and the rows beyond the highest key scanned.
+    /// To tell what to retry, a drain keeps each batch within the page of
+    /// candidates it was read from: with many workers, every worker then reads
+    /// every page (see [`page_size`](Self::page_size)).
+    pub fn drain(mut self) -> Self {
+        self.drain = true;
+        self
+    }
+
+    /// Sets how many candidate keys one read of the unlocked scan fetches. Memory
+    /// use is bounded by this and the batch size, not by the number of pending
+    /// rows.
+    ///
+    /// By default, 100 keys or one batch, whichever is more: a batch may run
+    /// past its page, and the next page is read from where it ended, so workers
+    /// do not read the keys others take. A page's first batch starts at its
+    /// first candidate, not where the last page ended. When draining, or
+    /// marking (whose rows come back in no order), batches keep to their page
+    /// and a page holds 1000 keys or ten batches.
+    pub fn page_size(mut self, page_size: u32) -> Self {
+        if page_size == 0 {
+            self.lock.reject("page_size must be at least 1".to_owned());
+        }
+        self.page_size = Some(i64::from(page_size));
+        self
+    }
+
+    /// Checks the options, the claimed table (the locking clause's `OF`) and the
+    /// connection's transaction depth, and sets up one run of the claim, taking
+    /// its rows with the statement `taking` describes.
+    pub(crate) fn start<DB: ClaimBackend, K>(
+        &self,
+        taking: Taking,
+        claimed_table: Result<Option<Arc<str>>, Error>,
+        transaction_depth: u32,
+    ) -> Result<Claim<K>, Error> {
+        let (on_locked, clause) = self
+            .lock
+            .clone()
+            .resolve(OnLocked::Skip, || claimed_table)?;
+        if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
+            return Err(Error::InvalidArgument(
+                "nowait cannot be combined with mark_and_commit: the mark commits before a \
+                 locked row could roll it back"
+                    .to_owned(),
+            ));
+        }
+        if transaction_depth > 0 {
+            return Err(Error::InvalidArgument(
+                "a claim must run outside a transaction: each batch needs a transaction of \
+                 its own, committed before the next"
+                    .to_owned(),
+            ));
+        }
+        Ok(Claim::new(Plan {
+            clause,
+            taking,
+            row_locks: DB::ROW_LOCKS,
+            update_returning: DB::UPDATE_RETURNING,
+            fail_on_locked: on_locked == OnLocked::Fail,
+            batch: self.batch,
+            page_size: self.page_size,
+            drain: self.drain,
+            max_rows: self.max_rows,
+        }))
+    }
+}
+
+impl<Q> ClaimBuilder<Q> {
+    /// Runs the claim, calling `f` for every claimed row: see
+    /// [`ClaimDsl::claim_each`] and [`batch`](Self::batch).
+    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch(conn, per_row(f))
+    }
+
+    /// Runs the claim, calling `f` once per claimed batch with its rows, in key
+    /// order, inside the batch's transaction.
+    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let query = &self.query;
+        let depth = transaction_depth(conn).map_err(Error::from)?;
+        let claim = self.start::<C::Backend, _>(Taking::Select, query.claimed_table(), depth)?;
+        let select = |conn: &mut C, range, limit, clause: &LockClause| {
+            query.rows(conn, range, limit, clause)
+        };
+        drive(claim, query, conn, select, f)
+    }
+
+    /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
+    /// WHERE <key> IN (<the query, locked, skipping locked rows, LIMIT batch>)
+    /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
+    /// batch's transaction: an error in the closure rolls the mark back.
+    ///
+    /// The changes should take the rows out of the query (set the flag its filter
+    /// tests); rows they leave matching are claimed again by the next call. One
+    /// call never hands a row over twice: the batches move on by key, and a row
+    /// inserted into a range already claimed from that comes back ends the call
+    /// with [`Error::UnexpectedOutcome`]. The rows' type must be
+    /// [`Selectable`](diesel::Selectable) from the claimed table.
+    pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V> {
+        MarkedClaim {
+            claim: self,
+            changes,
+            taking: Taking::Mark,
+        }
+    }
+
+    /// Like [`mark`](Self::mark), but the marking statement commits on its own,
+    /// before the closure runs: one round trip claims a batch (PostgreSQL: no
+    /// `BEGIN`/`COMMIT`; SQLite: `BEGIN IMMEDIATE` around the one statement).
+    ///
+    /// **The closure's failure cannot un-mark the rows**: if it returns an error
+    /// or panics, the batch stays marked and nobody processes it again. Use this
+    /// when the mark is the processing (or when losing a batch to a crash is
+    /// acceptable), and [`mark`](Self::mark) when the closure's work must succeed
+    /// for the mark to stand.
+    pub fn mark_and_commit<V>(self, changes: V) -> MarkedClaim<Q, V> {
+        MarkedClaim {
+            claim: self,
+            changes,
+            taking: Taking::MarkAndCommit,
+        }
+    }
+}
+
+/// A claim that marks its rows in the statement that claims them, made by
+/// [`ClaimBuilder::mark`] or [`ClaimBuilder::mark_and_commit`].
+///
+/// ```
+/// # include!("../doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+///
+/// # fn main() -> Result<(), diesel_claim::Error> {
+/// # let mut conn = establish_connection();
+/// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+/// let report = pending
+///     .build_claim()
+///     .batch(100)
+///     .mark(orders::email_sent.eq(true))
+///     .each_batch(&mut conn, |conn, orders: Vec<Order>| {
+///         assert!(orders.iter().all(|order| order.email_sent));
+///         Ok::<_, diesel_claim::Error>(())
+///     })?;
+/// assert_eq!(report.processed, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
+pub struct MarkedClaim<Q, V> {
+    claim: ClaimBuilder<Q>,
+    changes: V,
+    taking: Taking,
+}
+
+impl<Q, V> MarkedClaim<Q, V> {
+    /// Runs the claim, calling `f` for every claimed (and marked) row.
+    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: MarkQuery<'q, C, R, V>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch(conn, per_row(f))
+    }
+
+    /// Runs the claim, calling `f` once per claimed (and marked) batch, rows in no
+    /// particular order.
+    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: MarkQuery<'q, C, R, V>,
+        C: Connection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let MarkedClaim {
+            claim,
+            changes,
+            taking,
+        } = self;
+        Q::check_changes(&changes)?;
+        let query = &claim.query;
+        let depth = transaction_depth(conn).map_err(Error::from)?;
+        let run = claim.start::<C::Backend, _>(taking, query.claimed_table(), depth)?;
+        let mark = |conn: &mut C, range, limit, clause: &LockClause| {
+            query.mark(conn, range, limit, clause, &changes)
+        };
+        drive(run, query, conn, mark, f)
+    }
+}
+
+/// A batch closure that calls `f` for each row of the batch, in order.
+fn per_row<C, R, E>(
+    mut f: impl FnMut(&mut C, R) -> Result<(), E>,
+) -> impl FnMut(&mut C, Vec<R>) -> Result<(), E> {
+    move |conn, rows| rows.into_iter().try_for_each(|row| f(&mut *conn, row))
+}
+
+/// Runs a claim on a blocking connection: its reads, and its batches each in a
+/// transaction of their own, claimed by `take`.
+fn drive<'q, Q, C, R, K, T, E, F>(
+    mut claim: Claim<K>,
+    query: &Q,
+    conn: &mut C,
+    mut take: T,
+    mut f: F,
+) -> Result<ClaimReport, E>
+where
+    Q: ClaimQuery<'q, C, R, Key = K>,
+    K: Clone + Eq + Hash,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+    E: From<Error>,
+{
+    loop {
+        match claim.next() {
+            Step::Candidates(range, limit) => {
+                let keys = query.keys(conn, range, limit).map_err(Error::from)?;
+                claim.candidates(keys);
+            }
+            Step::StillMatching(range) => {
+                let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                claim.still_matching(keys);
+            }
+            Step::Batch(range, limit) if claim.taking == Taking::MarkAndCommit => {
+                let rows = if claim.one_statement_mark {
+                    take(conn, range, limit, &claim.clause).map_err(Error::from)?
+                } else {
+                    // SQLite: a lone `UPDATE` would read first and then fail to
+                    // take the write lock if another writer got in between.
+                    // MySQL: the mark is three statements.
+                    locking_transaction(conn, |conn| {
+                        take(conn, range, limit, &claim.clause).map_err(Error::from)
+                    })?
+                };
+                let rows = claim.taken(rows, limit, Q::key)?;
+                let processed = rows.len();
+                if processed > 0 {
+                    f(conn, rows)?;
+                }
+                claim.processed(processed);
+            }
+            Step::Batch(range, limit) => {
+                let processed = locking_transaction(conn, |conn| {
+                    let rows =
+                        take(conn, range.clone(), limit, &claim.clause).map_err(Error::from)?;
+                    let rows = claim.taken(rows, limit, Q::key)?;
+                    if let Some(range) = claim.locked_check(range) {
+                        let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                        claim.verify_none_locked(keys, &rows, Q::key)?;
+                    }
+                    let processed = rows.len();
+                    if processed > 0 {
+                        f(conn, rows)?;
+                    }
+                    Ok::<_, E>(processed)
+                })?;
+                claim.processed(processed);
+            }
+            Step::Done(report) => return Ok(report),
+        }
+    }
+}

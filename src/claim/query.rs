@@ -1,0 +1,290 @@
+//! The queries a claim runs on: what a claimable query must be able to do
+//! (read keys, take rows under a lock, mark them), and the statements built
+//! from the caller's query for it.
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use diesel::associations::HasTable;
+use diesel::connection::Connection;
+use diesel::dsl;
+use diesel::prelude::*;
+use diesel::query_builder::QueryFragment;
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
+use diesel::query_dsl::LoadQuery;
+
+use crate::backend::strategy::Strategy;
+use crate::backend::ClaimBackend;
+use crate::query::{
+    lock_target, InList, InRange, KeyRange, KeysIn, LockClause, Locked, Returning, SelectWhere,
+    Update,
+};
+use crate::Error;
+
+/// A query [`claim_each`](crate::ClaimDsl::claim_each) can claim rows of type `R` from, on a
+/// connection `C`.
+///
+/// Implemented for every Diesel select query (tables, `filter`ed queries, joins)
+/// whose rows identify the claimed table by `#[derive(Identifiable)]` with a
+/// single-column primary key. The methods are the crate's own; callers only
+/// name the trait in bounds.
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}`",
+    note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
+            be loadable from the query; with a join, `.select(YourRow::as_select())`"
+)]
+pub trait ClaimQuery<'q, C, R> {
+    /// The claimed table's primary-key value.
+    type Key: Clone + Eq + Hash;
+
+    /// The locking clause's `OF` table, where the backend has row locks.
+    #[doc(hidden)]
+    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
+
+    /// The key of a row.
+    #[doc(hidden)]
+    fn key(row: &R) -> Self::Key;
+
+    /// Up to `limit` keys of matching rows in `range`, in key order, read
+    /// without locks.
+    #[doc(hidden)]
+    fn keys(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+    ) -> QueryResult<Vec<Self::Key>>;
+
+    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
+    #[doc(hidden)]
+    fn rows(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> QueryResult<Vec<R>>;
+}
+
+/// A query [`mark`](crate::ClaimBuilder::mark) can claim rows of type `R` from, on a
+/// connection `C`, marking them with the changeset `V`.
+///
+/// Implemented for the queries of [`ClaimQuery`] whose rows are also
+/// [`Selectable`](diesel::Selectable) from the claimed table, with changesets
+/// for that table.
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}` and marked with `{V}`",
+    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
+            the changes an `AsChangeset` for that table"
+)]
+pub trait MarkQuery<'q, C, R, V>: ClaimQuery<'q, C, R> {
+    /// Rejects a changeset that changes nothing.
+    #[doc(hidden)]
+    fn check_changes(changes: &V) -> Result<(), Error>;
+
+    /// Up to `limit` matching rows in `range`, locked by `lock`, updated by
+    /// `changes`, as updated.
+    #[doc(hidden)]
+    fn mark(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+        changes: &V,
+    ) -> QueryResult<Vec<R>>;
+}
+
+pub(crate) type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
+pub(crate) type InQuery<Q, Pk, K> = dsl::Filter<Q, InRange<Pk, K>>;
+pub(crate) type KeysQuery<Q, Pk, K> =
+    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>>;
+pub(crate) type RowsQuery<Q, Pk, K> = dsl::Limit<dsl::Order<InQuery<Q, Pk, K>, Pk>>;
+type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
+type MarkStatement<R, V, KQ, DB> = Returning<
+    Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<PrimaryKey<R>, Locked<KQ>>>,
+    dsl::AsSelect<R, DB>,
+>;
+type ByKeys<R, K> = InList<PrimaryKey<R>, K>;
+type MarkByKeys<R, V, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, ByKeys<R, K>>;
+type ReadByKeys<R, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, ByKeys<R, K>>;
+
+impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
+where
+    Q: Clone + FilterDsl<InRange<Pk, K>>,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable,
+    R::Table: Table<PrimaryKey = Pk>,
+    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
+    for<'a> &'a R: Identifiable<Id = &'a K>,
+    K: Clone + Eq + Hash,
+    Pk: Column + Copy,
+    InQuery<Q, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
+    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
+    dsl::Order<InQuery<Q, Pk, K>, Pk>: LimitDsl,
+    KeysQuery<Q, Pk, K>: LoadQuery<'q, C, K>,
+    Locked<RowsQuery<Q, Pk, K>>: LoadQuery<'q, C, R>,
+{
+    type Key = K;
+
+    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
+        lock_target::<_, C::Backend>(&R::table())
+    }
+
+    fn key(row: &R) -> K {
+        row.id().clone()
+    }
+
+    fn keys(&self, conn: &mut C, range: KeyRange<K>, limit: i64) -> QueryResult<Vec<K>> {
+        keys_query::<Q, R, K>(self, range, limit).load(conn)
+    }
+
+    fn rows(
+        &self,
+        conn: &mut C,
+        range: KeyRange<K>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> QueryResult<Vec<R>> {
+        rows_query::<Q, R, K>(self, range, limit, lock).load(conn)
+    }
+}
+
+impl<'q, Q, C, R, V, K, Pk> MarkQuery<'q, C, R, V> for Q
+where
+    Q: ClaimQuery<'q, C, R, Key = K> + Clone + FilterDsl<InRange<Pk, K>>,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable + Selectable<C::Backend>,
+    R::Table: Table<PrimaryKey = Pk>,
+    K: Clone + Eq + Hash,
+    Pk: Column + Copy,
+    V: AsChangeset<Target = R::Table> + Clone,
+    V::Changeset: QueryFragment<C::Backend>,
+    InQuery<Q, Pk, K>: SelectDsl<Pk>,
+    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
+    MarkStatement<R, V, KeysQuery<Q, Pk, K>, C::Backend>: LoadQuery<'q, C, R>,
+    MarkByKeys<R, V, K>: ExecuteDsl<C>,
+    ReadByKeys<R, K, C::Backend>: LoadQuery<'q, C, R>,
+{
+    fn check_changes(changes: &V) -> Result<(), Error> {
+        if changes
+            .clone()
+            .as_changeset()
+            .is_noop(&C::Backend::default())?
+        {
+            return Err(Error::InvalidArgument(
+                "the mark is empty: it must change what the query's filter tests".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn mark(
+        &self,
+        conn: &mut C,
+        range: KeyRange<K>,
+        limit: i64,
+        lock: &LockClause,
+        changes: &V,
+    ) -> QueryResult<Vec<R>> {
+        let key = primary_key::<R>();
+        if <C::Backend as Strategy>::UPDATE_RETURNING {
+            let claimed = KeysIn {
+                column: key,
+                subquery: Locked {
+                    query: keys_query::<Q, R, K>(self, range, limit),
+                    clause: Some(lock.clone()),
+                },
+            };
+            return Returning {
+                statement: Update {
+                    from: R::table().from_clause(),
+                    changes: changes.clone().as_changeset(),
+                    filter: claimed,
+                },
+                columns: R::as_select(),
+            }
+            .load(conn);
+        }
+        // Without `RETURNING` (MySQL): lock, mark by key, and read the rows back,
+        // in the caller's transaction.
+        let mut keys: Vec<K> = self
+            .rows(conn, range, limit, lock)?
+            .iter()
+            .map(Q::key)
+            .collect();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let by_keys = || InList {
+            column: key,
+            keys: keys.clone(),
+        };
+        Update {
+            from: R::table().from_clause(),
+            changes: changes.clone().as_changeset(),
+            filter: by_keys(),
+        }
+        .execute(conn)?;
+        SelectWhere {
+            columns: R::as_select(),
+            from: R::table().from_clause(),
+            filter: by_keys(),
+        }
+        .load(conn)
+    }
+}
+
+/// Up to `limit` of the query's rows in `range`, in key order, locked by `lock`.
+pub(crate) fn rows_query<Q, R, K>(
+    query: &Q,
+    range: KeyRange<K>,
+    limit: i64,
+    lock: &LockClause,
+) -> Locked<RowsQuery<Q, PrimaryKey<R>, K>>
+where
+    Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
+    R: HasTable,
+    PrimaryKey<R>: Copy,
+    InQuery<Q, PrimaryKey<R>, K>: OrderDsl<PrimaryKey<R>>,
+    dsl::Order<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>: LimitDsl,
+{
+    let key = primary_key::<R>();
+    Locked {
+        query: FilterDsl::filter(query.clone(), InRange { column: key, range })
+            .order(key)
+            .limit(limit),
+        clause: Some(lock.clone()),
+    }
+}
+
+/// Up to `limit` keys of the query's rows in `range`, in key order.
+pub(crate) fn keys_query<Q, R, K>(
+    query: &Q,
+    range: KeyRange<K>,
+    limit: i64,
+) -> KeysQuery<Q, PrimaryKey<R>, K>
+where
+    Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
+    R: HasTable,
+    PrimaryKey<R>: Copy,
+    InQuery<Q, PrimaryKey<R>, K>: SelectDsl<PrimaryKey<R>>,
+    dsl::Select<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>: OrderDsl<PrimaryKey<R>>,
+    dsl::Order<dsl::Select<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>, PrimaryKey<R>>: LimitDsl,
+{
+    let key = primary_key::<R>();
+    FilterDsl::filter(query.clone(), InRange { column: key, range })
+        .select(key)
+        .order(key)
+        .limit(limit)
+}
+
+fn primary_key<R: HasTable>() -> PrimaryKey<R> {
+    R::table().primary_key()
+}
