@@ -12,12 +12,12 @@
 //! It ends by printing the checks it made and exits with status 1 if any failed.
 //!
 //! ```text
-//! cargo run --release --all-features --example shop                # SQLite file
+//! cargo run --release --features sqlite --example shop             # SQLite file
 //! DATABASE_URL=postgres://user@host/db \
-//!     cargo run --release --all-features --example shop            # PostgreSQL
+//!     cargo run --release --features postgres --example shop       # PostgreSQL
 //! DATABASE_URL=mysql://user@host/db \
-//!     cargo run --release --all-features --example shop            # MySQL, MariaDB
-//! cargo run --release --all-features --example shop -- --help
+//!     cargo run --release --features mysql --example shop          # MySQL, MariaDB
+//! cargo run --release --features sqlite --example shop -- --help
 //! ```
 //!
 //! On PostgreSQL everything happens in a schema of its own (`shop_<pid>_…`), on
