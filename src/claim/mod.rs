@@ -35,7 +35,7 @@ pub struct ClaimReport {
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries.
 ///
-/// See the [crate documentation](crate#claiming-claim_each) for the algorithm and
+/// See the [guide](crate::guide#claiming-claim_each) for the algorithm and
 /// its caveats.
 pub trait ClaimDsl: Sized {
     /// Processes each row of this query at most once across every worker that
