@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::LoadConnection;
 
-use crate::backend::{strategy::Strategy, transaction_depth, ClaimBackend, LeaseStatement};
+use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
+use crate::transaction::transaction_depth;
 use crate::Error;
 
 /// The longest accepted lease name, in bytes.
@@ -90,18 +91,20 @@ impl Lease {
         transaction_depth: u32,
     ) -> Result<LeaseStatement<'_>, Error> {
         no_transaction(transaction_depth)?;
-        Ok(LeaseStatement::Renew {
+        Ok(LeaseStatement::Expire {
             name: &self.name,
             token: self.token,
-            ttl_micros: ttl_micros(ttl)?,
+            after_micros: ttl_micros(ttl)?,
         })
     }
 
     pub(crate) fn releasing(&self, transaction_depth: u32) -> Result<LeaseStatement<'_>, Error> {
         no_transaction(transaction_depth)?;
-        Ok(LeaseStatement::Release {
+        // Released: expiring now, so that the row keeps its token.
+        Ok(LeaseStatement::Expire {
             name: &self.name,
             token: self.token,
+            after_micros: 0,
         })
     }
 
@@ -331,7 +334,7 @@ pub mod advisory {
     use diesel::sql_types::{BigInt, Bool};
     use diesel::{QueryableByName, RunQueryDsl};
 
-    use crate::backend::transaction_depth;
+    use crate::transaction::transaction_depth;
     use crate::Error;
 
     /// The advisory-lock key of `name`: the 64-bit FNV-1a hash of its UTF-8

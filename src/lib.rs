@@ -12,10 +12,11 @@ mod error;
 pub mod guide;
 mod lease;
 mod lock;
+mod locking;
 pub mod migrations;
 #[cfg(feature = "mysql")]
 pub mod named_lock;
-mod query;
+mod sql;
 mod transaction;
 mod versioned;
 
@@ -31,8 +32,8 @@ pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Er
 pub use lease::advisory;
 pub use lease::{with_lease, Lease, MAX_NAME_LEN, MAX_TTL};
 pub use lock::{LockBuilder, LockDsl, LockQuery};
+pub use locking::{LockStrength, OnLocked};
 pub use migrations::run_migrations;
-pub use query::{LockStrength, OnLocked};
 pub use versioned::{retry, RetryPolicy, Transient, Version, VersionedDsl, VersionedUpdate};
 
 /// The extension traits, for `use diesel_claim::prelude::*;`.

@@ -9,7 +9,8 @@ use diesel::query_builder::{Query, QueryFragment};
 use diesel::query_dsl::LoadQuery;
 
 use crate::backend::ClaimBackend;
-use crate::query::{lock_target, LockClause, LockOptions, Locked};
+use crate::locking::{LockClause, LockOptions};
+use crate::sql::{lock_target, Locked};
 use crate::transaction::locking_transaction;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 

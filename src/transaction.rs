@@ -1,11 +1,26 @@
-//! The transaction a claim or a row lock runs in.
+//! The transaction a claim or a row lock runs in, on a blocking connection;
+//! and how deep a connection's transactions are, which both APIs read.
 
 use std::panic::{self, AssertUnwindSafe};
 
-use diesel::connection::{Connection, TransactionManager};
+use diesel::connection::{Connection, TransactionManager, TransactionManagerStatus};
+use diesel::QueryResult;
 
-use crate::backend::{strategy::Strategy, transaction_depth, ClaimBackend};
+use crate::backend::{strategy::Strategy, ClaimBackend};
 use crate::Error;
+
+/// How deep a transaction manager's nesting is (0: no transaction open). A
+/// manager left in its error state (a rollback failed) is an error.
+///
+/// Diesel and diesel-async share the status type, so both APIs read it here.
+pub(crate) fn depth(status: &mut TransactionManagerStatus) -> QueryResult<u32> {
+    Ok(status.transaction_depth()?.map_or(0, |depth| depth.get()))
+}
+
+/// How deep the connection's transaction nesting is (0: none open).
+pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> QueryResult<u32> {
+    depth(C::TransactionManager::transaction_manager_status_mut(conn))
+}
 
 /// Runs `body` in a transaction opened by the backend's locking strategy; commits
 /// on `Ok`, rolls back on `Err`.
@@ -25,7 +40,7 @@ where
     E: From<Error>,
 {
     let depth = transaction_depth(conn).map_err(Error::from)?;
-    C::Backend::begin_locking_transaction(conn).map_err(Error::from)?;
+    C::Backend::begin_locking_transaction(conn, depth).map_err(Error::from)?;
     match panic::catch_unwind(AssertUnwindSafe(|| body(&mut *conn))) {
         Ok(Ok(value)) => {
             C::TransactionManager::commit_transaction(conn).map_err(Error::from)?;

@@ -14,7 +14,7 @@ use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SingleValue;
 
 use crate::backend::ClaimBackend;
-use crate::query::VersionProbe;
+use crate::sql::VersionProbe;
 use crate::{Blocking, Error};
 
 /// An integer type a version column can hold. Incrementing past its maximum is

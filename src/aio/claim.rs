@@ -15,10 +15,13 @@ use diesel_async::AsyncConnection;
 use futures_util::future::BoxFuture;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
-use super::{locking_transaction, transaction_depth, Async, AsyncBackend};
+use super::transaction::{locking_transaction, transaction_depth};
+use super::backend::AsyncBackend;
+use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
 use crate::claim::query::{keys_query, rows_query, InQuery, KeysQuery, RowsQuery};
-use crate::query::{lock_target, InRange, KeyRange, LockClause, Locked};
+use crate::locking::LockClause;
+use crate::sql::{lock_target, InRange, KeyRange, Locked};
 use crate::{ClaimBuilder, ClaimReport, Error};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async

@@ -8,8 +8,8 @@ use diesel_async::AsyncConnection;
 use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
 
-use super::transaction_depth;
-use crate::backend::LeaseStatement;
+use super::backend::AsyncBackend;
+use super::transaction::transaction_depth;
 use crate::lease::{lease_outcome, Patience};
 use crate::Error;
 
@@ -110,84 +110,5 @@ where
         let outcome = AssertUnwindSafe(f(&mut *conn, &lease)).catch_unwind().await;
         let released = lease.release(conn).await;
         lease_outcome(outcome, released)
-    }
-}
-
-/// A backend the async API runs on: PostgreSQL and MySQL. (SQLite claims need
-/// `BEGIN IMMEDIATE`, which diesel-async's transactions do not send.) Sealed.
-#[diagnostic::on_unimplemented(
-    message = "diesel-claim's async API does not support the backend `{Self}`",
-    note = "the async API runs on PostgreSQL and MySQL (features `postgres`, `mysql`)"
-)]
-pub trait AsyncBackend: crate::ClaimBackend {
-    /// Runs one lease statement; `Some(token)` when it took effect.
-    #[doc(hidden)]
-    fn run<C>(
-        conn: &mut C,
-        statement: LeaseStatement<'_>,
-    ) -> impl Future<Output = diesel::QueryResult<Option<i64>>> + Send
-    where
-        C: AsyncConnection<Backend = Self>;
-}
-
-#[cfg(feature = "postgres")]
-impl AsyncBackend for diesel::pg::Pg {
-    async fn run<C>(conn: &mut C, statement: LeaseStatement<'_>) -> diesel::QueryResult<Option<i64>>
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        use crate::backend::LeaseQuery;
-        use diesel::OptionalExtension;
-        use diesel_async::RunQueryDsl;
-
-        LeaseQuery::new::<Self>(statement)
-            .get_result(conn)
-            .await
-            .optional()
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl AsyncBackend for diesel::mysql::Mysql {
-    fn run<C>(
-        conn: &mut C,
-        statement: LeaseStatement<'_>,
-    ) -> impl Future<Output = diesel::QueryResult<Option<i64>>> + Send
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        use crate::backend::mysql::lease_sql::{self, AfterTake, Token};
-        use diesel_async::RunQueryDsl;
-        use scoped_futures::ScopedFutureExt;
-
-        // The blocking driver's steps: see `lease_sql`.
-        async move {
-            let LeaseStatement::Acquire { name, ttl_micros } = statement else {
-                let (update, token) = lease_sql::update(statement);
-                return Ok(lease_sql::owned(update.execute(conn).await?, token));
-            };
-            conn.batch_execute(lease_sql::READ_COMMITTED).await?;
-            super::locking_transaction(conn, |conn| {
-                async move {
-                    let taken = lease_sql::take_expired(name, ttl_micros)
-                        .execute(conn)
-                        .await?;
-                    Ok::<_, Error>(match lease_sql::after_take(taken) {
-                        AfterTake::ReadToken => {
-                            let token: Token = lease_sql::read_token(name).get_result(conn).await?;
-                            Some(token.token)
-                        }
-                        AfterTake::InsertNew => lease_sql::inserted(
-                            lease_sql::insert_new(name, ttl_micros)
-                                .execute(conn)
-                                .await?,
-                        ),
-                    })
-                }
-                .scope_boxed()
-            })
-            .await
-            .map_err(diesel::result::Error::from)
-        }
     }
 }

@@ -9,9 +9,12 @@ use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
-use super::{locking_transaction, Async, AsyncBackend};
+use super::transaction::locking_transaction;
+use super::backend::AsyncBackend;
+use super::Async;
 use crate::lock::{none_left_out, the_one_row};
-use crate::query::{lock_target, LockClause, Locked};
+use crate::locking::LockClause;
+use crate::sql::{lock_target, Locked};
 use crate::{Error, LockBuilder};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to

@@ -94,22 +94,18 @@
 // must prove it through higher-ranked lifetimes, which the compiler cannot yet.
 #![allow(clippy::manual_async_fn)]
 
+mod backend;
 mod claim;
 mod lease;
 mod lock;
+mod transaction;
 mod versioned;
 
-use diesel_async::{AsyncConnection, TransactionManager};
-use futures_util::FutureExt;
-use scoped_futures::ScopedBoxFuture;
-use std::panic::{self, AssertUnwindSafe};
-
+pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
-pub use lease::{with_lease, AsyncBackend, Lease};
+pub use lease::{with_lease, Lease};
 pub use lock::{LockDsl, LockQuery};
 pub use versioned::{retry, VersionedDsl};
-
-use crate::Error;
 
 /// The mode of the builders the [`aio::prelude`](prelude)'s traits make: they run
 /// on a diesel-async connection, as futures.
@@ -121,91 +117,4 @@ pub mod prelude {
     pub use super::{ClaimDsl, LockDsl, VersionedDsl};
     pub use crate::{ClaimReport, Error, LockStrength, OnLocked, RetryPolicy};
     pub use scoped_futures::ScopedFutureExt;
-}
-
-/// How many transactions deep the connection is.
-pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
-    let status = C::TransactionManager::transaction_manager_status_mut(conn);
-    Ok(status.transaction_depth()?.map_or(0, |depth| depth.get()))
-}
-
-/// Runs `body` in a transaction; commits on `Ok`, rolls back on `Err` and on a
-/// panic (then resumes it), like the blocking `locking_transaction`. PostgreSQL
-/// and MySQL need no lock up front: a plain `BEGIN`.
-///
-/// If the future is dropped before the transaction ends, the connection's
-/// transaction manager is left marked broken: see the module documentation.
-pub(crate) async fn locking_transaction<'a, C, T, E, F>(conn: &mut C, body: F) -> Result<T, E>
-where
-    C: AsyncConnection,
-    C::Backend: AsyncBackend,
-    F: for<'c> FnOnce(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>>,
-    E: From<Error>,
-{
-    let depth = transaction_depth(conn)?;
-    C::TransactionManager::begin_transaction(conn)
-        .await
-        .map_err(Error::from)?;
-    // Until the transaction has ended, a dropped future leaves `open` to mark
-    // the connection broken.
-    let mut open = OpenTransaction { conn: Some(conn) };
-    let outcome = AssertUnwindSafe(body(open.conn())).catch_unwind().await;
-    let ended = match outcome {
-        Ok(Ok(value)) => C::TransactionManager::commit_transaction(open.conn())
-            .await
-            .map(|()| value)
-            .map_err(|error| Error::from(error).into()),
-        Ok(Err(error)) => {
-            roll_back_to(open.conn(), depth).await;
-            Err(error)
-        }
-        Err(payload) => {
-            roll_back_to(open.conn(), depth).await;
-            open.close();
-            panic::resume_unwind(payload)
-        }
-    };
-    open.close();
-    ended
-}
-
-/// Rolls back every transaction level above `depth`, stopping at the first
-/// rollback that fails (which leaves the transaction manager in its error state).
-async fn roll_back_to<C: AsyncConnection>(conn: &mut C, depth: u32) {
-    while matches!(transaction_depth(conn), Ok(current) if current > depth) {
-        if C::TransactionManager::rollback_transaction(conn)
-            .await
-            .is_err()
-        {
-            break;
-        }
-    }
-}
-
-/// A transaction begun and not yet ended. Dropped before
-/// [`close`](Self::close) — its future was dropped mid-transaction — it marks the
-/// connection's transaction manager broken, so that nothing runs in the
-/// abandoned transaction and pools discard the connection.
-struct OpenTransaction<'c, C: AsyncConnection> {
-    /// `None` once closed.
-    conn: Option<&'c mut C>,
-}
-
-impl<'c, C: AsyncConnection> OpenTransaction<'c, C> {
-    fn conn(&mut self) -> &mut C {
-        self.conn.as_deref_mut().expect("the transaction is open")
-    }
-
-    /// The transaction has ended: nothing to mark.
-    fn close(mut self) {
-        self.conn = None;
-    }
-}
-
-impl<C: AsyncConnection> Drop for OpenTransaction<'_, C> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.as_deref_mut() {
-            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
-        }
-    }
 }

@@ -12,7 +12,8 @@ use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use scoped_futures::ScopedBoxFuture;
 
-use super::{Async, AsyncBackend};
+use super::backend::AsyncBackend;
+use super::Async;
 use crate::versioned::{Attempts, Probe, Statement};
 use crate::{Error, RetryPolicy, Transient, Version, VersionedUpdate};
 

@@ -1,8 +1,6 @@
 //! What differs between databases, behind one sealed trait.
 
 use diesel::backend::Backend;
-use diesel::connection::{Connection, TransactionManager};
-use diesel::QueryResult;
 
 /// A database backend this crate supports: `diesel::pg::Pg` (feature
 /// `postgres`), `diesel::sqlite::Sqlite` (feature `sqlite`) and
@@ -16,10 +14,13 @@ use diesel::QueryResult;
 pub trait ClaimBackend: Backend + Default + strategy::Strategy {}
 
 pub(crate) mod strategy {
-    use super::*;
-    use crate::query::LockClause;
-    use diesel::connection::LoadConnection;
+    use diesel::backend::Backend;
+    use diesel::connection::{Connection, LoadConnection};
     use diesel::query_builder::AstPass;
+    use diesel::QueryResult;
+
+    use super::LeaseStatement;
+    use crate::locking::LockClause;
 
     /// How a backend locks rows and stores leases. Not nameable outside the crate.
     pub trait Strategy: Backend {
@@ -45,9 +46,10 @@ pub(crate) mod strategy {
         /// A fresh query builder, to render SQL outside a statement.
         fn query_builder() -> Self::QueryBuilder;
 
-        /// Opens the transaction a claim or `with_lock` runs in, taking whatever
-        /// lock the backend needs up front (SQLite: the database write lock).
-        fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+        /// Opens the transaction a claim or `with_lock` runs in, on a connection
+        /// `depth` transactions deep, taking whatever lock the backend needs up
+        /// front (SQLite: the database write lock).
+        fn begin_locking_transaction<C>(conn: &mut C, depth: u32) -> QueryResult<()>
         where
             C: Connection<Backend = Self>;
 
@@ -58,135 +60,63 @@ pub(crate) mod strategy {
         ) -> QueryResult<Option<i64>>
         where
             C: LoadConnection<Backend = Self>;
-
-        // The lease statements' SQL, with `?` where the arguments go, in the
-        // order `LeaseStatement::arguments` gives them.
-        /// `(name, ttl in µs) -> token`: takes a free or expired lease.
-        const LEASE_ACQUIRE: &'static str;
-        /// `(ttl in µs, name, token) -> token`: extends a live lease still owned.
-        const LEASE_RENEW: &'static str;
-        /// `(name, token) -> token`: ends a live lease still owned.
-        const LEASE_RELEASE: &'static str;
     }
 }
 
 /// A statement on the lease table, with its arguments.
 #[derive(Debug, Clone, Copy)]
 pub enum LeaseStatement<'a> {
-    Acquire {
-        name: &'a str,
-        ttl_micros: i64,
-    },
-    Renew {
-        name: &'a str,
-        token: i64,
-        ttl_micros: i64,
-    },
-    Release {
+    /// Takes the lease on `name` if it is free or has expired, with a new token.
+    Acquire { name: &'a str, ttl_micros: i64 },
+    /// Makes a live lease still held with `token` expire `after_micros` from
+    /// now: a renewal, or with 0 a release.
+    Expire {
         name: &'a str,
         token: i64,
+        after_micros: i64,
     },
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) use lease_query::LeaseQuery;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) use lease_query::{LeaseQuery, LeaseSql};
 
-/// Lease statements as queries; only backends with `RETURNING` run them.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod lease_query {
-    use super::*;
+    use diesel::backend::Backend;
     use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-    use diesel::serialize::ToSql;
-    use diesel::sql_types::{BigInt, HasSqlType, Text};
-    use diesel::RunQueryDsl;
+    use diesel::{QueryResult, RunQueryDsl};
 
-    impl LeaseStatement<'_> {
-        /// The arguments, in the order the statements' SQL takes them.
-        fn arguments(&self) -> Vec<Argument<'_>> {
-            match self {
-                LeaseStatement::Acquire { name, ttl_micros } => {
-                    vec![Argument::Text(name), Argument::BigInt(ttl_micros)]
-                }
-                LeaseStatement::Renew {
-                    name,
-                    token,
-                    ttl_micros,
-                } => vec![
-                    Argument::BigInt(ttl_micros),
-                    Argument::Text(name),
-                    Argument::BigInt(token),
-                ],
-                LeaseStatement::Release { name, token } => {
-                    vec![Argument::Text(name), Argument::BigInt(token)]
-                }
-            }
+    /// A lease statement written with Diesel's DSL, its type left unnamed
+    /// (`impl Trait`): this wrapper makes it runnable by both APIs' `RunQueryDsl`.
+    #[derive(Debug, Clone)]
+    pub struct LeaseQuery<Q>(pub Q);
+
+    /// What a backend's lease statement is: SQL with its binds, safe to prepare
+    /// once and cache, and to hold across an `.await`.
+    pub trait LeaseSql<DB: Backend>: QueryFragment<DB> + QueryId + Send {}
+
+    impl<T, DB: Backend> LeaseSql<DB> for T where T: QueryFragment<DB> + QueryId + Send {}
+
+    impl<Q: QueryId> QueryId for LeaseQuery<Q> {
+        type QueryId = Q::QueryId;
+        const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
+    }
+
+    impl<Q: Query> Query for LeaseQuery<Q> {
+        type SqlType = Q::SqlType;
+    }
+
+    impl<Q: QueryFragment<DB>, DB: Backend> QueryFragment<DB> for LeaseQuery<Q> {
+        fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+            self.0.walk_ast(pass)
         }
     }
 
-    enum Argument<'a> {
-        Text(&'a str),
-        BigInt(&'a i64),
-    }
-
-    /// A lease statement as a query Diesel prepares once per connection and caches:
-    /// the backend's SQL, each `?` in it replaced by the next argument's bind.
-    pub struct LeaseQuery<'a> {
-        sql: &'static str,
-        statement: LeaseStatement<'a>,
-    }
-
-    impl<'a> LeaseQuery<'a> {
-        pub fn new<DB: strategy::Strategy>(statement: LeaseStatement<'a>) -> Self {
-            let sql = match statement {
-                LeaseStatement::Acquire { .. } => DB::LEASE_ACQUIRE,
-                LeaseStatement::Renew { .. } => DB::LEASE_RENEW,
-                LeaseStatement::Release { .. } => DB::LEASE_RELEASE,
-            };
-            LeaseQuery { sql, statement }
-        }
-    }
-
-    impl QueryId for LeaseQuery<'_> {
-        type QueryId = ();
-        // Three statements share the type; Diesel then caches each by its SQL.
-        const HAS_STATIC_QUERY_ID: bool = false;
-    }
-
-    impl Query for LeaseQuery<'_> {
-        type SqlType = BigInt;
-    }
-
-    impl<DB> QueryFragment<DB> for LeaseQuery<'_>
-    where
-        DB: Backend + HasSqlType<Text> + HasSqlType<BigInt>,
-        str: ToSql<Text, DB>,
-        i64: ToSql<BigInt, DB>,
-    {
-        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-            let mut pieces = self.sql.split('?');
-            out.push_sql(pieces.next().unwrap_or_default());
-            for (argument, piece) in self.statement.arguments().into_iter().zip(pieces) {
-                match argument {
-                    Argument::Text(text) => out.push_bind_param::<Text, str>(text)?,
-                    Argument::BigInt(number) => out.push_bind_param::<BigInt, i64>(number)?,
-                }
-                out.push_sql(piece);
-            }
-            Ok(())
-        }
-    }
-
-    impl<Conn> RunQueryDsl<Conn> for LeaseQuery<'_> {}
-}
-
-/// How deep the connection's transaction nesting is (0: none open).
-pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> QueryResult<u32> {
-    let status = C::TransactionManager::transaction_manager_status_mut(conn);
-    Ok(status.transaction_depth()?.map_or(0, |depth| depth.get()))
+    impl<Q, Conn> RunQueryDsl<Conn> for LeaseQuery<Q> {}
 }
 
 #[cfg(feature = "postgres")]
-mod pg;
+pub(crate) mod pg;
 
 #[cfg(feature = "sqlite")]
 mod sqlite;

@@ -1,25 +1,16 @@
 //! MySQL and MariaDB: row locks without `OF`, and leases without `RETURNING`.
 
-use super::strategy::Strategy;
-use super::LeaseStatement;
-use super::*;
-use crate::query::LockClause;
-use crate::LockStrength;
-use diesel::connection::LoadConnection;
+use diesel::connection::{Connection, LoadConnection, TransactionManager};
 use diesel::mysql::Mysql;
-use diesel::query_builder::AstPass;
-use diesel::RunQueryDsl;
+use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query};
+use diesel::sql_types::BigInt;
+
+use super::strategy::Strategy;
+use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
+use crate::locking::{LockClause, LockStrength};
 
 impl ClaimBackend for Mysql {}
-
-/// Microseconds since the Unix epoch by the server's clock, whatever the
-/// session's time zone. `SYSDATE` rather than `NOW`, which is frozen for the
-/// statement (and replicated as such).
-macro_rules! mysql_now_micros {
-    () => {
-        "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)"
-    };
-}
 
 impl Strategy for Mysql {
     const ROW_LOCKS: bool = true;
@@ -56,163 +47,131 @@ impl Strategy for Mysql {
         Default::default()
     }
 
-    fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+    fn begin_locking_transaction<C>(conn: &mut C, _depth: u32) -> QueryResult<()>
     where
         C: Connection<Backend = Mysql>,
     {
         C::TransactionManager::begin_transaction(conn)
     }
 
-    // No `RETURNING`: see `lease_sql`.
     fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
     where
         C: LoadConnection<Backend = Self>,
     {
-        use lease_sql::{AfterTake, Token};
-        let LeaseStatement::Acquire { name, ttl_micros } = statement else {
-            let (update, token) = lease_sql::update(statement);
-            return Ok(lease_sql::owned(update.execute(conn)?, token));
-        };
-        conn.batch_execute(lease_sql::READ_COMMITTED)?;
-        conn.transaction(|conn| {
-            let taken = lease_sql::take_expired(name, ttl_micros).execute(conn)?;
-            Ok(match lease_sql::after_take(taken) {
-                AfterTake::ReadToken => {
-                    let token: Token = lease_sql::read_token(name).get_result(conn)?;
-                    Some(token.token)
-                }
-                AfterTake::InsertNew => {
-                    lease_sql::inserted(lease_sql::insert_new(name, ttl_micros).execute(conn)?)
-                }
-            })
-        })
-    }
-
-    const LEASE_ACQUIRE: &'static str = concat!(
-        "INSERT IGNORE INTO diesel_claim_leases (name, token, expires_at) VALUES (?, 1, ",
-        mysql_now_micros!(),
-        " + ?)"
-    );
-    const LEASE_RENEW: &'static str = concat!(
-        "UPDATE diesel_claim_leases SET expires_at = ",
-        mysql_now_micros!(),
-        " + ? WHERE name = ? AND token = ? AND expires_at > ",
-        mysql_now_micros!()
-    );
-    const LEASE_RELEASE: &'static str = concat!(
-        "UPDATE diesel_claim_leases SET expires_at = ",
-        mysql_now_micros!(),
-        " WHERE name = ? AND token = ? AND expires_at > ",
-        mysql_now_micros!()
-    );
-}
-
-/// MySQL's lease statements, without `RETURNING`: they succeed by affected
-/// rows (Diesel counts the rows an `UPDATE` matched), and the acquiring
-/// `UPDATE`'s new token is read back under its row lock. Acquiring is one
-/// transaction at `READ COMMITTED`: without gap locks (which `REPEATABLE
-/// READ` takes), two acquirers of a new name would deadlock on their inserts.
-/// The blocking and the async drivers both run these, in this order:
-///
-/// 1. [`READ_COMMITTED`], then in a transaction [`take_expired`]: an expired
-///    lease taken over, under the row's lock;
-/// 2. as [`after_take`] says: [`read_token`] of the lease just taken, or
-///    [`insert_new`] for a new name (token 1), whose affected rows
-///    [`inserted`] reads: a live lease is left be.
-///
-/// Renewing and releasing are one [`update`] each, read by [`owned`].
-pub(crate) mod lease_sql {
-    use super::super::strategy::Strategy;
-    use super::super::LeaseStatement;
-    use diesel::mysql::Mysql;
-    use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-    use diesel::sql_types::{BigInt, Text};
-
-    pub const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
-
-    /// A statement with its arguments bound.
-    pub type LeaseSql<'a> = BoxedSqlQuery<'a, Mysql, SqlQuery>;
-
-    fn sql_query(sql: &str) -> LeaseSql<'_> {
-        diesel::sql_query(sql).into_boxed()
-    }
-
-    pub fn take_expired(name: &str, ttl_micros: i64) -> LeaseSql<'_> {
-        sql_query(MYSQL_TAKE_EXPIRED)
-            .bind::<BigInt, _>(ttl_micros)
-            .bind::<Text, _>(name)
-    }
-
-    /// What follows [`take_expired`] having changed `taken` rows.
-    pub enum AfterTake {
-        ReadToken,
-        InsertNew,
-    }
-
-    pub fn after_take(taken: usize) -> AfterTake {
-        if taken == 1 {
-            AfterTake::ReadToken
-        } else {
-            AfterTake::InsertNew
-        }
-    }
-
-    pub fn read_token(name: &str) -> LeaseSql<'_> {
-        sql_query(MYSQL_TOKEN).bind::<Text, _>(name)
-    }
-
-    pub fn insert_new(name: &str, ttl_micros: i64) -> LeaseSql<'_> {
-        sql_query(<Mysql as Strategy>::LEASE_ACQUIRE)
-            .bind::<Text, _>(name)
-            .bind::<BigInt, _>(ttl_micros)
-    }
-
-    /// The token a new name's lease starts at, if the insert took it.
-    pub fn inserted(rows: usize) -> Option<i64> {
-        (rows == 1).then_some(1)
-    }
-
-    /// The statement that renews or releases (not acquires), and the
-    /// lease's token.
-    pub fn update(statement: LeaseStatement<'_>) -> (LeaseSql<'_>, i64) {
-        match statement {
-            LeaseStatement::Renew {
+        let (name, ttl_micros) = match statement {
+            LeaseStatement::Acquire { name, ttl_micros } => (name, ttl_micros),
+            LeaseStatement::Expire {
                 name,
                 token,
-                ttl_micros,
-            } => (
-                sql_query(<Mysql as Strategy>::LEASE_RENEW)
-                    .bind::<BigInt, _>(ttl_micros)
-                    .bind::<Text, _>(name)
-                    .bind::<BigInt, _>(token),
-                token,
-            ),
-            LeaseStatement::Release { name, token } => (
-                sql_query(<Mysql as Strategy>::LEASE_RELEASE)
-                    .bind::<Text, _>(name)
-                    .bind::<BigInt, _>(token),
-                token,
-            ),
-            LeaseStatement::Acquire { .. } => unreachable!("acquiring is not an update"),
-        }
+                after_micros,
+            } => {
+                return Ok(owned(
+                    expire(name, token, after_micros).execute(conn)?,
+                    token,
+                ))
+            }
+        };
+        conn.batch_execute(READ_COMMITTED)?;
+        conn.transaction(|conn| {
+            if took_expired(take_expired(name, ttl_micros).execute(conn)?) {
+                return token_of(name).get_result(conn).map(Some);
+            }
+            Ok(inserted(insert_new(name, ttl_micros).execute(conn)?))
+        })
     }
+}
 
-    /// The token, if the update changed the lease's row.
-    pub fn owned(rows: usize, token: i64) -> Option<i64> {
-        (rows == 1).then_some(token)
+// MySQL has no `RETURNING`: its lease statements succeed by affected rows
+// (Diesel counts the rows an `UPDATE` matched), and a lease taken over has
+// its new token read back under the row's lock. Acquiring is one transaction
+// at `READ COMMITTED`: without gap locks (which `REPEATABLE READ` takes), two
+// acquirers of a new name would deadlock on their inserts. The blocking and
+// the async drivers both run these steps, in this order:
+//
+// 1. `READ_COMMITTED`, then in a transaction `take_expired`: an expired lease
+//    taken over, under the row's lock;
+// 2. if `took_expired`, `token_of` the lease just taken; else `insert_new` for
+//    a new name (token 1), whose affected rows `inserted` reads: a live lease
+//    is left be.
+//
+// Renewing and releasing are one `expire` each, read by `owned`.
+
+diesel::table! {
+    /// The lease table, as the crate's migration creates it: `expires_at` in
+    /// microseconds since the Unix epoch.
+    diesel_claim_leases (name) {
+        name -> Text,
+        token -> BigInt,
+        expires_at -> BigInt,
     }
+}
 
-    pub const MYSQL_TAKE_EXPIRED: &str = concat!(
-        "UPDATE diesel_claim_leases SET token = token + 1, expires_at = ",
-        mysql_now_micros!(),
-        " + ? WHERE name = ? AND expires_at <= ",
-        mysql_now_micros!()
-    );
-    pub const MYSQL_TOKEN: &str = "SELECT token FROM diesel_claim_leases WHERE name = ?";
+pub(crate) const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
-    #[derive(diesel::QueryableByName)]
-    pub struct Token {
-        #[diesel(sql_type = BigInt)]
-        pub token: i64,
-    }
+/// Microseconds since the Unix epoch by the server's clock, whatever the
+/// session's time zone. `SYSDATE` rather than `NOW`, which is frozen for the
+/// statement (and replicated as such); SQL rather than a Diesel function,
+/// as MySQL takes `SYSDATE`'s precision only as a literal, not a bind.
+fn now_micros() -> diesel::expression::SqlLiteral<BigInt> {
+    diesel::dsl::sql("CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)")
+}
+
+/// Takes over the lease on `name` for `ttl_micros` if it has expired.
+pub(crate) fn take_expired(lease: &str, ttl_micros: i64) -> LeaseQuery<impl LeaseSql<Mysql> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    let expired = diesel_claim_leases
+        .find(lease)
+        .filter(expires_at.le(now_micros()));
+    LeaseQuery(diesel::update(expired).set((
+        token.eq(token + 1),
+        expires_at.eq(now_micros() + ttl_micros),
+    )))
+}
+
+/// Whether [`take_expired`], having changed `rows` rows, took the lease.
+pub(crate) fn took_expired(rows: usize) -> bool {
+    rows == 1
+}
+
+/// The lease's token.
+pub(crate) fn token_of(
+    lease: &str,
+) -> LeaseQuery<impl LeaseSql<Mysql> + Query<SqlType = BigInt> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    LeaseQuery(diesel_claim_leases.find(lease).select(token))
+}
+
+/// Inserts a new name's lease, token 1, unless the name has a row.
+pub(crate) fn insert_new(lease: &str, ttl_micros: i64) -> LeaseQuery<impl LeaseSql<Mysql> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    LeaseQuery(diesel::insert_or_ignore_into(diesel_claim_leases).values((
+        name.eq(lease),
+        token.eq(1),
+        expires_at.eq(now_micros() + ttl_micros),
+    )))
+}
+
+/// The token a new name's lease starts at, if [`insert_new`] took it.
+pub(crate) fn inserted(rows: usize) -> Option<i64> {
+    (rows == 1).then_some(1)
+}
+
+/// Makes the live lease on `name` held with `held` expire `after_micros` from
+/// now.
+pub(crate) fn expire(
+    lease: &str,
+    held: i64,
+    after_micros: i64,
+) -> LeaseQuery<impl LeaseSql<Mysql> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    let live = diesel_claim_leases
+        .find(lease)
+        .filter(token.eq(held))
+        .filter(expires_at.gt(now_micros()));
+    LeaseQuery(diesel::update(live).set(expires_at.eq(now_micros() + after_micros)))
+}
+
+/// The token, if [`expire`], having changed `rows` rows, found the lease ours.
+pub(crate) fn owned(rows: usize, token: i64) -> Option<i64> {
+    (rows == 1).then_some(token)
 }

@@ -1,15 +1,17 @@
 //! PostgreSQL: row locks with `OF` and `SKIP LOCKED`, leases by the
 //! server's `clock_timestamp()`.
 
-use super::strategy::Strategy;
-use super::*;
-use super::{LeaseQuery, LeaseStatement};
-use crate::query::LockClause;
-use crate::LockStrength;
-use diesel::connection::LoadConnection;
+use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::dsl::IntervalDsl;
 use diesel::pg::Pg;
-use diesel::query_builder::AstPass;
-use diesel::{OptionalExtension, RunQueryDsl};
+use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query};
+use diesel::sql_types::BigInt;
+use diesel::upsert::excluded;
+
+use super::strategy::Strategy;
+use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
+use crate::locking::{LockClause, LockStrength};
 
 impl ClaimBackend for Pg {}
 
@@ -45,38 +47,87 @@ impl Strategy for Pg {
         Default::default()
     }
 
-    fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+    fn begin_locking_transaction<C>(conn: &mut C, _depth: u32) -> QueryResult<()>
     where
         C: Connection<Backend = Pg>,
     {
         C::TransactionManager::begin_transaction(conn)
     }
 
-    // The database clock decides: `clock_timestamp()` rather than `now()`, which
-    // is frozen at the start of a caller's surrounding transaction.
     fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
     where
         C: LoadConnection<Backend = Self>,
     {
-        LeaseQuery::new::<Self>(statement)
-            .get_result(conn)
-            .optional()
+        match statement {
+            LeaseStatement::Acquire { name, ttl_micros } => {
+                acquire(name, ttl_micros).get_result(conn)
+            }
+            LeaseStatement::Expire {
+                name,
+                token,
+                after_micros,
+            } => expire(name, token, after_micros).get_result(conn),
+        }
+        .optional()
     }
+}
 
-    const LEASE_ACQUIRE: &'static str = "\
-        INSERT INTO diesel_claim_leases AS lease (name, token, expires_at) \
-        VALUES (?, 1, clock_timestamp() + ? * interval '1 microsecond') \
-        ON CONFLICT (name) DO UPDATE \
-        SET token = lease.token + 1, expires_at = excluded.expires_at \
-        WHERE lease.expires_at <= clock_timestamp() \
-        RETURNING token";
-    const LEASE_RENEW: &'static str = "\
-        UPDATE diesel_claim_leases \
-        SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
-        WHERE name = ? AND token = ? AND expires_at > clock_timestamp() \
-        RETURNING token";
-    const LEASE_RELEASE: &'static str = "\
-        UPDATE diesel_claim_leases SET expires_at = clock_timestamp() \
-        WHERE name = ? AND token = ? AND expires_at > clock_timestamp() \
-        RETURNING token";
+diesel::table! {
+    /// The lease table, as the crate's migration creates it.
+    diesel_claim_leases (name) {
+        name -> Text,
+        token -> BigInt,
+        expires_at -> Timestamptz,
+    }
+}
+
+diesel::define_sql_function! {
+    /// The time as the statement runs. The database clock decides, and
+    /// `now()` would be frozen at the start of a caller's transaction.
+    fn clock_timestamp() -> Timestamptz;
+}
+
+// `clock_timestamp() + interval`.
+diesel::operator_allowed!(clock_timestamp, Add, add);
+
+/// Takes the lease on `name` for `ttl_micros` if it is free or has expired:
+/// its new token, or no row.
+pub(crate) fn acquire(
+    lease: &str,
+    ttl_micros: i64,
+) -> LeaseQuery<impl LeaseSql<Pg> + Query<SqlType = BigInt> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    // (`FilterDsl` spelled out: the prelude's `QueryDsl::filter` is for selects.)
+    let upsert = diesel::insert_into(diesel_claim_leases)
+        .values((
+            name.eq(lease),
+            token.eq(1),
+            expires_at.eq(clock_timestamp() + ttl_micros.microseconds()),
+        ))
+        .on_conflict(name)
+        .do_update()
+        .set((token.eq(token + 1), expires_at.eq(excluded(expires_at))));
+    LeaseQuery(
+        diesel::query_dsl::methods::FilterDsl::filter(upsert, expires_at.le(clock_timestamp()))
+            .returning(token),
+    )
+}
+
+/// Makes the live lease on `name` held with `held` expire `after_micros` from
+/// now: its token, or no row if it has expired or been taken.
+pub(crate) fn expire(
+    lease: &str,
+    held: i64,
+    after_micros: i64,
+) -> LeaseQuery<impl LeaseSql<Pg> + Query<SqlType = BigInt> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    let live = diesel_claim_leases
+        .find(lease)
+        .filter(token.eq(held))
+        .filter(expires_at.gt(clock_timestamp()));
+    LeaseQuery(
+        diesel::update(live)
+            .set(expires_at.eq(clock_timestamp() + after_micros.microseconds()))
+            .returning(token),
+    )
 }

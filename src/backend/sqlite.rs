@@ -1,25 +1,21 @@
 //! SQLite: no row locks; the database write lock (`BEGIN IMMEDIATE`) instead,
 //! and leases by SQLite's own clock.
 
-use super::strategy::Strategy;
-use super::*;
-use super::{LeaseQuery, LeaseStatement};
-use crate::query::LockClause;
-use diesel::connection::LoadConnection;
-use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
-use diesel::query_builder::AstPass;
+use diesel::connection::{
+    Connection, LoadConnection, TransactionDepthChange, TransactionManager,
+    TransactionManagerStatus,
+};
+use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query};
+use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::Sqlite;
-use diesel::{OptionalExtension, RunQueryDsl};
+use diesel::upsert::excluded;
+
+use super::strategy::Strategy;
+use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
+use crate::locking::LockClause;
 
 impl ClaimBackend for Sqlite {}
-
-/// Microseconds since the Unix epoch by SQLite's clock (`julianday` has
-/// millisecond precision).
-macro_rules! sqlite_now_micros {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-    };
-}
 
 impl Strategy for Sqlite {
     const ROW_LOCKS: bool = false;
@@ -40,7 +36,7 @@ impl Strategy for Sqlite {
         Default::default()
     }
 
-    fn begin_locking_transaction<C>(conn: &mut C) -> QueryResult<()>
+    fn begin_locking_transaction<C>(conn: &mut C, depth: u32) -> QueryResult<()>
     where
         C: Connection<Backend = Sqlite>,
     {
@@ -49,11 +45,11 @@ impl Strategy for Sqlite {
         // lock before the re-check reads, so two claimers cannot both see the
         // row as pending. Diesel's `immediate_transaction` is not available for
         // pooled connections, so the transaction manager is told by hand.
-        if transaction_depth(conn)? > 0 {
+        if depth > 0 {
             return C::TransactionManager::begin_transaction(conn);
         }
-        // (`transaction_depth` above has also refused a broken transaction
-        // manager, before any SQL.)
+        // (The caller's reading of `depth` has also refused a broken
+        // transaction manager, before any SQL.)
         conn.batch_execute("BEGIN IMMEDIATE")?;
         match C::TransactionManager::transaction_manager_status_mut(conn) {
             TransactionManagerStatus::Valid(status) => {
@@ -69,32 +65,81 @@ impl Strategy for Sqlite {
     where
         C: LoadConnection<Backend = Self>,
     {
-        LeaseQuery::new::<Self>(statement)
-            .get_result(conn)
-            .optional()
+        match statement {
+            LeaseStatement::Acquire { name, ttl_micros } => {
+                acquire(name, ttl_micros).get_result(conn)
+            }
+            LeaseStatement::Expire {
+                name,
+                token,
+                after_micros,
+            } => expire(name, token, after_micros).get_result(conn),
+        }
+        .optional()
     }
+}
 
-    const LEASE_ACQUIRE: &'static str = concat!(
-        "INSERT INTO diesel_claim_leases (name, token, expires_at) VALUES (?, 1, ",
-        sqlite_now_micros!(),
-        " + ?) ON CONFLICT (name) DO UPDATE \
-        SET token = diesel_claim_leases.token + 1, expires_at = excluded.expires_at \
-        WHERE diesel_claim_leases.expires_at <= ",
-        sqlite_now_micros!(),
-        " RETURNING token"
-    );
-    const LEASE_RENEW: &'static str = concat!(
-        "UPDATE diesel_claim_leases SET expires_at = ",
-        sqlite_now_micros!(),
-        " + ? WHERE name = ? AND token = ? AND expires_at > ",
-        sqlite_now_micros!(),
-        " RETURNING token"
-    );
-    const LEASE_RELEASE: &'static str = concat!(
-        "UPDATE diesel_claim_leases SET expires_at = ",
-        sqlite_now_micros!(),
-        " WHERE name = ? AND token = ? AND expires_at > ",
-        sqlite_now_micros!(),
-        " RETURNING token"
-    );
+diesel::table! {
+    /// The lease table, as the crate's migration creates it: `expires_at` in
+    /// microseconds since the Unix epoch.
+    diesel_claim_leases (name) {
+        name -> Text,
+        token -> BigInt,
+        expires_at -> BigInt,
+    }
+}
+
+diesel::define_sql_function! {
+    /// The Julian day number of a time (`'now'`: SQLite's clock).
+    fn julianday(time: Text) -> Double;
+}
+
+/// Microseconds since the Unix epoch by SQLite's clock (`julianday` has
+/// millisecond precision; 2440587.5 is the epoch's Julian day).
+macro_rules! now_micros {
+    () => {
+        ((julianday("now") - 2_440_587.5) * 86_400_000_000.0).cast::<BigInt>()
+    };
+}
+
+/// Takes the lease on `name` for `ttl_micros` if it is free or has expired:
+/// its new token, or no row.
+fn acquire(
+    lease: &str,
+    ttl_micros: i64,
+) -> LeaseQuery<impl LeaseSql<Sqlite> + Query<SqlType = BigInt> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    // (`FilterDsl` spelled out: the prelude's `QueryDsl::filter` is for selects.)
+    let upsert = diesel::insert_into(diesel_claim_leases)
+        .values((
+            name.eq(lease),
+            token.eq(1),
+            expires_at.eq(now_micros!() + ttl_micros),
+        ))
+        .on_conflict(name)
+        .do_update()
+        .set((token.eq(token + 1), expires_at.eq(excluded(expires_at))));
+    LeaseQuery(
+        diesel::query_dsl::methods::FilterDsl::filter(upsert, expires_at.le(now_micros!()))
+            .returning(token),
+    )
+}
+
+/// Makes the live lease on `name` held with `held` expire `after_micros` from
+/// now: its token, or no row if it has expired or been taken.
+fn expire(
+    lease: &str,
+    held: i64,
+    after_micros: i64,
+) -> LeaseQuery<impl LeaseSql<Sqlite> + Query<SqlType = BigInt> + '_> {
+    use self::diesel_claim_leases::dsl::*;
+    let live = diesel_claim_leases
+        .find(lease)
+        .filter(token.eq(held))
+        .filter(expires_at.gt(now_micros!()));
+    LeaseQuery(
+        diesel::update(live)
+            .set(expires_at.eq(now_micros!() + after_micros))
+            .returning(token),
+    )
 }

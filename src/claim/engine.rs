@@ -7,8 +7,10 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
-use crate::query::{KeyRange, LockClause, Lower};
-use crate::{ClaimReport, Error};
+use crate::locking::LockClause;
+use crate::sql::{KeyRange, Lower};
+use super::report::ClaimReport;
+use crate::Error;
 
 /// Rows read per page of the unlocked candidate scan, unless batches are large.
 const DEFAULT_PAGE_SIZE: i64 = 1000;

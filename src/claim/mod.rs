@@ -8,30 +8,19 @@ use diesel::connection::Connection;
 use diesel::prelude::*;
 use diesel::query_builder::Query;
 
-use crate::backend::{transaction_depth, ClaimBackend};
-use crate::query::{KeyRange, LockClause, LockOptions};
-use crate::transaction::locking_transaction;
+use crate::backend::ClaimBackend;
+use crate::locking::{LockClause, LockOptions};
+use crate::sql::KeyRange;
+use crate::transaction::{locking_transaction, transaction_depth};
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;
 pub(crate) mod query;
+mod report;
 
 use engine::{Claim, Plan, Step, Taking};
 pub use query::{ClaimQuery, MarkQuery};
-
-/// What one call of [`claim_each`](ClaimDsl::claim_each) did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClaimReport {
-    /// Rows the closure processed and whose transaction committed.
-    pub processed: u64,
-    /// Candidates this call read and did not process: locked by someone else, or
-    /// no longer matching the query when it came to lock them. (Rows a locking
-    /// statement passes over past the candidates read are not counted.)
-    pub skipped: u64,
-    /// Passes over the candidates (more than one only when draining).
-    pub passes: u32,
-}
+pub use report::ClaimReport;
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries.
 ///

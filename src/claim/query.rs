@@ -16,9 +16,9 @@ use diesel::query_dsl::LoadQuery;
 
 use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
-use crate::query::{
-    lock_target, InList, InRange, KeyRange, KeysIn, LockClause, Locked, Returning, SelectWhere,
-    Update,
+use crate::locking::LockClause;
+use crate::sql::{
+    lock_target, InList, InRange, KeyRange, KeysIn, Locked, Returning, SelectWhere, Update,
 };
 use crate::Error;
 

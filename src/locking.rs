@@ -1,0 +1,104 @@
+//! Row-locking choices: how strongly a row is locked, what happens when it is
+//! already locked, and the clause that carries both out. Plain data: each
+//! backend renders the clause in its own SQL (`backend/`), and the SQL nodes
+//! append it to a query (`sql/`).
+
+use std::sync::Arc;
+
+use crate::Error;
+
+/// How strongly a row is locked (PostgreSQL `FOR …` clauses).
+///
+/// The default, [`NoKeyUpdate`](LockStrength::NoKeyUpdate), is the weakest lock that
+/// still excludes every other claimer and every `UPDATE` of the row, while letting
+/// foreign-key inserts that reference the row go ahead. SQLite has no row locks and
+/// ignores the strength: it always takes the database write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LockStrength {
+    /// `FOR UPDATE`: also blocks foreign-key checks (`FOR KEY SHARE`) on the row.
+    Update,
+    /// `FOR NO KEY UPDATE`: excludes writers and other lockers, not FK checks.
+    #[default]
+    NoKeyUpdate,
+    /// `FOR SHARE`: shared with other `FOR SHARE` readers, excludes writers.
+    /// For [`with_lock`](crate::LockDsl::with_lock) only: claims need an
+    /// exclusive lock.
+    Share,
+    /// `FOR KEY SHARE`: only excludes deletes and key updates. For
+    /// [`with_lock`](crate::LockDsl::with_lock) only.
+    KeyShare,
+}
+
+/// What to do when the row is already locked by another transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnLocked {
+    /// Leave it to whoever holds it (`SKIP LOCKED`).
+    Skip,
+    /// Return [`Error::LockNotAvailable`](Error::LockNotAvailable) at once.
+    Fail,
+    /// Wait for the lock (bounded only by the session's `lock_timeout`).
+    Wait,
+}
+
+/// A row-locking clause: strength, wait policy, and the table it is restricted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockClause {
+    pub strength: LockStrength,
+    /// `SKIP LOCKED` when true, otherwise wait. [`OnLocked::Fail`] is carried out as a
+    /// skip followed by an unlocked existence check, which tells "locked" from "gone"
+    /// without an error that would abort the caller's transaction.
+    pub skip_locked: bool,
+    /// Unqualified name of the only table whose rows are locked (`OF …`).
+    pub of: Option<Arc<str>>,
+}
+
+/// The lock options both builders share, and the first invalid choice made on
+/// a builder, reported when it runs, before any SQL.
+#[derive(Debug, Clone, Default)]
+pub struct LockOptions {
+    strength: LockStrength,
+    on_locked: Option<OnLocked>,
+    invalid: Option<String>,
+}
+
+impl LockOptions {
+    /// Chooses a wait policy; a second, different one is a conflict.
+    pub fn on_locked(&mut self, policy: OnLocked) {
+        match self.on_locked {
+            Some(chosen) if chosen != policy => self.reject(format!(
+                "conflicting lock policies: {chosen:?} and {policy:?} were both chosen"
+            )),
+            _ => self.on_locked = Some(policy),
+        }
+    }
+
+    pub fn strength(&mut self, strength: LockStrength) {
+        self.strength = strength;
+    }
+
+    /// Records an invalid choice; the first one is reported.
+    pub fn reject(&mut self, reason: String) {
+        self.invalid.get_or_insert(reason);
+    }
+
+    /// The chosen policy (or `default`) and the clause that carries it out, or
+    /// the first invalid choice.
+    pub fn resolve(
+        self,
+        default: OnLocked,
+        of: impl FnOnce() -> Result<Option<Arc<str>>, Error>,
+    ) -> Result<(OnLocked, LockClause), Error> {
+        if let Some(reason) = self.invalid {
+            return Err(Error::InvalidArgument(reason));
+        }
+        let on_locked = self.on_locked.unwrap_or(default);
+        let clause = LockClause {
+            strength: self.strength,
+            skip_locked: on_locked != OnLocked::Wait,
+            of: of()?,
+        };
+        Ok((on_locked, clause))
+    }
+}
