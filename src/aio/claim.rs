@@ -3,25 +3,21 @@
 
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::Arc;
 
-use diesel::associations::HasTable;
-use diesel::dsl;
 use diesel::prelude::*;
-use diesel::query_builder::{Query, QueryFragment};
-use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
+use diesel::query_builder::Query;
 use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use futures_util::future::BoxFuture;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
-use super::transaction::{locking_transaction, transaction_depth};
 use super::backend::AsyncBackend;
+use super::transaction::{locking_transaction, transaction_depth};
 use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
-use crate::claim::query::{keys_query, rows_query, InQuery, KeysQuery, RowsQuery};
+use crate::claim::query::ClaimStatements;
 use crate::locking::LockClause;
-use crate::sql::{lock_target, InRange, KeyRange, Locked};
+use crate::sql::{KeyRange, Locked};
 use crate::{ClaimBuilder, ClaimReport, Error};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
@@ -232,26 +228,17 @@ where
 
 /// A query the async [`claim_each`](ClaimDsl::claim_each) can claim rows of type
 /// `R` from, on a diesel-async connection `C`: the async twin of
-/// [`crate::ClaimQuery`], implemented for the same queries.
+/// [`crate::ClaimQuery`], implemented for the same queries, through the same
+/// statements.
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
     note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
             be loadable from the query; with a join, `.select(YourRow::as_select())`"
 )]
-pub trait ClaimQuery<'q, C, R> {
-    /// The claimed table's primary-key value.
-    type Key: Clone + Eq + Hash + Send + Sync;
-
-    /// The locking clause's `OF` table, where the backend has row locks.
-    #[doc(hidden)]
-    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
-
-    /// The key of a row.
-    #[doc(hidden)]
-    fn key(row: &R) -> Self::Key;
-
-    /// Up to `limit` keys of matching rows in `range`, in key order, read
-    /// without locks.
+pub trait ClaimQuery<'q, C: AsyncConnection, R>:
+    ClaimStatements<C::Backend, R, Key: Send + Sync>
+{
+    /// Runs [`keys_query`](ClaimStatements::keys_query).
     #[doc(hidden)]
     fn keys(
         &self,
@@ -260,7 +247,7 @@ pub trait ClaimQuery<'q, C, R> {
         limit: i64,
     ) -> impl Future<Output = QueryResult<Vec<Self::Key>>> + Send;
 
-    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
+    /// Runs [`rows_query`](ClaimStatements::rows_query).
     #[doc(hidden)]
     fn rows(
         &self,
@@ -271,50 +258,32 @@ pub trait ClaimQuery<'q, C, R> {
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
 }
 
-impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
+impl<'q, Q, C, R> ClaimQuery<'q, C, R> for Q
 where
-    Q: Clone + FilterDsl<InRange<Pk, K>>,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
-    R: HasTable + Send + 'static,
-    R::Table: Table<PrimaryKey = Pk>,
-    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
-    for<'a> &'a R: Identifiable<Id = &'a K>,
-    K: Clone + Eq + Hash + Send + Sync + 'static,
-    Pk: Column + Copy,
-    InQuery<Q, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
-    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
-    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
-    dsl::Order<InQuery<Q, Pk, K>, Pk>: LimitDsl,
-    KeysQuery<Q, Pk, K>: LoadQuery<'q, C, K> + 'q,
-    Locked<RowsQuery<Q, Pk, K>>: LoadQuery<'q, C, R> + 'q,
+    Q: ClaimStatements<C::Backend, R>,
+    Q::Keys: LoadQuery<'q, C, Q::Key> + 'q,
+    Locked<Q::Rows>: LoadQuery<'q, C, R> + 'q,
+    Q::Key: Send + Sync + 'static,
+    R: Send + 'static,
 {
-    type Key = K;
-
-    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
-        lock_target::<_, C::Backend>(&R::table())
-    }
-
-    fn key(row: &R) -> K {
-        row.id().clone()
-    }
-
     fn keys(
         &self,
         conn: &mut C,
-        range: KeyRange<K>,
+        range: KeyRange<Q::Key>,
         limit: i64,
-    ) -> impl Future<Output = QueryResult<Vec<K>>> + Send {
-        diesel_async::RunQueryDsl::load(keys_query::<Q, R, K>(self, range, limit), conn)
+    ) -> impl Future<Output = QueryResult<Vec<Q::Key>>> + Send {
+        diesel_async::RunQueryDsl::load(self.keys_query(range, limit), conn)
     }
 
     fn rows(
         &self,
         conn: &mut C,
-        range: KeyRange<K>,
+        range: KeyRange<Q::Key>,
         limit: i64,
         lock: &LockClause,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
-        diesel_async::RunQueryDsl::load(rows_query::<Q, R, K>(self, range, limit, lock), conn)
+        diesel_async::RunQueryDsl::load(self.rows_query(range, limit, lock), conn)
     }
 }

@@ -9,8 +9,8 @@ use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
-use super::transaction::locking_transaction;
 use super::backend::AsyncBackend;
+use super::transaction::locking_transaction;
 use super::Async;
 use crate::lock::{none_left_out, the_one_row};
 use crate::locking::LockClause;

@@ -7,9 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
+use super::report::ClaimReport;
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Lower};
-use super::report::ClaimReport;
 use crate::Error;
 
 /// Rows read per page of the unlocked candidate scan, unless batches are large.

@@ -22,6 +22,37 @@ use crate::sql::{
 };
 use crate::Error;
 
+/// The statements a claim runs, built from the caller's query for rows of
+/// type `R` on the backend `DB`. They do not depend on the connection, so one
+/// implementation serves the blocking [`ClaimQuery`] and the async
+/// `aio::ClaimQuery` alike.
+pub trait ClaimStatements<DB, R> {
+    /// The claimed table's primary-key value.
+    type Key: Clone + Eq + Hash;
+    /// The query reading keys.
+    type Keys;
+    /// The query reading rows, to lock.
+    type Rows;
+
+    /// The locking clause's `OF` table, where the backend has row locks.
+    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
+
+    /// The key of a row.
+    fn key(row: &R) -> Self::Key;
+
+    /// Up to `limit` keys of matching rows in `range`, in key order, read
+    /// without locks.
+    fn keys_query(&self, range: KeyRange<Self::Key>, limit: i64) -> Self::Keys;
+
+    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
+    fn rows_query(
+        &self,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> Locked<Self::Rows>;
+}
+
 /// A query [`claim_each`](crate::ClaimDsl::claim_each) can claim rows of type `R` from, on a
 /// connection `C`.
 ///
@@ -34,20 +65,8 @@ use crate::Error;
     note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
             be loadable from the query; with a join, `.select(YourRow::as_select())`"
 )]
-pub trait ClaimQuery<'q, C, R> {
-    /// The claimed table's primary-key value.
-    type Key: Clone + Eq + Hash;
-
-    /// The locking clause's `OF` table, where the backend has row locks.
-    #[doc(hidden)]
-    fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
-
-    /// The key of a row.
-    #[doc(hidden)]
-    fn key(row: &R) -> Self::Key;
-
-    /// Up to `limit` keys of matching rows in `range`, in key order, read
-    /// without locks.
+pub trait ClaimQuery<'q, C: Connection, R>: ClaimStatements<C::Backend, R> {
+    /// Runs [`keys_query`](ClaimStatements::keys_query).
     #[doc(hidden)]
     fn keys(
         &self,
@@ -56,7 +75,7 @@ pub trait ClaimQuery<'q, C, R> {
         limit: i64,
     ) -> QueryResult<Vec<Self::Key>>;
 
-    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
+    /// Runs [`rows_query`](ClaimStatements::rows_query).
     #[doc(hidden)]
     fn rows(
         &self,
@@ -78,7 +97,7 @@ pub trait ClaimQuery<'q, C, R> {
     note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
             the changes an `AsChangeset` for that table"
 )]
-pub trait MarkQuery<'q, C, R, V>: ClaimQuery<'q, C, R> {
+pub trait MarkQuery<'q, C: Connection, R, V>: ClaimQuery<'q, C, R> {
     /// Rejects a changeset that changes nothing.
     #[doc(hidden)]
     fn check_changes(changes: &V) -> Result<(), Error>;
@@ -110,14 +129,13 @@ type ByKeys<R, K> = InList<PrimaryKey<R>, K>;
 type MarkByKeys<R, V, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, ByKeys<R, K>>;
 type ReadByKeys<R, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, ByKeys<R, K>>;
 
-impl<'q, Q, C, R, K, Pk> ClaimQuery<'q, C, R> for Q
+impl<Q, DB, R, K, Pk> ClaimStatements<DB, R> for Q
 where
     Q: Clone + FilterDsl<InRange<Pk, K>>,
-    C: Connection,
-    C::Backend: ClaimBackend,
+    DB: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
-    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
+    <R::Table as diesel::QuerySource>::FromClause: QueryFragment<DB>,
     for<'a> &'a R: Identifiable<Id = &'a K>,
     K: Clone + Eq + Hash,
     Pk: Column + Copy,
@@ -125,51 +143,73 @@ where
     dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
     dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
     dsl::Order<InQuery<Q, Pk, K>, Pk>: LimitDsl,
-    KeysQuery<Q, Pk, K>: LoadQuery<'q, C, K>,
-    Locked<RowsQuery<Q, Pk, K>>: LoadQuery<'q, C, R>,
 {
     type Key = K;
+    type Keys = KeysQuery<Q, Pk, K>;
+    type Rows = RowsQuery<Q, Pk, K>;
 
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
-        lock_target::<_, C::Backend>(&R::table())
+        lock_target::<_, DB>(&R::table())
     }
 
     fn key(row: &R) -> K {
         row.id().clone()
     }
 
-    fn keys(&self, conn: &mut C, range: KeyRange<K>, limit: i64) -> QueryResult<Vec<K>> {
-        keys_query::<Q, R, K>(self, range, limit).load(conn)
+    fn keys_query(&self, range: KeyRange<K>, limit: i64) -> Self::Keys {
+        let key = primary_key::<R>();
+        FilterDsl::filter(self.clone(), InRange { column: key, range })
+            .select(key)
+            .order(key)
+            .limit(limit)
+    }
+
+    fn rows_query(&self, range: KeyRange<K>, limit: i64, lock: &LockClause) -> Locked<Self::Rows> {
+        let key = primary_key::<R>();
+        Locked {
+            query: FilterDsl::filter(self.clone(), InRange { column: key, range })
+                .order(key)
+                .limit(limit),
+            clause: Some(lock.clone()),
+        }
+    }
+}
+
+impl<'q, Q, C, R> ClaimQuery<'q, C, R> for Q
+where
+    C: Connection,
+    C::Backend: ClaimBackend,
+    Q: ClaimStatements<C::Backend, R>,
+    Q::Keys: LoadQuery<'q, C, Q::Key>,
+    Locked<Q::Rows>: LoadQuery<'q, C, R>,
+{
+    fn keys(&self, conn: &mut C, range: KeyRange<Q::Key>, limit: i64) -> QueryResult<Vec<Q::Key>> {
+        self.keys_query(range, limit).load(conn)
     }
 
     fn rows(
         &self,
         conn: &mut C,
-        range: KeyRange<K>,
+        range: KeyRange<Q::Key>,
         limit: i64,
         lock: &LockClause,
     ) -> QueryResult<Vec<R>> {
-        rows_query::<Q, R, K>(self, range, limit, lock).load(conn)
+        self.rows_query(range, limit, lock).load(conn)
     }
 }
 
-impl<'q, Q, C, R, V, K, Pk> MarkQuery<'q, C, R, V> for Q
+impl<'q, Q, C, R, V> MarkQuery<'q, C, R, V> for Q
 where
-    Q: ClaimQuery<'q, C, R, Key = K> + Clone + FilterDsl<InRange<Pk, K>>,
+    Q: ClaimQuery<'q, C, R>,
     C: Connection,
     C::Backend: ClaimBackend,
     R: HasTable + Selectable<C::Backend>,
-    R::Table: Table<PrimaryKey = Pk>,
-    K: Clone + Eq + Hash,
-    Pk: Column + Copy,
+    PrimaryKey<R>: Copy,
     V: AsChangeset<Target = R::Table> + Clone,
     V::Changeset: QueryFragment<C::Backend>,
-    InQuery<Q, Pk, K>: SelectDsl<Pk>,
-    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
-    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
-    MarkStatement<R, V, KeysQuery<Q, Pk, K>, C::Backend>: LoadQuery<'q, C, R>,
-    MarkByKeys<R, V, K>: ExecuteDsl<C>,
-    ReadByKeys<R, K, C::Backend>: LoadQuery<'q, C, R>,
+    MarkStatement<R, V, Q::Keys, C::Backend>: LoadQuery<'q, C, R>,
+    MarkByKeys<R, V, Q::Key>: ExecuteDsl<C>,
+    ReadByKeys<R, Q::Key, C::Backend>: LoadQuery<'q, C, R>,
 {
     fn check_changes(changes: &V) -> Result<(), Error> {
         if changes
@@ -187,7 +227,7 @@ where
     fn mark(
         &self,
         conn: &mut C,
-        range: KeyRange<K>,
+        range: KeyRange<Q::Key>,
         limit: i64,
         lock: &LockClause,
         changes: &V,
@@ -197,7 +237,7 @@ where
             let claimed = KeysIn {
                 column: key,
                 subquery: Locked {
-                    query: keys_query::<Q, R, K>(self, range, limit),
+                    query: self.keys_query(range, limit),
                     clause: Some(lock.clone()),
                 },
             };
@@ -213,7 +253,7 @@ where
         }
         // Without `RETURNING` (MySQL): lock, mark by key, and read the rows back,
         // in the caller's transaction.
-        let mut keys: Vec<K> = self
+        let mut keys: Vec<Q::Key> = self
             .rows(conn, range, limit, lock)?
             .iter()
             .map(Q::key)
@@ -239,50 +279,6 @@ where
         }
         .load(conn)
     }
-}
-
-/// Up to `limit` of the query's rows in `range`, in key order, locked by `lock`.
-pub(crate) fn rows_query<Q, R, K>(
-    query: &Q,
-    range: KeyRange<K>,
-    limit: i64,
-    lock: &LockClause,
-) -> Locked<RowsQuery<Q, PrimaryKey<R>, K>>
-where
-    Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
-    R: HasTable,
-    PrimaryKey<R>: Copy,
-    InQuery<Q, PrimaryKey<R>, K>: OrderDsl<PrimaryKey<R>>,
-    dsl::Order<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>: LimitDsl,
-{
-    let key = primary_key::<R>();
-    Locked {
-        query: FilterDsl::filter(query.clone(), InRange { column: key, range })
-            .order(key)
-            .limit(limit),
-        clause: Some(lock.clone()),
-    }
-}
-
-/// Up to `limit` keys of the query's rows in `range`, in key order.
-pub(crate) fn keys_query<Q, R, K>(
-    query: &Q,
-    range: KeyRange<K>,
-    limit: i64,
-) -> KeysQuery<Q, PrimaryKey<R>, K>
-where
-    Q: Clone + FilterDsl<InRange<PrimaryKey<R>, K>>,
-    R: HasTable,
-    PrimaryKey<R>: Copy,
-    InQuery<Q, PrimaryKey<R>, K>: SelectDsl<PrimaryKey<R>>,
-    dsl::Select<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>: OrderDsl<PrimaryKey<R>>,
-    dsl::Order<dsl::Select<InQuery<Q, PrimaryKey<R>, K>, PrimaryKey<R>>, PrimaryKey<R>>: LimitDsl,
-{
-    let key = primary_key::<R>();
-    FilterDsl::filter(query.clone(), InRange { column: key, range })
-        .select(key)
-        .order(key)
-        .limit(limit)
 }
 
 fn primary_key<R: HasTable>() -> PrimaryKey<R> {
