@@ -522,12 +522,14 @@ fn open_sqlite(path: &str) -> ConnectionResult<diesel::SqliteConnection> {
     Ok(conn)
 }
 
-/// The isolation levels MySQL connections can run at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The isolation levels MySQL connections can run at (`--mysql-isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Isolation {
     /// What claimers on InnoDB should use, and the default here.
+    #[value(alias = "rc")]
     ReadCommitted,
-    /// InnoDB's default, for comparison (`--mysql-isolation repeatable-read`).
+    /// InnoDB's default, for comparison.
+    #[value(alias = "rr")]
     RepeatableRead,
 }
 

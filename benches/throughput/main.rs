@@ -7,6 +7,8 @@
 //!     [--trace] [--mysql-isolation read-committed|repeatable-read] [--sqlite-analyze]
 //! ```
 //!
+//! (`-- --help` describes them.)
+//!
 //! N pending orders are drained by W workers, each with a connection of its
 //! own; processing an order marks it done and writes one outbox row. The
 //! baselines B0–B5 and the bars the crate is held to are described in
@@ -16,14 +18,16 @@
 //! empty-queue check, are the only things that make the program fail; the bars
 //! are reported as met or missed. Timings on a shared machine are noisy: compare
 //! modes within one run, where each crate mode runs right after its hand-written
-//! twin. `BENCHMARKS.md` explains the figures.
+//! twin, and repeat the run (`--repeat R`): every drain then runs R times,
+//! interleaved, and the report gives the median rows/s of each and its slowest
+//! and fastest run, and compares medians. `BENCHMARKS.md` explains the figures.
 //!
 //! Layout: `cli` (options), `schema` (tables and their SQL), `db` (what a
 //! connection does, per backend), `database` (the benchmark's own database),
 //! `counting` (statements and transactions sent), `drain` (the modes and a
 //! timed drain), `contention` (B5), `index_effect` (claiming with and without
 //! the partial index), `memory` (peak RSS, in child processes), `report`
-//! (tables and bars) and `svg` (the plot).
+//! (medians, tables and bars) and `svg` (the plot).
 
 // Throwaway databases, shared with the tests and examples.
 extern crate diesel_claim_testkit as testkit;
@@ -42,39 +46,21 @@ mod svg;
 
 use std::process::ExitCode;
 
+use clap::Parser;
 use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 
-use cli::{Command, Options};
+use cli::{MemoryChild, Options};
 use contention::{run_contention, Approach, HOT_SETS};
 use database::BenchDb;
 use db::{BackendKind, BenchConn};
-use drain::{check_empty_queue, run_drain, DrainRun, Mode};
-use report::Results;
+use drain::{check_empty_queue, run_drain, Mode};
+use report::{DrainRuns, Results};
 
 fn main() -> ExitCode {
-    let command = match cli::parse(std::env::args().skip(1)) {
-        Ok(command) => command,
-        Err(error) => {
-            eprintln!("{error}\n\n{}", cli::USAGE);
-            return ExitCode::from(2);
-        }
-    };
-    let outcome = match command {
-        Command::Help => {
-            println!("{}", cli::USAGE);
-            Ok(())
-        }
-        Command::MemoryChild {
-            backend,
-            url,
-            rows,
-            mode,
-        } => match backend {
-            BackendKind::Postgres => memory::child::<PgConnection>(&url, rows, &mode),
-            BackendKind::Mysql => memory::child::<MysqlConnection>(&url, rows, &mode),
-            BackendKind::Sqlite => Err("memory is measured on servers only".to_owned()),
-        },
-        Command::Bench(options) => bench(&options),
+    let options = Options::parse();
+    let outcome = match options.memory_child() {
+        Some(child) => child.and_then(memory_child),
+        None => bench(&options),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -82,6 +68,16 @@ fn main() -> ExitCode {
             eprintln!("error: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// One memory measurement, in the child process `memory::measure` started.
+fn memory_child(child: MemoryChild) -> Result<(), String> {
+    let (url, rows, mode) = (&child.url, child.rows, &child.mode);
+    match child.backend {
+        BackendKind::Postgres => memory::child::<PgConnection>(url, rows, mode),
+        BackendKind::Mysql => memory::child::<MysqlConnection>(url, rows, mode),
+        BackendKind::Sqlite => Err("memory is measured on servers only".to_owned()),
     }
 }
 
@@ -108,11 +104,14 @@ fn bench(options: &Options) -> Result<(), String> {
     ));
     print_report(options, &machine, &results);
     if let Some(path) = options.svg.as_ref().filter(|_| !results.drains.is_empty()) {
-        let title = format!("diesel-claim: draining {} pending rows", options.rows);
+        let mut title = format!("diesel-claim: draining {} pending rows", options.rows);
+        if options.repeat > 1 {
+            title.push_str(&format!(", median of {} runs", options.repeat));
+        }
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        std::fs::write(path, svg::plot(&results, &title))
+        std::fs::write(path, svg::plot(&results, &title)?)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         println!("\nPlot written to {}", path.display());
     }
@@ -158,41 +157,34 @@ fn run_drains<C: BenchConn>(
         // Not reported: the first mode measured should not pay for cold caches.
         run_drain(db, first, 1, options.rows, false)?;
     }
-    // Repetitions outermost, then worker counts, then modes: a twin and its
-    // crate mode run back to back, under the same conditions.
-    let mut best: Vec<DrainRun> = Vec::new();
+    // Every mode at every worker count, each crate mode right after its twin;
+    // repetitions outermost, so that a twin and its crate mode run back to back,
+    // under the same conditions, every time.
+    let mut drains: Vec<DrainRuns> = options
+        .workers
+        .iter()
+        .flat_map(|&workers| {
+            modes
+                .iter()
+                .map(move |&mode| DrainRuns::new(C::BACKEND, mode, workers))
+        })
+        .collect();
     for _ in 0..options.repeat {
-        for &workers in &options.workers {
-            for &mode in &modes {
-                let run = run_drain(db, mode, workers, options.rows, options.trace)?;
-                eprintln!(
-                    "{} {mode} W={workers}: {:.0} rows/s",
-                    C::BACKEND.name(),
-                    run.rows_per_sec()
-                );
-                // Every run's correctness counts; only the fastest is timed.
-                results.drain_failures.extend(run.failures());
-                keep_fastest(&mut best, run);
-            }
+        for drain in &mut drains {
+            let (mode, workers) = (drain.mode, drain.workers);
+            let run = run_drain(db, mode, workers, options.rows, options.trace)?;
+            eprintln!(
+                "{} {mode} W={workers}: {:.0} rows/s",
+                C::BACKEND.name(),
+                run.rows_per_sec()
+            );
+            drain.runs.push(run);
         }
     }
     let order = |mode: &Mode| Mode::all().iter().position(|m| m == mode);
-    best.sort_by_key(|run| (order(&run.mode), run.workers));
-    results.drains.extend(best);
+    drains.sort_by_key(|drain| (order(&drain.mode), drain.workers));
+    results.drains.extend(drains);
     Ok(())
-}
-
-/// Keeps the fastest run of each mode and worker count: on a shared machine
-/// other work only ever slows a run down.
-fn keep_fastest(best: &mut Vec<DrainRun>, run: DrainRun) {
-    match best
-        .iter_mut()
-        .find(|kept| kept.mode == run.mode && kept.workers == run.workers)
-    {
-        Some(kept) if kept.rows_per_sec() < run.rows_per_sec() => *kept = run,
-        Some(_) => {}
-        None => best.push(run),
-    }
 }
 
 fn run_contentions<C: BenchConn>(
@@ -203,7 +195,7 @@ fn run_contentions<C: BenchConn>(
     for hot in HOT_SETS {
         for approach in Approach::ALL {
             for &workers in &options.workers {
-                let run = run_contention(db, approach, hot, workers, options.contention_time)?;
+                let run = run_contention(db, approach, hot, workers, options.contention_time())?;
                 eprintln!(
                     "{} B5 {approach:?} K={hot} W={workers}: {:.0} successes/s",
                     C::BACKEND.name(),
@@ -280,7 +272,7 @@ fn print_report(options: &Options, machine: &str, results: &Results) {
             "## B5: hot accounts, {:.1} s per configuration\n\n{}\n\
              - retries/success: runs of the closure beyond one per success; gave up: \
              operations `retry` stopped after its last attempt.\n",
-            options.contention_time.as_secs_f64(),
+            options.contention_time().as_secs_f64(),
             report::contention_table(&results.contention)
         );
     }

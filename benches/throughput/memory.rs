@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use crate::cli::MEMORY_CHILD_FLAG;
+use crate::cli::MEMORY_CHILD;
 use crate::db::{reset_orders, BackendKind, BenchConn};
 use crate::drain::{drain, Mode, ModeId};
 
@@ -74,7 +74,8 @@ pub fn measure<C: BenchConn>(url: &str) -> Result<Vec<MemoryRun>, String> {
                 mode.flag()
             );
             let output = Command::new(&program)
-                .args([MEMORY_CHILD_FLAG, backend.flag(), url])
+                .arg(format!("--{MEMORY_CHILD}"))
+                .args([backend.flag(), url])
                 .args([&pending.to_string(), mode.flag()])
                 .output()
                 .map_err(|e| format!("cannot run {}: {e}", program.display()))?;

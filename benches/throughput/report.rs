@@ -1,5 +1,5 @@
-//! The printed report: markdown tables (to paste into BENCHMARKS.md) and the
-//! bar checks.
+//! The printed report: the median of repeated drains, markdown tables (to paste
+//! into BENCHMARKS.md) and the bar checks.
 
 use std::fmt::Write;
 
@@ -12,32 +12,97 @@ use crate::memory::{MemoryMode, MemoryRun};
 /// Every figure one run measured.
 #[derive(Debug, Default)]
 pub struct Results {
-    /// The fastest run of each backend, mode and worker count.
-    pub drains: Vec<DrainRun>,
-    /// Correctness failures of every drain run, fastest or not.
-    pub drain_failures: Vec<String>,
+    /// In mode order, then worker count, per backend.
+    pub drains: Vec<DrainRuns>,
     pub contention: Vec<ContentionRun>,
     pub empty_queue: Vec<EmptyQueueCheck>,
     pub memory: Vec<MemoryRun>,
     pub index_effect: Vec<IndexEffect>,
 }
 
+/// Every run of one backend, mode and worker count (`--repeat` of them).
+#[derive(Debug)]
+pub struct DrainRuns {
+    pub backend: BackendKind,
+    pub mode: Mode,
+    pub workers: usize,
+    pub runs: Vec<DrainRun>,
+}
+
+impl DrainRuns {
+    pub fn new(backend: BackendKind, mode: Mode, workers: usize) -> Self {
+        DrainRuns {
+            backend,
+            mode,
+            workers,
+            runs: Vec::new(),
+        }
+    }
+
+    /// Rows/s of every run, slowest first.
+    fn rates(&self) -> Vec<f64> {
+        let mut rates: Vec<f64> = self.runs.iter().map(DrainRun::rows_per_sec).collect();
+        rates.sort_by(f64::total_cmp);
+        rates
+    }
+
+    /// The median rows/s (the mean of the middle two for an even count): what
+    /// a typical run does. One run slowed, or sped up, by other work on the
+    /// machine hardly moves it, where the fastest is one lucky run.
+    pub fn median(&self) -> f64 {
+        let rates = self.rates();
+        let middle = rates.len() / 2;
+        if rates.len() % 2 == 1 {
+            rates[middle]
+        } else {
+            (rates[middle - 1] + rates[middle]) / 2.0
+        }
+    }
+
+    /// The slowest and the fastest run, in percent off the median.
+    fn spread(&self) -> String {
+        let rates = self.rates();
+        let off = |rate: f64| (rate / self.median() - 1.0) * 100.0;
+        format!(
+            "{:+.1}%, {:+.1}%",
+            off(rates[0]),
+            off(rates[rates.len() - 1])
+        )
+    }
+
+    /// A count summed over every run.
+    fn total<T: std::iter::Sum>(&self, count: impl Fn(&DrainRun) -> T) -> T {
+        self.runs.iter().map(count).sum()
+    }
+
+    /// A count per processed row, over every run.
+    fn per_row(&self, count: impl Fn(&DrainRun) -> u64) -> f64 {
+        self.total(count) as f64 / self.total(|run| run.processed).max(1) as f64
+    }
+}
+
 impl Results {
-    fn drain(&self, backend: BackendKind, mode: Mode, workers: usize) -> Option<&DrainRun> {
+    fn drain(&self, backend: BackendKind, mode: Mode, workers: usize) -> Option<&DrainRuns> {
         self.drains
             .iter()
-            .find(|run| run.backend == backend && run.mode == mode && run.workers == workers)
+            .find(|runs| runs.backend == backend && runs.mode == mode && runs.workers == workers)
     }
 
-    /// Rows/s of `run` over its hand-written twin's at the same backend and W.
-    pub fn versus_twin(&self, run: &DrainRun) -> Option<f64> {
-        let twin = self.drain(run.backend, run.mode.twin()?, run.workers)?;
-        Some(run.rows_per_sec() / twin.rows_per_sec())
+    /// Median rows/s over its hand-written twin's at the same backend and W.
+    pub fn versus_twin(&self, runs: &DrainRuns) -> Option<f64> {
+        let twin = self.drain(runs.backend, runs.mode.twin()?, runs.workers)?;
+        Some(runs.median() / twin.median())
     }
 
-    /// Every correctness failure: these, and only these, fail the run.
+    /// Every correctness failure, of every run: these, and only these, fail
+    /// the run.
     pub fn failures(&self) -> Vec<String> {
-        let mut failures = self.drain_failures.clone();
+        let mut failures: Vec<String> = self
+            .drains
+            .iter()
+            .flat_map(|runs| &runs.runs)
+            .flat_map(DrainRun::failures)
+            .collect();
         for run in self.contention.iter().filter(|run| run.lost_updates != 0) {
             failures.push(format!(
                 "{} B5 {:?} K={} W={}: {} lost updates",
@@ -59,34 +124,42 @@ impl Results {
 }
 
 pub fn drain_table(results: &Results) -> String {
-    let header = [
+    let mut header = vec![
         ("backend", Text),
         ("mode", Text),
         ("W", Number),
-        ("rows/s", Number),
+        ("rows/s (median)", Number),
         ("× twin", Number),
         ("commits/row", Number),
         ("statements/row", Number),
         ("duplicates", Number),
         ("leftovers", Number),
     ];
-    let rows = results.drains.iter().map(|run| {
-        let processed = run.processed.max(1) as f64;
+    // A single run has no spread to show.
+    let repeated = results.drains.iter().any(|runs| runs.runs.len() > 1);
+    if repeated {
+        header.insert(4, ("slowest, fastest vs median", Number));
+    }
+    let rows = results.drains.iter().map(|runs| {
         let twin = results
-            .versus_twin(run)
-            .map(|ratio| format!("{ratio:.2} ({})", run.mode.twin().expect("a twin")))
+            .versus_twin(runs)
+            .map(|ratio| format!("{ratio:.2} ({})", runs.mode.twin().expect("a twin")))
             .unwrap_or_default();
-        vec![
-            run.backend.name().to_owned(),
-            run.mode.to_string(),
-            run.workers.to_string(),
-            format!("{:.0}", run.rows_per_sec()),
+        let mut row = vec![
+            runs.backend.name().to_owned(),
+            runs.mode.to_string(),
+            runs.workers.to_string(),
+            format!("{:.0}", runs.median()),
             twin,
-            format!("{:.3}", run.commits as f64 / processed),
-            format!("{:.3}", run.statements as f64 / processed),
-            run.checks.duplicates.to_string(),
-            run.checks.leftovers.to_string(),
-        ]
+            format!("{:.3}", runs.per_row(|run| run.commits)),
+            format!("{:.3}", runs.per_row(|run| run.statements)),
+            runs.total(|run| run.checks.duplicates).to_string(),
+            runs.total(|run| run.checks.leftovers).to_string(),
+        ];
+        if repeated {
+            row.insert(4, runs.spread());
+        }
+        row
     });
     markdown_table(&header, rows)
 }
@@ -94,15 +167,18 @@ pub fn drain_table(results: &Results) -> String {
 /// A line per drain whose transactions (or crate calls) deadlocked and ran again.
 pub fn deadlock_lines(results: &Results) -> String {
     let mut out = String::new();
-    for run in results.drains.iter().filter(|run| run.deadlocks > 0) {
-        let _ = writeln!(
-            out,
-            "- {} {} W={}: {} deadlock victim(s) run again",
-            run.backend.name(),
-            run.mode,
-            run.workers,
-            run.deadlocks
-        );
+    for runs in &results.drains {
+        let deadlocks = runs.total(|run| run.deadlocks);
+        if deadlocks > 0 {
+            let _ = writeln!(
+                out,
+                "- {} {} W={}: {deadlocks} deadlock victim(s) run again, in {} run(s)",
+                runs.backend.name(),
+                runs.mode,
+                runs.workers,
+                runs.runs.len()
+            );
+        }
     }
     out
 }
@@ -113,9 +189,12 @@ pub const DRAIN_TABLE_NOTES: &str = "\
   counts every transaction, read-only and implicit (one per statement outside
   `BEGIN`) ones included; SQLite and MySQL: `COMMIT`s plus writes outside a
   transaction, counted from the statements sent.
-- × twin: rows/s over the hand-written twin's at the same backend and W (B2/B0,
-  B3/B3d at the same n, M1/B1 and M2/B1 at n = 100). B3h is B3 without the
-  double check's unlocked read: B3d/B3h is what that read costs.";
+- rows/s: the median of the drain's runs (`--repeat`); slowest, fastest (when
+  repeated): its slowest and its fastest run, in percent off that median. The
+  other columns count every run.
+- × twin: median rows/s over the hand-written twin's at the same backend and W
+  (B2/B0, B3/B3d at the same n, M1/B1 and M2/B1 at n = 100). B3h is B3 without
+  the double check's unlocked read: B3d/B3h is what that read costs.";
 
 pub fn contention_table(runs: &[ContentionRun]) -> String {
     let header = [
@@ -319,31 +398,35 @@ impl Bar {
 /// The bars this run's figures can be held against.
 pub fn bars(results: &Results) -> Vec<Bar> {
     let mut bars = Vec::new();
-    for run in results.drains.iter().filter(|run| run.mode.is_crate_mode()) {
-        if let Some(ratio) = results.versus_twin(run) {
-            let twin = run.mode.twin().expect("a crate mode has a twin");
+    for runs in results
+        .drains
+        .iter()
+        .filter(|runs| runs.mode.is_crate_mode())
+    {
+        if let Some(ratio) = results.versus_twin(runs) {
+            let twin = runs.mode.twin().expect("a crate mode has a twin");
             bars.push(Bar::at_least(
                 format!(
                     "{} {} ≥ 0.9 × {twin}, W={}",
-                    run.backend.name(),
-                    run.mode,
-                    run.workers
+                    runs.backend.name(),
+                    runs.mode,
+                    runs.workers
                 ),
                 ratio,
                 0.9,
             ));
         }
     }
-    for run in results.drains.iter().filter(|run| run.workers == 1) {
-        let at_four = results.drain(run.backend, run.mode, 4);
+    for runs in results.drains.iter().filter(|runs| runs.workers == 1) {
+        let at_four = results.drain(runs.backend, runs.mode, 4);
         if let (true, true, Some(at_four)) = (
-            run.backend.has_row_locks(),
-            run.mode.skips_locked(),
+            runs.backend.has_row_locks(),
+            runs.mode.skips_locked(),
             at_four,
         ) {
             bars.push(Bar::at_least(
-                format!("{} {}: W=4 ≥ W=1", run.backend.name(), run.mode),
-                at_four.rows_per_sec() / run.rows_per_sec(),
+                format!("{} {}: W=4 ≥ W=1", runs.backend.name(), runs.mode),
+                at_four.median() / runs.median(),
                 1.0,
             ));
         }
@@ -381,15 +464,4 @@ pub fn bar_lines(bars: &[Bar]) -> String {
         let _ = writeln!(out, "- {}: {:.2} — {}", bar.what, bar.value, bar.verdict());
     }
     out
-}
-
-/// The modes a backend ran, in run order, for the plot's lines.
-pub fn modes_run(results: &Results, backend: BackendKind) -> Vec<Mode> {
-    let mut modes: Vec<Mode> = Vec::new();
-    for run in results.drains.iter().filter(|run| run.backend == backend) {
-        if !modes.contains(&run.mode) {
-            modes.push(run.mode);
-        }
-    }
-    modes
 }
