@@ -214,6 +214,12 @@
 //! a plain `UPDATE` elsewhere defeats it. Under heavy contention on the same rows
 //! retries add up: prefer [`with_lock`](LockDsl::with_lock) there.
 //!
+//! [`retry`]'s closure may return the crate's [`Error`], a `Box<dyn Error>`,
+//! `anyhow::Error` (feature `anyhow`) or an error type of your own that
+//! implements [`Transient`]; a transient cause is found anywhere in the chain
+//! of sources ([`is_transient`]). Its error type must convert from [`Error`],
+//! which reports a policy of no attempts before any is made.
+//!
 //! # Pessimistic locks: `with_lock`
 //!
 //! ```
@@ -274,6 +280,6 @@
 use crate::advisory;
 #[allow(unused_imports)]
 use crate::{
-    migrations, retry, with_lease, ClaimBuilder, ClaimDsl, ClaimReport, Error, Lease, LockBuilder,
-    LockDsl, VersionedDsl, VersionedUpdate,
+    is_transient, migrations, retry, with_lease, ClaimBuilder, ClaimDsl, ClaimReport, Error, Lease,
+    LockBuilder, LockDsl, Transient, VersionedDsl, VersionedUpdate,
 };

@@ -34,7 +34,9 @@ pub use lease::{with_lease, Lease, MAX_NAME_LEN, MAX_TTL};
 pub use lock::{LockBuilder, LockDsl, LockQuery};
 pub use locking::{LockStrength, OnLocked};
 pub use migrations::run_migrations;
-pub use versioned::{retry, RetryPolicy, Transient, Version, VersionedDsl, VersionedUpdate};
+pub use versioned::{
+    is_transient, retry, RetryPolicy, Transient, Version, VersionedDsl, VersionedUpdate,
+};
 
 /// The extension traits, for `use diesel_claim::prelude::*;`.
 pub mod prelude {

@@ -114,13 +114,13 @@ where
     dsl::Update<Target, (Changes, Bump<Col, V>)>: FilterDsl<dsl::Eq<Col, V>>,
 {
     /// Runs the update and returns the new version.
-    pub fn execute<C>(self, conn: &mut C) -> Result<V, Error>
+    pub fn execute<'q, C>(self, conn: &mut C) -> Result<V, Error>
     where
         C: Connection,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C>,
-        Probe<Target, Col>: LoadQuery<'static, C, V>,
+        Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let next = self.next_version()?;
         match ExecuteDsl::execute(self.statement::<C::Backend>(next)?, conn)? {
@@ -130,13 +130,13 @@ where
     }
 
     /// Runs the update and returns the updated row (`RETURNING`).
-    pub fn get_result<R, C>(self, conn: &mut C) -> Result<R, Error>
+    pub fn get_result<'q, R, C>(self, conn: &mut C) -> Result<R, Error>
     where
         C: Connection,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
-        Statement<Target, Col, V, Changes>: LoadQuery<'static, C, R>,
-        Probe<Target, Col>: LoadQuery<'static, C, V>,
+        Statement<Target, Col, V, Changes>: LoadQuery<'q, C, R>,
+        Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let statement = self.statement::<C::Backend>(self.next_version()?)?;
         match statement.get_result(conn).optional()? {
@@ -237,7 +237,8 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// A policy of `max_attempts` attempts with the default backoff.
+    /// A policy of `max_attempts` attempts with the default backoff. 0 is
+    /// refused when the policy is used.
     pub fn attempts(max_attempts: u32) -> Self {
         RetryPolicy {
             max_attempts,
@@ -255,7 +256,33 @@ impl RetryPolicy {
     }
 }
 
-/// Errors [`retry`] knows to be transient.
+/// Errors [`retry`] can tell transient failures from final ones in.
+///
+/// Implemented for the crate's [`Error`], Diesel's, `Box<dyn Error + Send +
+/// Sync>` and `Box<dyn Error>`, and with the `anyhow` feature for
+/// `anyhow::Error`: the boxed ones are transient when [`is_transient`] finds a
+/// transient cause in their chain of sources. An application's own error type
+/// implements it in a few lines:
+///
+/// ```
+/// #[derive(Debug, thiserror::Error)]
+/// enum AppError {
+///     #[error(transparent)]
+///     Claim(#[from] diesel_claim::Error),
+///     #[error("insufficient funds")]
+///     Insufficient,
+/// }
+///
+/// impl diesel_claim::Transient for AppError {
+///     fn is_transient(&self) -> bool {
+///         matches!(self, AppError::Claim(error) if error.is_transient())
+///     }
+/// }
+/// ```
+///
+/// (Where the crate's error is a [`source`](std::error::Error::source) of
+/// yours, `diesel_claim::is_transient(self)` finds it; `#[error(transparent)]`
+/// passes the source on, not the wrapped error itself.)
 pub trait Transient {
     /// Whether running the operation again may succeed.
     fn is_transient(&self) -> bool;
@@ -273,6 +300,42 @@ impl Transient for diesel::result::Error {
     }
 }
 
+impl Transient for Box<dyn std::error::Error + Send + Sync> {
+    fn is_transient(&self) -> bool {
+        is_transient(&**self)
+    }
+}
+
+impl Transient for Box<dyn std::error::Error> {
+    fn is_transient(&self) -> bool {
+        is_transient(&**self)
+    }
+}
+
+#[cfg(feature = "anyhow")]
+#[cfg_attr(docsrs, doc(cfg(feature = "anyhow")))]
+impl Transient for anyhow::Error {
+    fn is_transient(&self) -> bool {
+        is_transient(self.as_ref())
+    }
+}
+
+/// Whether `error`, or any error in its chain of [`source`]s, is a transient
+/// failure: a transient [`Error`] (version conflict, deadlock, serialization
+/// failure) or a Diesel error that is a deadlock or a serialization failure.
+///
+/// [`source`]: std::error::Error::source
+pub fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(|cause| {
+        if let Some(error) = cause.downcast_ref::<Error>() {
+            return error.is_transient();
+        }
+        cause
+            .downcast_ref::<diesel::result::Error>()
+            .is_some_and(Transient::is_transient)
+    })
+}
+
 /// Runs `operation` until it succeeds, fails with an error that is not
 /// [transient](Transient), or has been tried `policy.max_attempts` times; then
 /// returns its last result.
@@ -282,12 +345,14 @@ impl Transient for diesel::result::Error {
 /// and serialization failures. Run it outside a transaction (or make `operation`
 /// a transaction of its own): PostgreSQL aborts the surrounding transaction on a
 /// deadlock, and every later attempt inside it would fail.
+///
+/// A policy of 0 attempts is [`Error::InvalidArgument`], without an attempt.
 pub fn retry<C, T, E, F>(conn: &mut C, policy: RetryPolicy, mut operation: F) -> Result<T, E>
 where
     F: FnMut(&mut C) -> Result<T, E>,
-    E: Transient,
+    E: Transient + From<Error>,
 {
-    let mut attempts = Attempts::new(policy);
+    let mut attempts = Attempts::new(policy)?;
     loop {
         match operation(conn) {
             Err(error) => match attempts.pause_after(&error) {
@@ -308,12 +373,18 @@ pub(crate) struct Attempts {
 }
 
 impl Attempts {
-    pub(crate) fn new(policy: RetryPolicy) -> Self {
-        Attempts {
+    /// The attempts of `policy`; [`Error::InvalidArgument`] if it allows none.
+    pub(crate) fn new(policy: RetryPolicy) -> Result<Self, Error> {
+        if policy.max_attempts == 0 {
+            return Err(Error::InvalidArgument(
+                "a retry policy needs at least one attempt: max_attempts is 0".to_owned(),
+            ));
+        }
+        Ok(Attempts {
             policy,
             jitter: RandomState::new(),
             made: 1,
-        }
+        })
     }
 
     /// The pause before the next attempt after `error`; `None` gives up.

@@ -660,6 +660,81 @@ on_async_backends! {
         assert!(matches!(missing, Err(diesel_claim::Error::NotFound)));
     }
 
+    /// A loaded model (`&model`) and borrowed binds are targets, as in the
+    /// blocking API.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn versioned_updates_of_borrowed_models_and_binds() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[10, 20]).await;
+        let account: Account = accounts::table
+            .find(1)
+            .select(Account::as_select())
+            .first(&mut *conn)
+            .await
+            .unwrap();
+        let next = (&account)
+            .update_versioned(accounts::version, account.version, accounts::balance.eq(&account.balance))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(next, 1);
+        let stale = (&account)
+            .update_versioned(accounts::version, account.version, accounts::balance.eq(0))
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(
+            stale,
+            Err(diesel_claim::Error::VersionConflict { expected: 0, actual: Some(1) })
+        ));
+        let id = 2;
+        let next = accounts::table
+            .filter(accounts::id.eq(&id))
+            .update_versioned(accounts::version, 0, accounts::balance.eq(21))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(next, 1);
+    }
+
+    /// The async `retry` takes `anyhow::Error` and refuses a policy of no
+    /// attempts before running the operation.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retry_takes_anyhow_and_refuses_zero_attempts() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[10]).await;
+        diesel::update(accounts::table.find(1))
+            .set(accounts::version.eq(1))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let attempts = AtomicUsize::new(0);
+        let version = retry(&mut *conn, RetryPolicy::attempts(3), |conn| {
+            let attempt = attempts.fetch_add(1, Ordering::SeqCst) as i32;
+            async move {
+                let version = accounts::table
+                    .find(1)
+                    .update_versioned(accounts::version, attempt, accounts::balance.eq(11))
+                    .execute(conn)
+                    .await?;
+                Ok::<_, anyhow::Error>(version)
+            }
+            .scope_boxed()
+        })
+        .await
+        .unwrap();
+        assert_eq!((AtomicUsize::load(&attempts, Ordering::SeqCst), version), (2, 2));
+
+        let refused = retry(&mut *conn, RetryPolicy::attempts(0), |_| {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+        })
+        .await;
+        assert!(matches!(refused, Err(diesel_claim::Error::InvalidArgument(_))), "{refused:?}");
+        assert_eq!(AtomicUsize::load(&attempts, Ordering::SeqCst), 2);
+    }
+
     async fn seed_accounts(conn: &mut Conn, balances: &[i64]) {
         let rows: Vec<_> = balances
             .iter()

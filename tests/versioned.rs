@@ -200,6 +200,40 @@ on_every_backend! {
         assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 8, version: i32::MAX });
     }
 
+    /// A loaded model (`&model`), a borrowed changeset and borrowed binds are
+    /// targets like any other: nothing has to be `'static`.
+    #[test]
+    fn borrowed_models_changesets_and_binds() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[100, 50]);
+
+        let account = read(conn, 1).unwrap();
+        let change = BalanceChange { balance: Some(130) };
+        let version = (&account)
+            .update_versioned(accounts::version, account.version, &change)
+            .execute(conn)
+            .unwrap();
+        assert_eq!(version, 1);
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 130, version: 1 });
+        // The model is now stale: a conflict, and nothing written.
+        let stale = (&account)
+            .update_versioned(accounts::version, account.version, &change)
+            .execute(conn);
+        assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })), "{stale:?}");
+
+        let wanted = String::from("2");
+        let id: i32 = wanted.parse().unwrap();
+        let version = accounts::table
+            .filter(accounts::id.eq(&id))
+            .update_versioned(accounts::version, 0, accounts::balance.eq(&account.balance))
+            .execute(conn)
+            .unwrap();
+        assert_eq!(version, 1);
+        assert_eq!(read(conn, 2).unwrap(), Account { id: 2, balance: 100, version: 1 });
+    }
+
     #[test]
     fn retry_gives_up_after_max_attempts_on_a_stale_version() {
         let (_db, pool) = test_db(1);
@@ -227,6 +261,79 @@ on_every_backend! {
         assert!(matches!(result, Err(Error::NotFound)), "{result:?}");
         assert_eq!(attempts, 1);
         assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 5, version: 3 });
+    }
+
+    /// `retry` takes the error types applications use: `anyhow::Error` (with
+    /// or without context), boxed errors, and the crate's; a transient cause
+    /// anywhere in the chain is retried, anything else returned at once.
+    #[test]
+    fn retry_takes_anyhow_and_boxed_errors() {
+        use anyhow::Context;
+
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[5]);
+        diesel::update(accounts::table.find(1)).set(accounts::version.eq(2)).execute(conn).unwrap();
+
+        // Attempt n expects version n - 1: two conflicts, then the update.
+        let mut attempts = 0;
+        let version = retry(conn, RetryPolicy::attempts(5), |conn| -> anyhow::Result<i32> {
+            attempts += 1;
+            let version = accounts::table
+                .find(1)
+                .update_versioned(accounts::version, attempts - 1, accounts::balance.eq(6))
+                .execute(conn)
+                .context("bumping the balance")?;
+            Ok(version)
+        })
+        .unwrap();
+        assert_eq!((attempts, version), (3, 3));
+
+        let mut attempts = 0;
+        let version = retry(conn, RetryPolicy::attempts(5), |conn| {
+            attempts += 1;
+            accounts::table
+                .find(1)
+                .update_versioned(accounts::version, attempts + 1, accounts::balance.eq(7))
+                .execute(conn)
+                .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+        })
+        .unwrap();
+        assert_eq!((attempts, version), (2, 4));
+
+        // Not transient: returned after one attempt.
+        let mut attempts = 0;
+        let missing = retry(conn, RetryPolicy::attempts(5), |conn| -> anyhow::Result<i32> {
+            attempts += 1;
+            Ok(accounts::table
+                .find(9)
+                .update_versioned(accounts::version, 0, accounts::balance.eq(1))
+                .execute(conn)?)
+        });
+        assert_eq!(attempts, 1);
+        assert!(matches!(missing.unwrap_err().downcast::<Error>(), Ok(Error::NotFound)));
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 7, version: 4 });
+    }
+
+    /// A policy of no attempts is refused, and the operation never runs.
+    #[test]
+    fn retry_refuses_zero_attempts() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let mut ran = false;
+        let refused = retry(conn, RetryPolicy::attempts(0), |_| -> Result<(), Error> {
+            ran = true;
+            Ok(())
+        });
+        match refused {
+            Err(Error::InvalidArgument(message)) => {
+                assert_eq!(message, "a retry policy needs at least one attempt: max_attempts is 0")
+            }
+            other => panic!("expected an invalid argument, got {other:?}"),
+        }
+        assert!(!ran);
     }
 
     /// Scenario 12. Without the version check the 25 threads, released together,

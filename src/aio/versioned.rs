@@ -121,10 +121,10 @@ where
     C: Send,
     T: Send + 'a,
     F: for<'c> FnMut(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
-    E: Transient + Send + 'a,
+    E: Transient + From<Error> + Send + 'a,
 {
     async move {
-        let mut attempts = Attempts::new(policy);
+        let mut attempts = Attempts::new(policy)?;
         loop {
             match operation(conn).await {
                 Err(error) => match attempts.pause_after(&error) {

@@ -344,7 +344,7 @@ pub fn counted_retry<C, T, E>(
     mut operation: impl FnMut(&mut C) -> Result<T, E>,
 ) -> Result<T, E>
 where
-    E: diesel_claim::Transient + ErrorKind,
+    E: diesel_claim::Transient + From<diesel_claim::Error> + ErrorKind,
 {
     let mut attempts = 0;
     let result = diesel_claim::retry(conn, PATIENT, |conn| {
