@@ -73,7 +73,8 @@ pub enum Error {
 
     /// The database answered with an outcome the operation cannot go on from,
     /// though nothing it was given was invalid: `with_lock`'s query selected
-    /// several rows, a mark left a claimed row matching the query so that it
+    /// several rows, an `update_versioned` target matched several rows, a mark
+    /// left a claimed row matching the query so that it
     /// came back a second time in one call, `GET_LOCK` failed on the server, or
     /// a named lock was no longer held when it was released. What the
     /// operation's transaction wrote is rolled back.

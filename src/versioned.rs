@@ -14,7 +14,8 @@ use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SingleValue;
 
 use crate::backend::ClaimBackend;
-use crate::sql::VersionProbe;
+use crate::sql::{rendered, VersionProbe};
+use crate::transaction::locking_transaction;
 use crate::{Blocking, Error};
 
 /// An integer type a version column can hold. Incrementing past its maximum is
@@ -94,6 +95,8 @@ impl<Target, Col, V, Changes, M> VersionedUpdate<Target, Col, V, Changes, M> {
 type Bump<Col, V> = dsl::Eq<Col, V>;
 pub(crate) type Statement<Target, Col, V, Changes> =
     dsl::Filter<dsl::Update<Target, (Changes, Bump<Col, V>)>, dsl::Eq<Col, V>>;
+pub(crate) type PrimaryKey<Target> =
+    <<Target as diesel::associations::HasTable>::Table as Table>::PrimaryKey;
 /// Reads the target row's version.
 pub(crate) type Probe<Target, Col> = VersionProbe<
     <<Target as diesel::associations::HasTable>::Table as diesel::QuerySource>::FromClause,
@@ -114,36 +117,74 @@ where
     dsl::Update<Target, (Changes, Bump<Col, V>)>: FilterDsl<dsl::Eq<Col, V>>,
 {
     /// Runs the update and returns the new version.
+    ///
+    /// A target that is not one row by its primary key (`table.find(key)`,
+    /// `&model`, a filter with `key.eq(…)`) is updated in a transaction (a
+    /// savepoint inside yours) that is rolled back, with
+    /// [`Error::UnexpectedOutcome`], if it changed more than one row.
     pub fn execute<'q, C>(self, conn: &mut C) -> Result<V, Error>
     where
         C: Connection,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C>,
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let next = self.next_version()?;
-        match ExecuteDsl::execute(self.statement::<C::Backend>(next)?, conn)? {
+        let statement = self.statement::<C::Backend>(next)?;
+        let rows = if self.targets_one_row::<C::Backend>()? {
+            ExecuteDsl::execute(statement, conn)?
+        } else {
+            locking_transaction(conn, |conn| {
+                let rows = ExecuteDsl::execute(statement, conn)?;
+                changed_at_most_one(rows)?;
+                Ok::<_, Error>(rows)
+            })?
+        };
+        match rows {
             0 => Err(self.no_match(self.probe().get_result(conn).optional())),
             _ => Ok(next),
         }
     }
 
-    /// Runs the update and returns the updated row (`RETURNING`).
+    /// Runs the update and returns the updated row (`RETURNING`), with the
+    /// same guard as [`execute`](Self::execute).
     pub fn get_result<'q, R, C>(self, conn: &mut C) -> Result<R, Error>
     where
         C: Connection,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: LoadQuery<'q, C, R>,
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let statement = self.statement::<C::Backend>(self.next_version()?)?;
-        match statement.get_result(conn).optional()? {
-            Some(row) => Ok(row),
-            None => Err(self.no_match(self.probe().get_result(conn).optional())),
-        }
+        let row = if self.targets_one_row::<C::Backend>()? {
+            statement.get_result(conn).optional()?
+        } else {
+            locking_transaction(conn, |conn| {
+                let rows: Vec<R> = statement.load(conn)?;
+                changed_at_most_one(rows.len())?;
+                Ok::<_, Error>(rows.into_iter().next())
+            })?
+        };
+        row.ok_or_else(|| self.no_match(self.probe().get_result(conn).optional()))
     }
+}
+
+/// `Err` if a versioned update changed more than one row: its transaction
+/// then rolls the changes back.
+pub(crate) fn changed_at_most_one(rows: usize) -> Result<(), Error> {
+    if rows > 1 {
+        return Err(Error::UnexpectedOutcome(format!(
+            "the target of update_versioned matched {rows} rows: it must be one row, such as \
+             `table.find(key)` or `&model`; nothing was changed"
+        )));
+    }
+    Ok(())
 }
 
 impl<Target, Col, V, Changes, M> VersionedUpdate<Target, Col, V, Changes, M>
@@ -166,25 +207,44 @@ where
 
     pub(crate) fn statement<DB>(&self, next: V) -> Result<Statement<Target, Col, V, Changes>, Error>
     where
-        DB: diesel::backend::Backend + Default,
+        DB: ClaimBackend,
         Changes::Changeset: QueryFragment<DB>,
     {
+        let changeset = self.changes.clone().as_changeset();
         // An empty changeset would only bump the version: a no-op that other
         // writers would see as a conflict.
-        if self
-            .changes
-            .clone()
-            .as_changeset()
-            .is_noop(&DB::default())?
-        {
+        if changeset.is_noop(&DB::default())? {
             return Err(Error::InvalidArgument(
                 "the changeset is empty: a versioned update must change something".to_owned(),
             ));
+        }
+        // The version is the crate's to set; the databases disagree on what
+        // a second assignment means (an error, or the last one wins).
+        if rendered::assigns::<DB>(&rendered::render(&changeset)?, Col::NAME)? {
+            return Err(Error::InvalidArgument(format!(
+                "the changeset sets the version column `{}` itself: update_versioned sets it \
+                 to the expected version + 1",
+                Col::NAME
+            )));
         }
         let column = self.version_column;
         Ok(diesel::update(self.target.clone())
             .set((self.changes.clone(), column.eq(next)))
             .filter(column.eq(self.expected)))
+    }
+
+    /// Whether the target is one row by its primary key, so that the update
+    /// needs no guard against changing several.
+    pub(crate) fn targets_one_row<DB>(&self) -> Result<bool, Error>
+    where
+        DB: ClaimBackend,
+        Target::WhereClause: QueryFragment<DB>,
+        PrimaryKey<Target>: QueryFragment<DB>,
+    {
+        let target = self.target.clone().into_update_target();
+        let key = rendered::render::<DB>(&target.table.primary_key())?;
+        let where_clause = rendered::render::<DB>(&target.where_clause)?;
+        Ok(rendered::one_row_by_key(&where_clause, &key))
     }
 
     /// The read of the row's version that tells, when the update matched no

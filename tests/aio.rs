@@ -697,6 +697,60 @@ on_async_backends! {
         assert_eq!(next, 1);
     }
 
+    /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn limit_and_distinct_are_refused() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        insert_pending(&mut conn, 5).await;
+        let limited = pending()
+            .limit(2)
+            .claim_each(&mut *conn, |_, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
+            .await;
+        assert!(
+            matches!(&limited, Err(diesel_claim::Error::InvalidArgument(m)) if m.contains("max_rows")),
+            "{limited:?}"
+        );
+        let distinct = pending()
+            .distinct()
+            .claim_each(&mut *conn, |_, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
+            .await;
+        assert!(matches!(distinct, Err(diesel_claim::Error::InvalidArgument(_))), "{distinct:?}");
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 5));
+    }
+
+    /// A target of several rows and a changeset that sets the version are
+    /// refused, and nothing changes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn versioned_refusals_change_nothing() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[10, 10]).await;
+        let several = accounts::table
+            .filter(accounts::balance.eq(10))
+            .update_versioned(accounts::version, 0, accounts::balance.eq(11))
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(several, Err(diesel_claim::Error::UnexpectedOutcome(_))), "{several:?}");
+        let versioned_twice = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, (accounts::balance.eq(12), accounts::version.eq(3)))
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(versioned_twice, Err(diesel_claim::Error::InvalidArgument(_))), "{versioned_twice:?}");
+        assert_eq!(balances(&mut conn).await, [10, 10]);
+        let versions: Vec<i32> = accounts::table
+            .select(accounts::version)
+            .load(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(versions, [0, 0]);
+    }
+
     /// The async `retry` takes `anyhow::Error` and refuses a policy of no
     /// attempts before running the operation.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

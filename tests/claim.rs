@@ -431,6 +431,48 @@ on_every_backend! {
         assert!(matches!(inside, Ok(Err(Error::InvalidArgument(_)))));
     }
 
+    /// What a claim cannot honour in the query is refused before any SQL,
+    /// with a message that says what to do instead; nothing is processed.
+    #[test]
+    fn distinct_limit_and_offset_are_refused_before_any_sql() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 20);
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let limit = "invalid argument: a claimed query cannot have a LIMIT or OFFSET, which the \
+                     claim's own statements would replace: cap the rows of a call with \
+                     .build_claim().max_rows(n) instead";
+        let distinct = "invalid argument: a claimed query cannot be DISTINCT: a claim locks and \
+                        hands over each row once already; remove .distinct()";
+        let ran = std::cell::Cell::new(0);
+        let mut count = |_: &mut _, _: Order| {
+            ran.set(ran.get() + 1);
+            Ok::<_, Error>(())
+        };
+        let refusals = [
+            (pending().limit(5).claim_each(&mut conn, &mut count), limit),
+            (pending().limit(5).build_claim().batch(10).each(&mut conn, &mut count), limit),
+            (pending().distinct().claim_each(&mut conn, &mut count), distinct),
+            (
+                pending()
+                    .distinct()
+                    .build_claim()
+                    .mark(orders::email_sent.eq(true))
+                    .each(&mut conn, &mut count),
+                distinct,
+            ),
+        ];
+        for (refused, message) in refusals {
+            assert_eq!(refused.unwrap_err().to_string(), message);
+        }
+        assert_eq!(ran.get(), 0);
+        assert_eq!(log.entries(), Vec::<String>::new());
+        // What was refused is all still there.
+        let report = pending().claim_each(&mut conn, |conn, order: Order| send_email(conn, &order, 1)).unwrap();
+        assert_eq!(report.processed, 20);
+    }
+
     /// Works with `E = diesel::result::Error` too.
     #[test]
     fn closures_may_return_diesel_errors() {

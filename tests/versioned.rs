@@ -263,6 +263,83 @@ on_every_backend! {
         assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 5, version: 3 });
     }
 
+    /// The version is the crate's to set: a changeset that sets it too is
+    /// refused the same way on every backend, and nothing changes.
+    #[test]
+    fn a_changeset_that_sets_the_version_is_refused() {
+        #[derive(Clone, AsChangeset)]
+        #[diesel(table_name = accounts)]
+        struct Everything {
+            balance: i64,
+            version: i32,
+        }
+
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[100]);
+        let expected = "invalid argument: the changeset sets the version column `version` itself: \
+                        update_versioned sets it to the expected version + 1";
+        let tuple = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, (accounts::balance.eq(1), accounts::version.eq(5)))
+            .execute(conn)
+            .unwrap_err();
+        assert!(matches!(tuple, Error::InvalidArgument(_)), "{tuple:?}");
+        assert_eq!(tuple.to_string(), expected);
+        let model = accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, Everything { balance: 2, version: 0 })
+            .execute(conn)
+            .unwrap_err();
+        assert_eq!(model.to_string(), expected);
+        assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 100, version: 0 });
+    }
+
+    /// A target that matches several rows is refused and changes nothing, in
+    /// a transaction of the caller's or not; one that matches one row by
+    /// another column than the key goes through.
+    #[test]
+    fn a_target_matching_several_rows_changes_nothing() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[100, 100, 50]);
+        let several = accounts::table
+            .filter(accounts::balance.eq(100))
+            .update_versioned(accounts::version, 0, accounts::balance.eq(7))
+            .execute(conn)
+            .unwrap_err();
+        assert!(matches!(several, Error::UnexpectedOutcome(_)), "{several:?}");
+        assert_eq!(
+            several.to_string(),
+            "unexpected outcome: the target of update_versioned matched 2 rows: it must be one row, \
+             such as `table.find(key)` or `&model`; nothing was changed"
+        );
+        let untouched = [
+            Account { id: 1, balance: 100, version: 0 },
+            Account { id: 2, balance: 100, version: 0 },
+            Account { id: 3, balance: 50, version: 0 },
+        ];
+        assert_eq!(all(conn), untouched);
+
+        // Inside the caller's transaction: refused, and the transaction goes on.
+        conn.transaction(|conn| {
+            let several = accounts::table
+                .filter(accounts::balance.gt(0))
+                .update_versioned(accounts::version, 0, accounts::balance.eq(7))
+                .execute(conn);
+            assert!(matches!(several, Err(Error::UnexpectedOutcome(_))), "{several:?}");
+            assert_eq!(all(conn), untouched);
+            accounts::table
+                .filter(accounts::balance.eq(50))
+                .update_versioned(accounts::version, 0, accounts::balance.eq(60))
+                .execute(conn)
+        })
+        .unwrap();
+        assert_eq!(read(conn, 3).unwrap(), Account { id: 3, balance: 60, version: 1 });
+    }
+
     /// `retry` takes the error types applications use: `anyhow::Error` (with
     /// or without context), boxed errors, and the crate's; a transient cause
     /// anywhere in the chain is retried, anything else returned at once.
@@ -450,6 +527,22 @@ mod returning {
             assert!(matches!(gone, Err(Error::NotFound)), "{gone:?}");
             let now: Account = accounts::table.find(1).first(conn).unwrap();
             assert_eq!(now, Account { id: 1, balance: 120, version: 1 });
+        }
+
+        /// `get_result` refuses a target of several rows too, changing nothing.
+        #[test]
+        fn get_result_of_several_rows_changes_nothing() {
+            let (_db, pool) = test_db(1);
+            let mut pooled = pool.get().unwrap();
+            let conn: &mut Conn = &mut pooled;
+            seed_accounts(conn, &[100, 100]);
+            let several = accounts::table
+                .filter(accounts::balance.eq(100))
+                .update_versioned(accounts::version, 0, accounts::balance.eq(7))
+                .get_result::<Account, _>(conn);
+            assert!(matches!(several, Err(Error::UnexpectedOutcome(_))), "{several:?}");
+            let balances: Vec<i64> = accounts::table.select(accounts::balance).load(conn).unwrap();
+            assert_eq!(balances, [100, 100]);
         }
     }
 }

@@ -10,11 +10,12 @@ use diesel::query_dsl::methods::FilterDsl;
 use diesel::sql_types::SingleValue;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
-use scoped_futures::ScopedBoxFuture;
+use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
 use super::backend::AsyncBackend;
+use super::transaction::locking_transaction;
 use super::Async;
-use crate::versioned::{Attempts, Probe, Statement};
+use crate::versioned::{changed_at_most_one, Attempts, PrimaryKey, Probe, Statement};
 use crate::{Error, RetryPolicy, Transient, Version, VersionedUpdate};
 
 /// Adds [`update_versioned`](VersionedDsl::update_versioned) to update targets,
@@ -64,13 +65,28 @@ where
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C> + Send + 'a,
         Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
     {
         async move {
             let next = self.next_version()?;
             let statement = self.statement::<C::Backend>(next)?;
-            match RunQueryDsl::execute(statement, conn).await? {
+            let rows = if self.targets_one_row::<C::Backend>()? {
+                RunQueryDsl::execute(statement, conn).await?
+            } else {
+                locking_transaction(conn, |conn| {
+                    async move {
+                        let rows = RunQueryDsl::execute(statement, conn).await?;
+                        changed_at_most_one(rows)?;
+                        Ok::<_, Error>(rows)
+                    }
+                    .scope_boxed()
+                })
+                .await?
+            };
+            match rows {
                 0 => {
                     let probed = self.probe().get_result(conn).await.optional();
                     Err(self.no_match(probed))
@@ -92,12 +108,27 @@ where
         C::Backend: AsyncBackend,
         R: Send + 'a,
         Changes::Changeset: QueryFragment<C::Backend>,
-        Statement<Target, Col, V, Changes>: LoadQuery<'a, C, R> + 'a,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
+        Statement<Target, Col, V, Changes>: LoadQuery<'a, C, R> + Send + 'a,
         Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
     {
         async move {
             let statement = self.statement::<C::Backend>(self.next_version()?)?;
-            match RunQueryDsl::get_result(statement, conn).await.optional()? {
+            let row = if self.targets_one_row::<C::Backend>()? {
+                RunQueryDsl::get_result(statement, conn).await.optional()?
+            } else {
+                locking_transaction(conn, |conn| {
+                    async move {
+                        let rows: Vec<R> = RunQueryDsl::load(statement, conn).await?;
+                        changed_at_most_one(rows.len())?;
+                        Ok::<_, Error>(rows.into_iter().next())
+                    }
+                    .scope_boxed()
+                })
+                .await?
+            };
+            match row {
                 Some(row) => Ok(row),
                 None => {
                     let probed = self.probe().get_result(conn).await.optional();

@@ -18,7 +18,8 @@ use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
 use crate::sql::{
-    lock_target, InList, InRange, KeyRange, KeysIn, Locked, Returning, SelectWhere, Update,
+    lock_target, rendered, InList, InRange, KeyRange, KeysIn, Locked, Returning, SelectWhere,
+    Update,
 };
 use crate::Error;
 
@@ -34,7 +35,9 @@ pub trait ClaimStatements<DB, R> {
     /// The query reading rows, to lock.
     type Rows;
 
-    /// The locking clause's `OF` table, where the backend has row locks.
+    /// The locking clause's `OF` table, where the backend has row locks,
+    /// once the query is known to be claimable as written (no `DISTINCT`,
+    /// `LIMIT` or `OFFSET`).
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
 
     /// The key of a row.
@@ -131,7 +134,7 @@ type ReadByKeys<R, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, ByK
 
 impl<Q, DB, R, K, Pk> ClaimStatements<DB, R> for Q
 where
-    Q: Clone + FilterDsl<InRange<Pk, K>>,
+    Q: Clone + FilterDsl<InRange<Pk, K>> + QueryFragment<DB>,
     DB: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
@@ -149,6 +152,7 @@ where
     type Rows = RowsQuery<Q, Pk, K>;
 
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
+        rendered::check_claimable(&rendered::render::<DB>(self)?)?;
         lock_target::<_, DB>(&R::table())
     }
 

@@ -6,6 +6,7 @@
 //! clause itself, to any query, rendered by the backend.
 
 mod keys;
+pub mod rendered;
 mod statements;
 
 pub use keys::{InList, InRange, KeyRange, KeysIn, Lower};
@@ -64,75 +65,7 @@ where
     if !<DB as Strategy>::LOCK_OF {
         return Ok(None);
     }
-    Ok(Some(unqualified_table_name::<T, DB>(table)?.into()))
-}
-
-/// The unqualified name of a table, as `OF` needs it: the last identifier of its
-/// rendered `FROM` clause (`"orders"` or `"shop"."orders"` gives `orders`).
-fn unqualified_table_name<T, DB>(table: &T) -> QueryResult<String>
-where
-    T: diesel::Table,
-    T::FromClause: QueryFragment<DB>,
-    DB: ClaimBackend,
-{
-    use diesel::query_builder::QueryBuilder;
-    let mut builder = DB::query_builder();
-    table.from_clause().to_sql(&mut builder, &DB::default())?;
-    let rendered = builder.finish();
-    last_identifier(&rendered).ok_or_else(|| {
-        diesel::result::Error::QueryBuilderError(
-            format!("cannot find the table name in `{rendered}`").into(),
-        )
-    })
-}
-
-/// The last identifier of a dotted, possibly quoted name; quotes are `"` or `` ` ``
-/// and doubled inside a quoted name.
-fn last_identifier(name: &str) -> Option<String> {
-    let name = name.trim();
-    let Some(quote) = name.chars().last().filter(|c| *c == '"' || *c == '`') else {
-        return name
-            .rsplit('.')
-            .next()
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned);
-    };
-    let body = &name[..name.len() - 1];
-    let mut identifier = String::new();
-    let mut chars = body.chars().rev().peekable();
-    while let Some(c) = chars.next() {
-        if c != quote {
-            identifier.push(c);
-        } else if chars.peek() == Some(&quote) {
-            chars.next();
-            identifier.push(quote);
-        } else {
-            return Some(identifier.chars().rev().collect());
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::last_identifier;
-
-    #[test]
-    fn last_identifier_of_rendered_table_names() {
-        assert_eq!(last_identifier(r#""orders""#).as_deref(), Some("orders"));
-        assert_eq!(
-            last_identifier(r#""shop"."orders""#).as_deref(),
-            Some("orders")
-        );
-        assert_eq!(
-            last_identifier(r#""a""b"."c.""d""#).as_deref(),
-            Some(r#"c."d"#)
-        );
-        assert_eq!(
-            last_identifier("`shop`.`orders`").as_deref(),
-            Some("orders")
-        );
-        assert_eq!(last_identifier("shop.orders").as_deref(), Some("orders"));
-        assert_eq!(last_identifier(r#"unterminated""#), None);
-    }
+    Ok(Some(
+        rendered::unqualified_table_name::<T, DB>(table)?.into(),
+    ))
 }
