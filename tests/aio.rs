@@ -753,6 +753,7 @@ on_async_backends! {
 
     /// The async `retry` takes `anyhow::Error` and refuses a policy of no
     /// attempts before running the operation.
+    #[cfg(feature = "anyhow")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn retry_takes_anyhow_and_refuses_zero_attempts() {
         let (_db, pool) = test_db(1).await;

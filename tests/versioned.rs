@@ -345,8 +345,6 @@ on_every_backend! {
     /// anywhere in the chain is retried, anything else returned at once.
     #[test]
     fn retry_takes_anyhow_and_boxed_errors() {
-        use anyhow::Context;
-
         let (_db, pool) = test_db(1);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
@@ -355,26 +353,35 @@ on_every_backend! {
 
         // Attempt n expects version n - 1: two conflicts, then the update.
         let mut attempts = 0;
-        let version = retry(conn, RetryPolicy::attempts(5), |conn| -> anyhow::Result<i32> {
-            attempts += 1;
-            let version = accounts::table
-                .find(1)
-                .update_versioned(accounts::version, attempts - 1, accounts::balance.eq(6))
-                .execute(conn)
-                .context("bumping the balance")?;
-            Ok(version)
-        })
-        .unwrap();
-        assert_eq!((attempts, version), (3, 3));
-
-        let mut attempts = 0;
         let version = retry(conn, RetryPolicy::attempts(5), |conn| {
             attempts += 1;
             accounts::table
                 .find(1)
-                .update_versioned(accounts::version, attempts + 1, accounts::balance.eq(7))
+                .update_versioned(accounts::version, attempts - 1, accounts::balance.eq(6))
                 .execute(conn)
                 .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+        })
+        .unwrap();
+        assert_eq!((attempts, version), (3, 3));
+
+        #[cfg(feature = "anyhow")]
+        retry_anyhow(conn);
+    }
+
+    /// `retry` with `anyhow::Error`, with and without context (feature `anyhow`).
+    #[cfg(feature = "anyhow")]
+    fn retry_anyhow(conn: &mut Conn) {
+        use anyhow::Context;
+
+        let mut attempts = 0;
+        let version = retry(conn, RetryPolicy::attempts(5), |conn| -> anyhow::Result<i32> {
+            attempts += 1;
+            let version = accounts::table
+                .find(1)
+                .update_versioned(accounts::version, attempts + 1, accounts::balance.eq(7))
+                .execute(conn)
+                .context("bumping the balance")?;
+            Ok(version)
         })
         .unwrap();
         assert_eq!((attempts, version), (2, 4));
