@@ -31,7 +31,7 @@ pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Er
 #[cfg(feature = "postgres")]
 pub use lease::advisory;
 pub use lease::{with_lease, Lease, MAX_NAME_LEN, MAX_TTL};
-pub use lock::{LockBuilder, LockDsl, LockQuery};
+pub use lock::{FreshRow, LockBuilder, LockDsl, LockModelDsl, LockQuery};
 pub use locking::{LockStrength, OnLocked};
 pub use migrations::run_migrations;
 pub use versioned::{
@@ -41,6 +41,6 @@ pub use versioned::{
 /// The extension traits, for `use diesel_claim::prelude::*;`.
 pub mod prelude {
     pub use crate::claim::ClaimDsl;
-    pub use crate::lock::LockDsl;
+    pub use crate::lock::{LockDsl, LockModelDsl};
     pub use crate::versioned::VersionedDsl;
 }

@@ -5,12 +5,15 @@ use std::sync::Arc;
 
 use diesel::associations::HasTable;
 use diesel::connection::Connection;
+use diesel::dsl;
+use diesel::prelude::*;
 use diesel::query_builder::{Query, QueryFragment};
 use diesel::query_dsl::LoadQuery;
+use diesel::QuerySource;
 
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
-use crate::sql::{lock_target, Locked};
+use crate::sql::{lock_target, InList, Locked, SelectWhere};
 use crate::transaction::locking_transaction;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
@@ -60,6 +63,91 @@ pub trait LockDsl: Sized {
 }
 
 impl<Q: Query> LockDsl for Q {}
+
+/// Adds [`with_lock`](LockModelDsl::with_lock) to a loaded model: its row
+/// locked and read again, as Rails' `record.with_lock` and Django's
+/// `select_for_update().get(pk=…)`.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+///
+/// # fn main() -> Result<(), diesel_claim::Error> {
+/// # let mut conn = establish_connection();
+/// let account: Account = accounts::table.find(1).select(Account::as_select()).first(&mut conn)?;
+/// // … the row may change meanwhile; `fresh` is what it holds under the lock.
+/// account.with_lock(&mut conn, |conn, fresh: Account| {
+///     diesel::update(&fresh)
+///         .set(accounts::balance.eq(fresh.balance + 10))
+///         .execute(conn)?;
+///     Ok::<_, diesel_claim::Error>(())
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+pub trait LockModelDsl: HasTable + Sized {
+    /// The model's primary-key value.
+    type Key: Clone;
+
+    /// Locks this model's row, reads it again and runs `f` with the fresh copy,
+    /// in a transaction, as [`LockDsl::with_lock`] on `table.find(key)` does.
+    /// A row deleted since it was loaded is [`Error::NotFound`].
+    fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
+    where
+        C: Connection,
+        C::Backend: ClaimBackend,
+        Self: Selectable<C::Backend>,
+        FreshRow<Self, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
+        F: FnOnce(&mut C, Self) -> Result<T, E>,
+        E: From<Error>;
+}
+
+impl<M, K> LockModelDsl for M
+where
+    M: HasTable,
+    for<'a> &'a M: Identifiable<Id = &'a K>,
+    K: Clone,
+{
+    type Key = K;
+
+    fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
+    where
+        C: Connection,
+        C::Backend: ClaimBackend,
+        Self: Selectable<C::Backend>,
+        FreshRow<Self, K, C::Backend>: LockQuery<'q, C, Self>,
+        F: FnOnce(&mut C, Self) -> Result<T, E>,
+        E: From<Error>,
+    {
+        LockBuilder::<_, Blocking>::new(fresh_row(self)).run(conn, f)
+    }
+}
+
+/// The row of a loaded model, read again: `SELECT <its columns> FROM <its
+/// table> WHERE <key> IN (<its key>)`.
+pub type FreshRow<M, K, DB> = SelectWhere<
+    dsl::AsSelect<M, DB>,
+    <<M as HasTable>::Table as QuerySource>::FromClause,
+    InList<<<M as HasTable>::Table as Table>::PrimaryKey, K>,
+>;
+
+pub(crate) fn fresh_row<M, K, DB>(model: &M) -> FreshRow<M, K, DB>
+where
+    M: HasTable + Selectable<DB>,
+    for<'a> &'a M: Identifiable<Id = &'a K>,
+    K: Clone,
+    DB: diesel::backend::Backend,
+{
+    let table = M::table();
+    SelectWhere {
+        columns: M::as_select(),
+        from: table.from_clause(),
+        filter: InList {
+            column: table.primary_key(),
+            keys: vec![model.id().clone()],
+        },
+    }
+}
 
 /// A row lock and its options, made by [`LockDsl::build_lock`].
 ///

@@ -697,6 +697,47 @@ on_async_backends! {
         assert_eq!(next, 1);
     }
 
+    /// A loaded model locks its row and gets it back fresh: 8 tasks holding
+    /// the same stale copy each add 10, and none is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_loaded_model_is_locked_and_read_again() {
+        let (_db, pool) = test_db(9).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[100]).await;
+        let stale: Account = accounts::table
+            .find(1)
+            .select(Account::as_select())
+            .first(&mut *conn)
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (pool, stale) = (pool.clone(), stale.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    stale
+                        .with_lock(&mut *conn, |conn: &mut Conn, fresh: Account| {
+                            async move {
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                                diesel::update(accounts::table.find(fresh.id))
+                                    .set(accounts::balance.eq(fresh.balance + 10))
+                                    .execute(conn)
+                                    .await?;
+                                Ok::<_, diesel_claim::Error>(())
+                            }
+                            .scope_boxed()
+                        })
+                        .await
+                        .unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(balances(&mut conn).await, [180]);
+    }
+
     /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn limit_and_distinct_are_refused() {

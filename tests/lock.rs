@@ -118,6 +118,42 @@ on_every_backend! {
         assert_eq!(balances(&mut pool.get().unwrap()), vec![10]);
     }
 
+    /// A loaded model locks its row and gets it back fresh: eight threads
+    /// holding the same stale copy each add 10 through `model.with_lock`,
+    /// and none of the additions is lost. (With the stale copy's balance
+    /// instead of the fresh one's, the total would end at 110.)
+    #[test]
+    fn a_loaded_model_is_locked_and_read_again() {
+        const THREADS: usize = 8;
+        let (_db, pool) = test_db(THREADS as u32 + 1);
+        let mut pooled = pool.get().unwrap();
+        seed_accounts(&mut pooled, &[100]);
+        let stale: Account = accounts::table.find(1).select(Account::as_select()).first(&mut pooled).unwrap();
+        let start = Barrier::new(THREADS);
+        thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    let mut pooled = pool.get().unwrap();
+                    let conn: &mut Conn = &mut pooled;
+                    start.wait();
+                    stale
+                        .with_lock(conn, |conn, fresh: Account| {
+                            thread::sleep(Duration::from_millis(2));
+                            diesel::update(&fresh).set(accounts::balance.eq(fresh.balance + 10)).execute(conn)?;
+                            Ok::<_, Error>(())
+                        })
+                        .unwrap();
+                });
+            }
+        });
+        assert_eq!(balances(&mut pooled), vec![180]);
+
+        // A row deleted since it was loaded is not found; the closure never runs.
+        diesel::delete(accounts::table.find(1)).execute(&mut pooled).unwrap();
+        let gone = stale.with_lock(&mut pooled, |_, _: Account| -> Result<(), Error> { unreachable!() });
+        assert!(matches!(gone, Err(Error::NotFound)), "{gone:?}");
+    }
+
     #[test]
     fn missing_row_is_not_found_and_many_rows_are_refused() {
         let (_db, pool) = test_db(1);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use diesel::associations::HasTable;
 use diesel::query_builder::{Query, QueryFragment};
+use diesel::{Identifiable, Selectable};
 use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
@@ -12,7 +13,7 @@ use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 use super::backend::AsyncBackend;
 use super::transaction::locking_transaction;
 use super::Async;
-use crate::lock::{none_left_out, the_one_row};
+use crate::lock::{fresh_row, none_left_out, the_one_row, FreshRow};
 use crate::locking::LockClause;
 use crate::sql::{lock_target, Locked};
 use crate::{Error, LockBuilder};
@@ -69,6 +70,55 @@ pub trait LockDsl: Sized {
 }
 
 impl<Q: Query> LockDsl for Q {}
+
+/// Adds [`with_lock`](LockModelDsl::with_lock) to a loaded model, for
+/// diesel-async connections: the async twin of [`crate::LockModelDsl`].
+pub trait LockModelDsl: HasTable + Sized {
+    /// The model's primary-key value.
+    type Key: Clone + Send + Sync;
+
+    /// Locks this model's row, reads it again and awaits `f` with the fresh
+    /// copy, in a transaction: see [`crate::LockModelDsl::with_lock`].
+    fn with_lock<'a, C, T, E, F>(
+        &self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Self: Selectable<C::Backend> + Send + 'a,
+        FreshRow<Self, Self::Key, C::Backend>: LockQuery<'a, C, Self> + Send + Sync + 'a,
+        T: Send + 'a,
+        F: for<'c> FnOnce(&'c mut C, Self) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        E: From<Error> + Send + 'a;
+}
+
+impl<M, K> LockModelDsl for M
+where
+    M: HasTable,
+    for<'x> &'x M: Identifiable<Id = &'x K>,
+    K: Clone + Send + Sync,
+{
+    type Key = K;
+
+    fn with_lock<'a, C, T, E, F>(
+        &self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<T, E>> + Send + 'a
+    where
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Self: Selectable<C::Backend> + Send + 'a,
+        FreshRow<Self, K, C::Backend>: LockQuery<'a, C, Self> + Send + Sync + 'a,
+        T: Send + 'a,
+        F: for<'c> FnOnce(&'c mut C, Self) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        LockBuilder::<_, Async>::new(fresh_row(self)).run(conn, f)
+    }
+}
 
 impl<Q> LockBuilder<Q, Async> {
     /// Awaits `f` with the locked row: see [`crate::LockDsl::with_lock`].

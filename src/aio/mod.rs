@@ -104,7 +104,7 @@ mod versioned;
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
 pub use lease::{with_lease, Lease};
-pub use lock::{LockDsl, LockQuery};
+pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use versioned::{retry, VersionedDsl};
 
 /// The mode of the builders the [`aio::prelude`](prelude)'s traits make: they run
@@ -114,7 +114,7 @@ pub enum Async {}
 
 /// The async extension traits, and the crate's other common names.
 pub mod prelude {
-    pub use super::{ClaimDsl, LockDsl, VersionedDsl};
+    pub use super::{ClaimDsl, LockDsl, LockModelDsl, VersionedDsl};
     pub use crate::{ClaimReport, Error, LockStrength, OnLocked, RetryPolicy};
     pub use scoped_futures::ScopedFutureExt;
 }
