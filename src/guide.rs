@@ -214,6 +214,13 @@
 //! a plain `UPDATE` elsewhere defeats it. Under heavy contention on the same rows
 //! retries add up: prefer [`with_lock`](LockDsl::with_lock) there.
 //!
+//! The target is one row: `table.find(key)`, `&model`, or a filter. One that
+//! is not one row by its primary key runs in a transaction (a savepoint inside
+//! yours) and is rolled back with [`Error::UnexpectedOutcome`] if it changed
+//! several rows. A changeset that sets the version column itself is refused:
+//! the crate sets it. [`delete_versioned`](VersionedDsl::delete_versioned)
+//! deletes with the same check and the same outcomes.
+//!
 //! [`retry`]'s closure may return the crate's [`Error`], a `Box<dyn Error>`,
 //! `anyhow::Error` (feature `anyhow`) or an error type of your own that
 //! implements [`Transient`]; a transient cause is found anywhere in the chain

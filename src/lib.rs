@@ -16,6 +16,7 @@ mod locking;
 pub mod migrations;
 #[cfg(feature = "mysql")]
 pub mod named_lock;
+mod retry;
 mod sql;
 mod transaction;
 mod versioned;
@@ -34,9 +35,8 @@ pub use lease::{with_lease, Lease, MAX_NAME_LEN, MAX_TTL};
 pub use lock::{FreshRow, LockBuilder, LockDsl, LockModelDsl, LockQuery};
 pub use locking::{LockStrength, OnLocked};
 pub use migrations::run_migrations;
-pub use versioned::{
-    is_transient, retry, RetryPolicy, Transient, Version, VersionedDsl, VersionedUpdate,
-};
+pub use retry::{is_transient, retry, RetryPolicy, Transient};
+pub use versioned::{Version, VersionedDelete, VersionedDsl, VersionedUpdate};
 
 /// The extension traits, for `use diesel_claim::prelude::*;`.
 pub mod prelude {

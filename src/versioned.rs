@@ -1,8 +1,6 @@
-//! Optimistic updates guarded by a version column, and the retry helper.
+//! Optimistic updates and deletes guarded by a version column.
 
-use std::hash::{BuildHasher, RandomState};
 use std::marker::PhantomData;
-use std::time::Duration;
 
 use diesel::connection::Connection;
 use diesel::dsl;
@@ -43,7 +41,8 @@ macro_rules! impl_version {
 }
 impl_version!(i16 i32 i64);
 
-/// Adds [`update_versioned`](VersionedDsl::update_versioned) to everything
+/// Adds [`update_versioned`](VersionedDsl::update_versioned) and
+/// [`delete_versioned`](VersionedDsl::delete_versioned) to everything
 /// `diesel::update` accepts: `table.find(id)`, `table.filter(…)`, `&model`.
 pub trait VersionedDsl: IntoUpdateTarget + Clone {
     /// Prepares `UPDATE … SET <changes>, <version> = expected + 1 WHERE <self> AND
@@ -65,6 +64,25 @@ pub trait VersionedDsl: IntoUpdateTarget + Clone {
     {
         VersionedUpdate::new(self, version_column, expected, changes)
     }
+
+    /// Prepares `DELETE FROM … WHERE <self> AND <version> = expected`; run it
+    /// with [`VersionedDelete::execute`].
+    ///
+    /// The same outcomes as [`update_versioned`](Self::update_versioned): a
+    /// row changed since it was read is [`Error::VersionConflict`] and stays,
+    /// a row already gone is [`Error::NotFound`]; never `Ok` for nothing
+    /// deleted.
+    fn delete_versioned<Col, V>(
+        self,
+        version_column: Col,
+        expected: V,
+    ) -> VersionedDelete<Self, Col, V>
+    where
+        Col: Column<Table = Self::Table>,
+        V: Version,
+    {
+        VersionedDelete::new(self, version_column, expected)
+    }
 }
 
 impl<T: IntoUpdateTarget + Clone> VersionedDsl for T {}
@@ -73,9 +91,7 @@ impl<T: IntoUpdateTarget + Clone> VersionedDsl for T {}
 #[derive(Debug, Clone)]
 #[must_use = "a versioned update does nothing until it is executed"]
 pub struct VersionedUpdate<Target, Col, V, Changes, M = Blocking> {
-    target: Target,
-    version_column: Col,
-    expected: V,
+    pub(crate) check: VersionCheck<Target, Col, V>,
     changes: Changes,
     mode: PhantomData<M>,
 }
@@ -83,18 +99,51 @@ pub struct VersionedUpdate<Target, Col, V, Changes, M = Blocking> {
 impl<Target, Col, V, Changes, M> VersionedUpdate<Target, Col, V, Changes, M> {
     pub(crate) fn new(target: Target, version_column: Col, expected: V, changes: Changes) -> Self {
         VersionedUpdate {
-            target,
-            version_column,
-            expected,
+            check: VersionCheck {
+                target,
+                version_column,
+                expected,
+            },
             changes,
             mode: PhantomData,
         }
     }
 }
 
+/// A version-checked delete, made by [`VersionedDsl::delete_versioned`].
+#[derive(Debug, Clone)]
+#[must_use = "a versioned delete does nothing until it is executed"]
+pub struct VersionedDelete<Target, Col, V, M = Blocking> {
+    pub(crate) check: VersionCheck<Target, Col, V>,
+    mode: PhantomData<M>,
+}
+
+impl<Target, Col, V, M> VersionedDelete<Target, Col, V, M> {
+    pub(crate) fn new(target: Target, version_column: Col, expected: V) -> Self {
+        VersionedDelete {
+            check: VersionCheck {
+                target,
+                version_column,
+                expected,
+            },
+            mode: PhantomData,
+        }
+    }
+}
+
+/// What a versioned update or delete checks: the target row, and the version
+/// it is expected at.
+#[derive(Debug, Clone)]
+pub(crate) struct VersionCheck<Target, Col, V> {
+    target: Target,
+    version_column: Col,
+    expected: V,
+}
+
 type Bump<Col, V> = dsl::Eq<Col, V>;
 pub(crate) type Statement<Target, Col, V, Changes> =
     dsl::Filter<dsl::Update<Target, (Changes, Bump<Col, V>)>, dsl::Eq<Col, V>>;
+pub(crate) type DeleteStatement<Target, Col, V> = dsl::Filter<dsl::delete<Target>, dsl::Eq<Col, V>>;
 pub(crate) type PrimaryKey<Target> =
     <<Target as diesel::associations::HasTable>::Table as Table>::PrimaryKey;
 /// Reads the target row's version.
@@ -134,17 +183,19 @@ where
     {
         let next = self.next_version()?;
         let statement = self.statement::<C::Backend>(next)?;
-        let rows = if self.targets_one_row::<C::Backend>()? {
+        let rows = if self.check.targets_one_row::<C::Backend>()? {
             ExecuteDsl::execute(statement, conn)?
         } else {
             locking_transaction(conn, |conn| {
                 let rows = ExecuteDsl::execute(statement, conn)?;
-                changed_at_most_one(rows)?;
+                changed_at_most_one("update_versioned", rows)?;
                 Ok::<_, Error>(rows)
             })?
         };
         match rows {
-            0 => Err(self.no_match(self.probe().get_result(conn).optional())),
+            0 => Err(self
+                .check
+                .no_match(self.check.probe().get_result(conn).optional())),
             _ => Ok(next),
         }
     }
@@ -162,29 +213,72 @@ where
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let statement = self.statement::<C::Backend>(self.next_version()?)?;
-        let row = if self.targets_one_row::<C::Backend>()? {
+        let row = if self.check.targets_one_row::<C::Backend>()? {
             statement.get_result(conn).optional()?
         } else {
             locking_transaction(conn, |conn| {
                 let rows: Vec<R> = statement.load(conn)?;
-                changed_at_most_one(rows.len())?;
+                changed_at_most_one("update_versioned", rows.len())?;
                 Ok::<_, Error>(rows.into_iter().next())
             })?
         };
-        row.ok_or_else(|| self.no_match(self.probe().get_result(conn).optional()))
+        row.ok_or_else(|| {
+            let probed = self.check.probe().get_result(conn).optional();
+            self.check.no_match(probed)
+        })
     }
 }
 
-/// `Err` if a versioned update changed more than one row: its transaction
-/// then rolls the changes back.
-pub(crate) fn changed_at_most_one(rows: usize) -> Result<(), Error> {
+/// `Err` if a versioned update or delete (`operation`) changed more than one
+/// row: its transaction then rolls the changes back.
+pub(crate) fn changed_at_most_one(operation: &str, rows: usize) -> Result<(), Error> {
     if rows > 1 {
         return Err(Error::UnexpectedOutcome(format!(
-            "the target of update_versioned matched {rows} rows: it must be one row, such as \
+            "the target of {operation} matched {rows} rows: it must be one row, such as \
              `table.find(key)` or `&model`; nothing was changed"
         )));
     }
     Ok(())
+}
+
+impl<Target, Col, V> VersionedDelete<Target, Col, V>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType>,
+    dsl::delete<Target>: FilterDsl<dsl::Eq<Col, V>>,
+{
+    /// Runs the delete. A target that is not one row by its primary key is
+    /// deleted in a transaction that is rolled back, with
+    /// [`Error::UnexpectedOutcome`], if it deleted more than one row.
+    pub fn execute<'q, C>(self, conn: &mut C) -> Result<(), Error>
+    where
+        C: Connection,
+        C::Backend: ClaimBackend,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
+        DeleteStatement<Target, Col, V>: ExecuteDsl<C>,
+        Probe<Target, Col>: LoadQuery<'q, C, V>,
+    {
+        let statement = self.check.delete();
+        let rows = if self.check.targets_one_row::<C::Backend>()? {
+            ExecuteDsl::execute(statement, conn)?
+        } else {
+            locking_transaction(conn, |conn| {
+                let rows = ExecuteDsl::execute(statement, conn)?;
+                changed_at_most_one("delete_versioned", rows)?;
+                Ok::<_, Error>(rows)
+            })?
+        };
+        match rows {
+            0 => Err(self
+                .check
+                .no_match(self.check.probe().get_result(conn).optional())),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl<Target, Col, V, Changes, M> VersionedUpdate<Target, Col, V, Changes, M>
@@ -200,9 +294,10 @@ where
     dsl::Update<Target, (Changes, Bump<Col, V>)>: FilterDsl<dsl::Eq<Col, V>>,
 {
     pub(crate) fn next_version(&self) -> Result<V, Error> {
-        self.expected
+        let expected = self.check.expected;
+        expected
             .next()
-            .ok_or(Error::VersionOverflow(self.expected.into()))
+            .ok_or(Error::VersionOverflow(expected.into()))
     }
 
     pub(crate) fn statement<DB>(&self, next: V) -> Result<Statement<Target, Col, V, Changes>, Error>
@@ -227,14 +322,35 @@ where
                 Col::NAME
             )));
         }
-        let column = self.version_column;
-        Ok(diesel::update(self.target.clone())
-            .set((self.changes.clone(), column.eq(next)))
-            .filter(column.eq(self.expected)))
+        let VersionCheck {
+            target,
+            version_column,
+            expected,
+        } = self.check.clone();
+        Ok(diesel::update(target)
+            .set((self.changes.clone(), version_column.eq(next)))
+            .filter(version_column.eq(expected)))
+    }
+}
+
+impl<Target, Col, V> VersionCheck<Target, Col, V>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType>,
+{
+    /// `DELETE FROM … WHERE <target> AND <version> = expected`.
+    pub(crate) fn delete(&self) -> DeleteStatement<Target, Col, V>
+    where
+        dsl::delete<Target>: FilterDsl<dsl::Eq<Col, V>>,
+    {
+        diesel::delete(self.target.clone()).filter(self.version_column.eq(self.expected))
     }
 
-    /// Whether the target is one row by its primary key, so that the update
-    /// needs no guard against changing several.
+    /// Whether the target is one row by its primary key, so that the
+    /// statement needs no guard against changing several.
     pub(crate) fn targets_one_row<DB>(&self) -> Result<bool, Error>
     where
         DB: ClaimBackend,
@@ -247,8 +363,8 @@ where
         Ok(rendered::one_row_by_key(&where_clause, &key))
     }
 
-    /// The read of the row's version that tells, when the update matched no
-    /// row, a conflict from a missing row.
+    /// The read of the row's version that tells, when the statement matched
+    /// no row, a conflict from a missing row.
     pub(crate) fn probe(&self) -> Probe<Target, Col> {
         let target = self.target.clone().into_update_target();
         VersionProbe {
@@ -258,7 +374,7 @@ where
         }
     }
 
-    /// What the [`probe`](Self::probe) found, as the update's error.
+    /// What the [`probe`](Self::probe) found, as the statement's error.
     pub(crate) fn no_match(&self, probed: QueryResult<Option<V>>) -> Error {
         match probed {
             Ok(Some(actual)) => Error::VersionConflict {
@@ -268,192 +384,5 @@ where
             Ok(None) => Error::NotFound,
             Err(error) => Error::from(error),
         }
-    }
-}
-
-/// How often and how patiently [`retry`] tries again.
-///
-/// Attempt `n` (from 1) that fails with a transient error sleeps a random time
-/// up to `min(max_backoff, initial_backoff × 2ⁿ⁻¹)` ("full jitter") before the next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Attempts in all, the first included (at least 1).
-    pub max_attempts: u32,
-    /// Upper bound of the first backoff.
-    pub initial_backoff: Duration,
-    /// Upper bound of every backoff.
-    pub max_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    /// 16 attempts, backoff from up to 1 ms growing to at most 250 ms.
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 16,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(250),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// A policy of `max_attempts` attempts with the default backoff. 0 is
-    /// refused when the policy is used.
-    pub fn attempts(max_attempts: u32) -> Self {
-        RetryPolicy {
-            max_attempts,
-            ..RetryPolicy::default()
-        }
-    }
-
-    fn backoff(&self, attempt: u32, jitter: &RandomState) -> Duration {
-        let ceiling = self
-            .initial_backoff
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(self.max_backoff);
-        let random = jitter.hash_one(attempt);
-        ceiling.mul_f64(random as f64 / u64::MAX as f64)
-    }
-}
-
-/// Errors [`retry`] can tell transient failures from final ones in.
-///
-/// Implemented for the crate's [`Error`], Diesel's, `Box<dyn Error + Send +
-/// Sync>` and `Box<dyn Error>`, and with the `anyhow` feature for
-/// `anyhow::Error`: the boxed ones are transient when [`is_transient`] finds a
-/// transient cause in their chain of sources. An application's own error type
-/// implements it in a few lines:
-///
-/// ```
-/// #[derive(Debug, thiserror::Error)]
-/// enum AppError {
-///     #[error(transparent)]
-///     Claim(#[from] diesel_claim::Error),
-///     #[error("insufficient funds")]
-///     Insufficient,
-/// }
-///
-/// impl diesel_claim::Transient for AppError {
-///     fn is_transient(&self) -> bool {
-///         matches!(self, AppError::Claim(error) if error.is_transient())
-///     }
-/// }
-/// ```
-///
-/// (Where the crate's error is a [`source`](std::error::Error::source) of
-/// yours, `diesel_claim::is_transient(self)` finds it; `#[error(transparent)]`
-/// passes the source on, not the wrapped error itself.)
-pub trait Transient {
-    /// Whether running the operation again may succeed.
-    fn is_transient(&self) -> bool;
-}
-
-impl Transient for Error {
-    fn is_transient(&self) -> bool {
-        Error::is_transient(self)
-    }
-}
-
-impl Transient for diesel::result::Error {
-    fn is_transient(&self) -> bool {
-        crate::is_deadlock(self) || crate::is_serialization_failure(self)
-    }
-}
-
-impl Transient for Box<dyn std::error::Error + Send + Sync> {
-    fn is_transient(&self) -> bool {
-        is_transient(&**self)
-    }
-}
-
-impl Transient for Box<dyn std::error::Error> {
-    fn is_transient(&self) -> bool {
-        is_transient(&**self)
-    }
-}
-
-#[cfg(feature = "anyhow")]
-#[cfg_attr(docsrs, doc(cfg(feature = "anyhow")))]
-impl Transient for anyhow::Error {
-    fn is_transient(&self) -> bool {
-        is_transient(self.as_ref())
-    }
-}
-
-/// Whether `error`, or any error in its chain of [`source`]s, is a transient
-/// failure: a transient [`Error`] (version conflict, deadlock, serialization
-/// failure) or a Diesel error that is a deadlock or a serialization failure.
-///
-/// [`source`]: std::error::Error::source
-pub fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(error), |error| error.source()).any(|cause| {
-        if let Some(error) = cause.downcast_ref::<Error>() {
-            return error.is_transient();
-        }
-        cause
-            .downcast_ref::<diesel::result::Error>()
-            .is_some_and(Transient::is_transient)
-    })
-}
-
-/// Runs `operation` until it succeeds, fails with an error that is not
-/// [transient](Transient), or has been tried `policy.max_attempts` times; then
-/// returns its last result.
-///
-/// Each attempt must re-read what it depends on: on a version conflict the row
-/// changed since it was read. Transient errors are version conflicts, deadlocks
-/// and serialization failures. Run it outside a transaction (or make `operation`
-/// a transaction of its own): PostgreSQL aborts the surrounding transaction on a
-/// deadlock, and every later attempt inside it would fail.
-///
-/// A policy of 0 attempts is [`Error::InvalidArgument`], without an attempt.
-pub fn retry<C, T, E, F>(conn: &mut C, policy: RetryPolicy, mut operation: F) -> Result<T, E>
-where
-    F: FnMut(&mut C) -> Result<T, E>,
-    E: Transient + From<Error>,
-{
-    let mut attempts = Attempts::new(policy)?;
-    loop {
-        match operation(conn) {
-            Err(error) => match attempts.pause_after(&error) {
-                Some(pause) => std::thread::sleep(pause),
-                None => return Err(error),
-            },
-            done => return done,
-        }
-    }
-}
-
-/// The attempts of one [`retry`]: whether to try again after an error, and
-/// after what pause.
-pub(crate) struct Attempts {
-    policy: RetryPolicy,
-    jitter: RandomState,
-    made: u32,
-}
-
-impl Attempts {
-    /// The attempts of `policy`; [`Error::InvalidArgument`] if it allows none.
-    pub(crate) fn new(policy: RetryPolicy) -> Result<Self, Error> {
-        if policy.max_attempts == 0 {
-            return Err(Error::InvalidArgument(
-                "a retry policy needs at least one attempt: max_attempts is 0".to_owned(),
-            ));
-        }
-        Ok(Attempts {
-            policy,
-            jitter: RandomState::new(),
-            made: 1,
-        })
-    }
-
-    /// The pause before the next attempt after `error`; `None` gives up.
-    pub(crate) fn pause_after<E: Transient>(&mut self, error: &E) -> Option<Duration> {
-        if !error.is_transient() || self.made >= self.policy.max_attempts {
-            return None;
-        }
-        let pause = self.policy.backoff(self.made, &self.jitter);
-        self.made += 1;
-        Some(pause)
     }
 }

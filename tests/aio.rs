@@ -738,6 +738,37 @@ on_async_backends! {
         assert_eq!(balances(&mut conn).await, [180]);
     }
 
+    /// A versioned delete: a stale version conflicts and keeps the row, the
+    /// right one deletes it, and then it is not found.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delete_versioned_outcomes() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[10, 20]).await;
+        let stale = accounts::table
+            .find(1)
+            .delete_versioned(accounts::version, 3)
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(
+            stale,
+            Err(diesel_claim::Error::VersionConflict { expected: 3, actual: Some(0) })
+        ));
+        accounts::table
+            .find(1)
+            .delete_versioned(accounts::version, 0)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let gone = accounts::table
+            .find(1)
+            .delete_versioned(accounts::version, 0)
+            .execute(&mut *conn)
+            .await;
+        assert!(matches!(gone, Err(diesel_claim::Error::NotFound)), "{gone:?}");
+        assert_eq!(balances(&mut conn).await, [20]);
+    }
+
     /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn limit_and_distinct_are_refused() {

@@ -340,6 +340,45 @@ on_every_backend! {
         assert_eq!(read(conn, 3).unwrap(), Account { id: 3, balance: 60, version: 1 });
     }
 
+    /// A versioned delete has the update's three outcomes: deleted, a
+    /// conflict that leaves the changed row, not found; and a target of
+    /// several rows deletes nothing.
+    #[test]
+    fn delete_versioned_outcomes() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[100, 50, 50, 50]);
+        let first = read(conn, 1).unwrap();
+        accounts::table
+            .find(1)
+            .update_versioned(accounts::version, 0, accounts::balance.eq(90))
+            .execute(conn)
+            .unwrap();
+
+        // Read at version 0, changed since: a conflict, and the row stays.
+        let stale = (&first).delete_versioned(accounts::version, first.version).execute(conn);
+        assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })), "{stale:?}");
+        assert_eq!(read(conn, 1).unwrap().balance, 90);
+
+        (&first).delete_versioned(accounts::version, 1).execute(conn).unwrap();
+        assert!(matches!(read(conn, 1), Err(diesel::result::Error::NotFound)));
+        let gone = accounts::table.find(1).delete_versioned(accounts::version, 1).execute(conn);
+        assert!(matches!(gone, Err(Error::NotFound)), "{gone:?}");
+
+        let several = accounts::table
+            .filter(accounts::balance.eq(50))
+            .delete_versioned(accounts::version, 0)
+            .execute(conn)
+            .unwrap_err();
+        assert_eq!(
+            several.to_string(),
+            "unexpected outcome: the target of delete_versioned matched 3 rows: it must be one row, \
+             such as `table.find(key)` or `&model`; nothing was changed"
+        );
+        assert_eq!(all(conn).len(), 3);
+    }
+
     /// `retry` takes the error types applications use: `anyhow::Error` (with
     /// or without context), boxed errors, and the crate's; a transient cause
     /// anywhere in the chain is retried, anything else returned at once.

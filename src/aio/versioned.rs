@@ -15,8 +15,9 @@ use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 use super::backend::AsyncBackend;
 use super::transaction::locking_transaction;
 use super::Async;
-use crate::versioned::{changed_at_most_one, Attempts, PrimaryKey, Probe, Statement};
-use crate::{Error, RetryPolicy, Transient, Version, VersionedUpdate};
+use crate::retry::Attempts;
+use crate::versioned::{changed_at_most_one, DeleteStatement, PrimaryKey, Probe, Statement};
+use crate::{Error, RetryPolicy, Transient, Version, VersionedDelete, VersionedUpdate};
 
 /// Adds [`update_versioned`](VersionedDsl::update_versioned) to update targets,
 /// for diesel-async connections: the async twin of [`crate::VersionedDsl`].
@@ -36,9 +37,74 @@ pub trait VersionedDsl: IntoUpdateTarget + Clone {
     {
         VersionedUpdate::new(self, version_column, expected, changes)
     }
+
+    /// A version-checked delete: see [`crate::VersionedDsl::delete_versioned`].
+    /// Run it with [`execute`](VersionedDelete#method.execute-1).
+    fn delete_versioned<Col, V>(
+        self,
+        version_column: Col,
+        expected: V,
+    ) -> VersionedDelete<Self, Col, V, Async>
+    where
+        Col: Column<Table = Self::Table>,
+        V: Version,
+    {
+        VersionedDelete::new(self, version_column, expected)
+    }
 }
 
 impl<T: IntoUpdateTarget + Clone> VersionedDsl for T {}
+
+impl<Target, Col, V> VersionedDelete<Target, Col, V, Async>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType> + Send + 'static,
+    dsl::delete<Target>: FilterDsl<dsl::Eq<Col, V>>,
+{
+    /// Runs the delete: see [`crate::VersionedDelete::execute`].
+    pub fn execute<'a, C>(
+        self,
+        conn: &'a mut C,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a
+    where
+        Self: 'a,
+        Target: Send + Sync,
+        Col: Send + Sync,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
+        DeleteStatement<Target, Col, V>: ExecuteDsl<C> + Send + 'a,
+        Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
+    {
+        async move {
+            let statement = self.check.delete();
+            let rows = if self.check.targets_one_row::<C::Backend>()? {
+                RunQueryDsl::execute(statement, conn).await?
+            } else {
+                locking_transaction(conn, |conn| {
+                    async move {
+                        let rows = RunQueryDsl::execute(statement, conn).await?;
+                        changed_at_most_one("delete_versioned", rows)?;
+                        Ok::<_, Error>(rows)
+                    }
+                    .scope_boxed()
+                })
+                .await?
+            };
+            match rows {
+                0 => {
+                    let probed = self.check.probe().get_result(conn).await.optional();
+                    Err(self.check.no_match(probed))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
 
 type Bump<Col, V> = dsl::Eq<Col, V>;
 
@@ -73,13 +139,13 @@ where
         async move {
             let next = self.next_version()?;
             let statement = self.statement::<C::Backend>(next)?;
-            let rows = if self.targets_one_row::<C::Backend>()? {
+            let rows = if self.check.targets_one_row::<C::Backend>()? {
                 RunQueryDsl::execute(statement, conn).await?
             } else {
                 locking_transaction(conn, |conn| {
                     async move {
                         let rows = RunQueryDsl::execute(statement, conn).await?;
-                        changed_at_most_one(rows)?;
+                        changed_at_most_one("update_versioned", rows)?;
                         Ok::<_, Error>(rows)
                     }
                     .scope_boxed()
@@ -88,8 +154,8 @@ where
             };
             match rows {
                 0 => {
-                    let probed = self.probe().get_result(conn).await.optional();
-                    Err(self.no_match(probed))
+                    let probed = self.check.probe().get_result(conn).await.optional();
+                    Err(self.check.no_match(probed))
                 }
                 _ => Ok(next),
             }
@@ -115,13 +181,13 @@ where
     {
         async move {
             let statement = self.statement::<C::Backend>(self.next_version()?)?;
-            let row = if self.targets_one_row::<C::Backend>()? {
+            let row = if self.check.targets_one_row::<C::Backend>()? {
                 RunQueryDsl::get_result(statement, conn).await.optional()?
             } else {
                 locking_transaction(conn, |conn| {
                     async move {
                         let rows: Vec<R> = RunQueryDsl::load(statement, conn).await?;
-                        changed_at_most_one(rows.len())?;
+                        changed_at_most_one("update_versioned", rows.len())?;
                         Ok::<_, Error>(rows.into_iter().next())
                     }
                     .scope_boxed()
@@ -131,8 +197,8 @@ where
             match row {
                 Some(row) => Ok(row),
                 None => {
-                    let probed = self.probe().get_result(conn).await.optional();
-                    Err(self.no_match(probed))
+                    let probed = self.check.probe().get_result(conn).await.optional();
+                    Err(self.check.no_match(probed))
                 }
             }
         }
