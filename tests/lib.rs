@@ -16,6 +16,7 @@ mod aio;
 mod claim;
 mod lease;
 mod lock;
+mod migrations;
 // The torture suite covers PostgreSQL and SQLite.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod torture;

@@ -53,6 +53,12 @@ pub(crate) mod strategy {
         where
             C: Connection<Backend = Self>;
 
+        /// Applies the crate's pending migrations, recorded in its own history
+        /// (`history.rs`).
+        fn run_migrations<C>(conn: &mut C) -> Result<(), crate::Error>
+        where
+            C: LoadConnection<Backend = Self> + 'static;
+
         /// Runs one lease statement; `Some(token)` when it took effect.
         fn lease_statement<C>(
             conn: &mut C,
@@ -114,6 +120,9 @@ mod lease_query {
 
     impl<Q, Conn> RunQueryDsl<Conn> for LeaseQuery<Q> {}
 }
+
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod history;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;

@@ -54,6 +54,13 @@ impl Strategy for Pg {
         C::TransactionManager::begin_transaction(conn)
     }
 
+    fn run_migrations<C>(conn: &mut C) -> Result<(), crate::Error>
+    where
+        C: LoadConnection<Backend = Self> + 'static,
+    {
+        super::history::run(conn, Self::MIGRATIONS)
+    }
+
     fn lease_statement<C>(conn: &mut C, statement: LeaseStatement<'_>) -> QueryResult<Option<i64>>
     where
         C: LoadConnection<Backend = Self>,

@@ -342,7 +342,7 @@ pub use crate::short_lock_wait;
 
 pub fn create_schema<C>(conn: &mut C, schema: &str)
 where
-    C: diesel::Connection + diesel_migrations::MigrationHarness<C::Backend>,
+    C: diesel::connection::LoadConnection + 'static,
     C::Backend: diesel_claim::ClaimBackend,
 {
     conn.batch_execute(schema)

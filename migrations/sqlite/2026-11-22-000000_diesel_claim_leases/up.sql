@@ -1,7 +1,9 @@
 -- Named leases of diesel-claim. A row outlives its lease so that the fencing
 -- token keeps increasing across releases and expiries. `expires_at` is in
 -- microseconds since the Unix epoch, by SQLite's clock.
-CREATE TABLE diesel_claim_leases (
+-- IF NOT EXISTS: a database that applied this migration before the crate
+-- kept its own history (diesel_claim_schema_migrations) has the table.
+CREATE TABLE IF NOT EXISTS diesel_claim_leases (
     name TEXT PRIMARY KEY NOT NULL CHECK (name <> ''),
     token INTEGER NOT NULL CHECK (token > 0),
     expires_at INTEGER NOT NULL
