@@ -17,6 +17,7 @@ pub mod migrations;
 #[cfg(feature = "mysql")]
 pub mod named_lock;
 mod retry;
+mod reusable;
 mod sql;
 mod transaction;
 mod versioned;
@@ -36,6 +37,7 @@ pub use lock::{FreshRow, LockBuilder, LockDsl, LockModelDsl, LockQuery};
 pub use locking::{LockStrength, OnLocked};
 pub use migrations::run_migrations;
 pub use retry::{is_transient, retry, RetryPolicy, Transient};
+pub use reusable::{rebuild, Rebuild, Reusable};
 pub use versioned::{Version, VersionedDelete, VersionedDsl, VersionedUpdate};
 
 /// The extension traits, for `use diesel_claim::prelude::*;`.

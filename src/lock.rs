@@ -13,6 +13,7 @@ use diesel::QuerySource;
 
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
+use crate::reusable::{Rebuild, Reusable};
 use crate::sql::{lock_target, InList, Locked, SelectWhere};
 use crate::transaction::locking_transaction;
 use crate::{Blocking, Error, LockStrength, OnLocked};
@@ -63,6 +64,8 @@ pub trait LockDsl: Sized {
 }
 
 impl<Q: Query> LockDsl for Q {}
+
+impl<F> LockDsl for Rebuild<F> {}
 
 /// Adds [`with_lock`](LockModelDsl::with_lock) to a loaded model: its row
 /// locked and read again, as Rails' `record.with_lock` and Django's
@@ -288,7 +291,8 @@ pub(crate) fn none_left_out<R>(locked: &[R], all: &[R]) -> Result<(), Error> {
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be locked through `{Self}`",
     note = "the row type must name its table (`#[derive(Identifiable)]`) and be loadable from \
-            the query"
+            the query; a boxed query cannot be cloned: wrap the code that builds it in \
+            `diesel_claim::rebuild(|| …)`"
 )]
 pub trait LockQuery<'q, C, R> {
     /// The locking clause's `OF` table, where the backend has row locks.
@@ -302,12 +306,12 @@ pub trait LockQuery<'q, C, R> {
 
 impl<'q, Q, C, R> LockQuery<'q, C, R> for Q
 where
-    Q: Clone,
+    Q: Reusable,
     C: Connection,
     C::Backend: ClaimBackend,
     R: HasTable,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
-    Locked<Q>: LoadQuery<'q, C, R>,
+    Locked<Q::Query>: LoadQuery<'q, C, R>,
 {
     fn locked_table(&self) -> Result<Option<std::sync::Arc<str>>, Error> {
         lock_target::<_, C::Backend>(&R::table())
@@ -316,7 +320,7 @@ where
     fn rows(&self, conn: &mut C, lock: Option<LockClause>) -> diesel::QueryResult<Vec<R>> {
         diesel::RunQueryDsl::load(
             Locked {
-                query: self.clone(),
+                query: self.query(),
                 clause: lock,
             },
             conn,

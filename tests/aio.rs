@@ -769,6 +769,49 @@ on_async_backends! {
         assert_eq!(balances(&mut conn).await, [20]);
     }
 
+    /// A boxed query with a filter chosen at run time is claimed through
+    /// `rebuild` by many tasks: each row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn boxed_queries_are_claimed_through_rebuild() {
+        let (_db, pool) = test_db(9).await;
+        insert_pending(&mut pool.get().await.unwrap(), 500).await;
+        let only_shipped = std::hint::black_box(true);
+        let tasks: Vec<_> = (0..8)
+            .map(|task| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    let pending = diesel_claim::rebuild(move || {
+                        let mut query = orders::table.filter(orders::email_sent.eq(false)).into_boxed();
+                        if only_shipped {
+                            query = query.filter(orders::shipped.eq(true));
+                        }
+                        query
+                    });
+                    pending
+                        .build_claim()
+                        .batch(10)
+                        .each(&mut *conn, |conn: &mut Conn, order: Order| {
+                            async move {
+                                send_email(conn, &order, task).await?;
+                                Ok::<_, diesel_claim::Error>(())
+                            }
+                            .scope_boxed()
+                        })
+                        .await
+                        .unwrap()
+                        .processed
+                })
+            })
+            .collect();
+        let mut processed = 0;
+        for task in tasks {
+            processed += task.await.unwrap();
+        }
+        assert_eq!(processed, 500);
+        assert_eq!(email_figures(&mut pool.get().await.unwrap()).await, (500, 0, 0));
+    }
+
     /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn limit_and_distinct_are_refused() {

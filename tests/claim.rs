@@ -147,6 +147,64 @@ on_every_backend! {
         assert_eq!(processed, ORDERS as u64);
     }
 
+    /// Boxed queries, built at run time, are claimed through `rebuild`: the
+    /// same guarantees with the filter chosen at run time, per row, in
+    /// batches and marked.
+    #[test]
+    fn boxed_queries_are_claimed_through_rebuild() {
+        let (_db, pool) = test_db(WORKERS as u32 + 1);
+        insert_pending(&mut pool.get().unwrap(), ORDERS);
+        let only_shipped = std::hint::black_box(true);
+        let boxed = || {
+            let mut query = orders::table.filter(orders::email_sent.eq(false)).into_boxed();
+            if only_shipped {
+                query = query.filter(orders::shipped.eq(true));
+            }
+            query
+        };
+        let start = Barrier::new(WORKERS);
+        let processed: u64 = thread::scope(|scope| {
+            let workers: Vec<_> = (0..WORKERS)
+                .map(|worker| {
+                    let (pool, start) = (&pool, &start);
+                    scope.spawn(move || {
+                        let mut conn = pool.get().unwrap();
+                        start.wait();
+                        let pending = diesel_claim::rebuild(boxed);
+                        let report = match worker % 3 {
+                            0 => pending.claim_each(&mut conn, |conn, order: Order| {
+                                send_email(conn, &order, worker as i32)
+                            }),
+                            1 => pending.build_claim().batch(7).each(&mut conn, |conn, order: Order| {
+                                send_email(conn, &order, worker as i32)
+                            }),
+                            _ => pending
+                                .build_claim()
+                                .batch(7)
+                                .mark(orders::email_sent.eq(true))
+                                .each(&mut conn, |conn, order: Order| {
+                                    diesel::insert_into(outbox::table)
+                                        .values((outbox::order_id.eq(order.id), outbox::worker.eq(worker as i32)))
+                                        .execute(conn)
+                                        .map(drop)
+                                }),
+                        };
+                        report.unwrap().processed
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let mut conn = pool.get().unwrap();
+        assert_eq!(email_figures(&mut conn), (ORDERS as i64, 0, 0));
+        assert_eq!(processed, ORDERS as u64);
+
+        // What the boxed query refuses is refused through `rebuild` too.
+        let limited = diesel_claim::rebuild(|| orders::table.into_boxed().limit(3))
+            .claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
+        assert!(matches!(limited, Err(Error::InvalidArgument(_))), "{limited:?}");
+    }
+
     /// The control for the test above: the same workload with the re-check but
     /// without the lock sends some emails twice, so the figures above would catch
     /// a claim that stopped locking.

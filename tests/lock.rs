@@ -154,6 +154,23 @@ on_every_backend! {
         assert!(matches!(gone, Err(Error::NotFound)), "{gone:?}");
     }
 
+    /// A boxed query is locked through `rebuild`, `nowait` included (which
+    /// reads the rows twice).
+    #[test]
+    fn boxed_queries_are_locked_through_rebuild() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        seed_accounts(conn, &[100, 200]);
+        let wanted = std::hint::black_box(2);
+        let balance = diesel_claim::rebuild(|| accounts::table.into_boxed().filter(accounts::id.eq(wanted)))
+            .build_lock()
+            .nowait()
+            .run(conn, |_, account: Account| Ok::<_, Error>(account.balance))
+            .unwrap();
+        assert_eq!(balance, 200);
+    }
+
     #[test]
     fn missing_row_is_not_found_and_many_rows_are_refused() {
         let (_db, pool) = test_db(1);

@@ -57,6 +57,8 @@ pub trait ClaimDsl: Sized {
 
 impl<Q: Query> ClaimDsl for Q {}
 
+impl<F> ClaimDsl for crate::Rebuild<F> {}
+
 impl<Q> ClaimBuilder<Q, Async> {
     /// Runs the claim, awaiting `f` for every claimed row: see
     /// [`crate::ClaimBuilder::each`] and [`ClaimDsl::claim_each`].
@@ -233,7 +235,8 @@ where
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
     note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
-            be loadable from the query; with a join, `.select(YourRow::as_select())`"
+            be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
+            query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
 )]
 pub trait ClaimQuery<'q, C: AsyncConnection, R>:
     ClaimStatements<C::Backend, R, Key: Send + Sync>

@@ -15,6 +15,7 @@ use super::transaction::locking_transaction;
 use super::Async;
 use crate::lock::{fresh_row, none_left_out, the_one_row, FreshRow};
 use crate::locking::LockClause;
+use crate::reusable::Reusable;
 use crate::sql::{lock_target, Locked};
 use crate::{Error, LockBuilder};
 
@@ -70,6 +71,8 @@ pub trait LockDsl: Sized {
 }
 
 impl<Q: Query> LockDsl for Q {}
+
+impl<F> LockDsl for crate::Rebuild<F> {}
 
 /// Adds [`with_lock`](LockModelDsl::with_lock) to a loaded model, for
 /// diesel-async connections: the async twin of [`crate::LockModelDsl`].
@@ -181,7 +184,8 @@ impl<Q> LockBuilder<Q, Async> {
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be locked through `{Self}`",
     note = "the row type must name its table (`#[derive(Identifiable)]`) and be loadable from \
-            the query"
+            the query; a boxed query cannot be cloned: wrap the code that builds it in \
+            `diesel_claim::rebuild(|| …)`"
 )]
 pub trait LockQuery<'q, C, R> {
     /// The locking clause's `OF` table, where the backend has row locks.
@@ -199,12 +203,12 @@ pub trait LockQuery<'q, C, R> {
 
 impl<'q, Q, C, R> LockQuery<'q, C, R> for Q
 where
-    Q: Clone,
+    Q: Reusable,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
     R: HasTable + Send + 'static,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,
-    Locked<Q>: LoadQuery<'q, C, R> + 'q,
+    Locked<Q::Query>: LoadQuery<'q, C, R> + 'q,
 {
     fn locked_table(&self) -> Result<Option<Arc<str>>, Error> {
         lock_target::<_, C::Backend>(&R::table())
@@ -216,7 +220,7 @@ where
         lock: Option<LockClause>,
     ) -> impl Future<Output = diesel::QueryResult<Vec<R>>> + Send {
         let locked = Locked {
-            query: self.clone(),
+            query: self.query(),
             clause: lock,
         };
         diesel_async::RunQueryDsl::load(locked, conn)

@@ -58,6 +58,8 @@ pub trait ClaimDsl: Sized {
 
 impl<Q: Query> ClaimDsl for Q {}
 
+impl<F> ClaimDsl for crate::Rebuild<F> {}
+
 /// A claim and its options, made by [`ClaimDsl::build_claim`].
 ///
 /// ```

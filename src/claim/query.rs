@@ -17,6 +17,7 @@ use diesel::query_dsl::LoadQuery;
 use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
+use crate::reusable::Reusable;
 use crate::sql::{
     lock_target, rendered, InList, InRange, KeyRange, KeysIn, Locked, Returning, SelectWhere,
     Update,
@@ -66,7 +67,8 @@ pub trait ClaimStatements<DB, R> {
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
     note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
-            be loadable from the query; with a join, `.select(YourRow::as_select())`"
+            be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
+            query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
 )]
 pub trait ClaimQuery<'q, C: Connection, R>: ClaimStatements<C::Backend, R> {
     /// Runs [`keys_query`](ClaimStatements::keys_query).
@@ -134,7 +136,8 @@ type ReadByKeys<R, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, ByK
 
 impl<Q, DB, R, K, Pk> ClaimStatements<DB, R> for Q
 where
-    Q: Clone + FilterDsl<InRange<Pk, K>> + QueryFragment<DB>,
+    Q: Reusable,
+    Q::Query: FilterDsl<InRange<Pk, K>> + QueryFragment<DB>,
     DB: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
@@ -142,17 +145,17 @@ where
     for<'a> &'a R: Identifiable<Id = &'a K>,
     K: Clone + Eq + Hash,
     Pk: Column + Copy,
-    InQuery<Q, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
-    dsl::Select<InQuery<Q, Pk, K>, Pk>: OrderDsl<Pk>,
-    dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>: LimitDsl,
-    dsl::Order<InQuery<Q, Pk, K>, Pk>: LimitDsl,
+    InQuery<Q::Query, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
+    dsl::Select<InQuery<Q::Query, Pk, K>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q::Query, Pk, K>, Pk>, Pk>: LimitDsl,
+    dsl::Order<InQuery<Q::Query, Pk, K>, Pk>: LimitDsl,
 {
     type Key = K;
-    type Keys = KeysQuery<Q, Pk, K>;
-    type Rows = RowsQuery<Q, Pk, K>;
+    type Keys = KeysQuery<Q::Query, Pk, K>;
+    type Rows = RowsQuery<Q::Query, Pk, K>;
 
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
-        rendered::check_claimable(&rendered::render::<DB>(self)?)?;
+        rendered::check_claimable(&rendered::render::<DB>(&self.query())?)?;
         lock_target::<_, DB>(&R::table())
     }
 
@@ -162,7 +165,7 @@ where
 
     fn keys_query(&self, range: KeyRange<K>, limit: i64) -> Self::Keys {
         let key = primary_key::<R>();
-        FilterDsl::filter(self.clone(), InRange { column: key, range })
+        FilterDsl::filter(self.query(), InRange { column: key, range })
             .select(key)
             .order(key)
             .limit(limit)
@@ -171,7 +174,7 @@ where
     fn rows_query(&self, range: KeyRange<K>, limit: i64, lock: &LockClause) -> Locked<Self::Rows> {
         let key = primary_key::<R>();
         Locked {
-            query: FilterDsl::filter(self.clone(), InRange { column: key, range })
+            query: FilterDsl::filter(self.query(), InRange { column: key, range })
                 .order(key)
                 .limit(limit),
             clause: Some(lock.clone()),

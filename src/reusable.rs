@@ -1,0 +1,71 @@
+//! Queries the crate runs more than once: a claim reads keys, then locks rows,
+//! page after page, and `with_lock` may read its rows twice. A typed Diesel
+//! query is cloned for each statement; a boxed one cannot be, so
+//! [`rebuild`] takes the code that builds it and runs it for each statement.
+
+/// A query the crate can build each of its statements from.
+pub trait Reusable {
+    /// The query each statement starts from.
+    type Query;
+
+    /// A copy of the query, for one statement.
+    fn query(&self) -> Self::Query;
+}
+
+impl<Q: Clone> Reusable for Q {
+    type Query = Q;
+
+    fn query(&self) -> Q {
+        self.clone()
+    }
+}
+
+/// A query rebuilt for every statement of a claim or a row lock, made by
+/// [`rebuild`].
+#[derive(Debug)]
+#[must_use = "a query does nothing until it is claimed or locked"]
+pub struct Rebuild<F>(F);
+
+/// Makes a query that cannot be cloned, such as a boxed one with filters
+/// chosen at run time, claimable and lockable: `build` is called for every
+/// statement the crate sends, so it must build the same query each time.
+///
+/// ```
+/// # include!("doctest_setup.rs");
+/// use diesel_claim::prelude::*;
+///
+/// # fn main() -> Result<(), diesel_claim::Error> {
+/// # let mut conn = establish_connection();
+/// let only_shipped = true; // from the request
+/// let pending = diesel_claim::rebuild(|| {
+///     let mut query = orders::table.filter(orders::email_sent.eq(false)).into_boxed();
+///     if only_shipped {
+///         query = query.filter(orders::shipped.eq(true));
+///     }
+///     query
+/// });
+/// let report = pending.claim_each(&mut conn, |conn, order: Order| {
+///     diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+///     Ok::<_, diesel_claim::Error>(())
+/// })?;
+/// assert_eq!(report.processed, 2);
+/// # Ok(())
+/// # }
+/// ```
+pub fn rebuild<F, Q>(build: F) -> Rebuild<F>
+where
+    F: Fn() -> Q,
+{
+    Rebuild(build)
+}
+
+impl<F, Q> Reusable for Rebuild<F>
+where
+    F: Fn() -> Q,
+{
+    type Query = Q;
+
+    fn query(&self) -> Q {
+        (self.0)()
+    }
+}
