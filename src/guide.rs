@@ -180,6 +180,32 @@
 //!   `named_lock::with_named_lock` wraps `GET_LOCK`: held by the session, freed
 //!   when it ends, without a fencing token.
 //!
+//! # Diesel's `MultiConnection`
+//!
+//! A connection enum made with `#[derive(MultiConnection)]` (PostgreSQL in
+//! production, SQLite in development, say) is not a backend this crate can
+//! claim through: its backend type is generated in your crate, where the
+//! crate's sealed backend trait cannot be implemented, and what a claim
+//! sends differs per database (the locking clause, `BEGIN IMMEDIATE`, how a
+//! marking statement selects its rows) in ways a statement built once for
+//! the enum cannot follow. Match on the enum and claim through the connection
+//! inside it, with the code written once in a generic function:
+//!
+//! ```text
+//! fn send_emails<C>(conn: &mut C) -> Result<ClaimReport, Error>
+//! where
+//!     C: Connection,
+//!     C::Backend: ClaimBackend,
+//!     for<'q> Pending: ClaimQuery<'q, C, Order>,
+//!     // … and whatever the closure's own statements need
+//! { pending().claim_each(conn, |conn, order: Order| { … }) }
+//!
+//! match &mut conn {
+//!     AnyConnection::Postgresql(conn) => send_emails(conn),
+//!     AnyConnection::Sqlite(conn) => send_emails(conn),
+//! }
+//! ```
+//!
 //! # Optimistic updates: `update_versioned`
 //!
 //! ```

@@ -531,6 +531,52 @@ on_every_backend! {
         assert_eq!(report.processed, 20);
     }
 
+    /// In a test transaction, a claim runs when asked to, each batch in a
+    /// savepoint: a failing row rolls back to its savepoint, the transaction
+    /// goes on, and its rollback undoes everything. Without being asked it is
+    /// refused, pointing at the option.
+    #[test]
+    fn inside_a_test_transaction_on_request() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        conn.begin_test_transaction().unwrap();
+        insert_pending(&mut conn, 6);
+
+        let refused = pending().claim_each(&mut conn, |conn, order: Order| {
+            send_email(conn, &order, 1)?;
+            Ok::<_, Error>(())
+        });
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains(".inside_transaction()")),
+            "{refused:?}"
+        );
+
+        let failing = pending().build_claim().inside_transaction().each(&mut conn, |conn, order: Order| {
+            send_email(conn, &order, 1)?;
+            if order.id % 3 == 0 {
+                return Err(Error::InvalidArgument("no address".into()));
+            }
+            Ok(())
+        });
+        assert!(matches!(failing, Err(Error::InvalidArgument(_))), "{failing:?}");
+        // Rows before the failing one stay processed; the failing one was
+        // rolled back to its savepoint.
+        let (sent, duplicates, left) = email_figures(&mut conn);
+        assert_eq!((sent, duplicates, left), (2, 0, 4));
+
+        let report = pending()
+            .build_claim()
+            .inside_transaction()
+            .batch(2)
+            .each(&mut conn, |conn, order: Order| {
+                send_email(conn, &order, 2)?;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(report.processed, 4);
+        assert_eq!(email_figures(&mut conn), (6, 0, 0));
+    }
+
     /// Works with `E = diesel::result::Error` too.
     #[test]
     fn closures_may_return_diesel_errors() {

@@ -9,7 +9,9 @@ use diesel::backend::Backend;
 /// The trait is sealed; its methods are the crate's internal backend strategy.
 #[diagnostic::on_unimplemented(
     message = "diesel-claim does not support the backend `{Self}`",
-    note = "enable the diesel-claim feature of your backend: `postgres`, `sqlite` or `mysql`"
+    note = "enable the diesel-claim feature of your backend: `postgres`, `sqlite` or `mysql`; \
+            a `#[derive(MultiConnection)]` backend is not supported: match on your connection \
+            enum and claim through the connection inside it"
 )]
 pub trait ClaimBackend: Backend + Default + strategy::Strategy {}
 

@@ -92,6 +92,8 @@ pub struct ClaimBuilder<Q, M = Blocking> {
     /// `None`: the default, which depends on the batch size.
     page_size: Option<i64>,
     batch: i64,
+    /// Runs inside the caller's transaction, each batch in a savepoint.
+    nested: bool,
     mode: PhantomData<M>,
 }
 
@@ -104,6 +106,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             drain: false,
             page_size: None,
             batch: 1,
+            nested: false,
             mode: PhantomData,
         }
     }
@@ -210,6 +213,21 @@ impl<Q, M> ClaimBuilder<Q, M> {
         self
     }
 
+    /// Lets the claim run inside a transaction the caller has open, each batch
+    /// in a savepoint of it: for tests that wrap each test in a transaction
+    /// (`begin_test_transaction`) and roll it back.
+    ///
+    /// What such a test proves is what the claim does on one connection: which
+    /// rows it hands over, in what order, what a failing row rolls back, what
+    /// the report says. It proves nothing about concurrency: the row locks
+    /// are held until the outer transaction ends, so other workers wait for
+    /// it or skip every row it touched, and nothing is committed. Test that
+    /// with workers on connections of their own, outside a transaction.
+    pub fn inside_transaction(mut self) -> Self {
+        self.nested = true;
+        self
+    }
+
     /// Checks the options, the claimed table (the locking clause's `OF`) and the
     /// connection's transaction depth, and sets up one run of the claim, taking
     /// its rows with the statement `taking` describes.
@@ -230,10 +248,11 @@ impl<Q, M> ClaimBuilder<Q, M> {
                     .to_owned(),
             ));
         }
-        if transaction_depth > 0 {
+        if transaction_depth > 0 && !self.nested {
             return Err(Error::InvalidArgument(
                 "a claim must run outside a transaction: each batch needs a transaction of \
-                 its own, committed before the next"
+                 its own, committed before the next (for tests that run in a transaction, \
+                 see .inside_transaction())"
                     .to_owned(),
             ));
         }
