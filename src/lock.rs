@@ -14,7 +14,7 @@ use diesel::QuerySource;
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
 use crate::reusable::{Rebuild, Reusable};
-use crate::sql::{lock_target, InList, Locked, SelectWhere};
+use crate::sql::{lock_target, IdShape, InList, KeyShape, Locked, SelectWhere};
 use crate::transaction::locking_transaction;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
@@ -91,6 +91,9 @@ impl<F> LockDsl for Rebuild<F> {}
 pub trait LockModelDsl: HasTable + Sized {
     /// The model's primary-key value.
     type Key: Clone;
+    /// The model's primary key, wrapped for the key predicates.
+    #[doc(hidden)]
+    type KeyColumns;
 
     /// Locks this model's row, reads it again and runs `f` with the fresh copy,
     /// in a transaction, as [`LockDsl::with_lock`] on `table.find(key)` does.
@@ -100,25 +103,27 @@ pub trait LockModelDsl: HasTable + Sized {
         C: Connection,
         C::Backend: ClaimBackend,
         Self: Selectable<C::Backend>,
-        FreshRow<Self, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
+        FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
         F: FnOnce(&mut C, Self) -> Result<T, E>,
         E: From<Error>;
 }
 
-impl<M, K> LockModelDsl for M
+impl<M> LockModelDsl for M
 where
-    M: HasTable,
-    for<'a> &'a M: Identifiable<Id = &'a K>,
-    K: Clone,
+    M: HasTable + 'static,
+    &'static M: Identifiable,
+    <&'static M as Identifiable>::Id: IdShape,
+    Shape<M>: KeyShape<M>,
 {
-    type Key = K;
+    type Key = <Shape<M> as KeyShape<M>>::Key;
+    type KeyColumns = <Shape<M> as KeyShape<M>>::Columns;
 
     fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
     where
         C: Connection,
         C::Backend: ClaimBackend,
         Self: Selectable<C::Backend>,
-        FreshRow<Self, K, C::Backend>: LockQuery<'q, C, Self>,
+        FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
         F: FnOnce(&mut C, Self) -> Result<T, E>,
         E: From<Error>,
     {
@@ -128,26 +133,32 @@ where
 
 /// The row of a loaded model, read again: `SELECT <its columns> FROM <its
 /// table> WHERE <key> IN (<its key>)`.
-pub type FreshRow<M, K, DB> = SelectWhere<
+pub type FreshRow<M, W, K, DB> = SelectWhere<
     dsl::AsSelect<M, DB>,
     <<M as HasTable>::Table as QuerySource>::FromClause,
-    InList<<<M as HasTable>::Table as Table>::PrimaryKey, K>,
+    InList<W, K>,
 >;
 
-pub(crate) fn fresh_row<M, K, DB>(model: &M) -> FreshRow<M, K, DB>
+/// The shape of a model's key, from its `Identifiable::Id`.
+type Shape<M> = <<&'static M as Identifiable>::Id as IdShape>::Shape;
+/// [`FreshRow`] for a model of its own key's shape.
+type FreshRowOf<M, DB> =
+    FreshRow<M, <Shape<M> as KeyShape<M>>::Columns, <Shape<M> as KeyShape<M>>::Key, DB>;
+
+pub(crate) fn fresh_row<M, DB>(model: &M) -> FreshRowOf<M, DB>
 where
-    M: HasTable + Selectable<DB>,
-    for<'a> &'a M: Identifiable<Id = &'a K>,
-    K: Clone,
+    M: HasTable + Selectable<DB> + 'static,
+    &'static M: Identifiable,
+    <&'static M as Identifiable>::Id: IdShape,
+    Shape<M>: KeyShape<M>,
     DB: diesel::backend::Backend,
 {
-    let table = M::table();
     SelectWhere {
         columns: M::as_select(),
-        from: table.from_clause(),
+        from: M::table().from_clause(),
         filter: InList {
-            column: table.primary_key(),
-            keys: vec![model.id().clone()],
+            column: Shape::<M>::columns(),
+            keys: vec![Shape::<M>::key(model)],
         },
     }
 }

@@ -13,7 +13,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
 use diesel_claim::aio::{retry, with_lease, Lease};
 
-use testkit::fixtures::{accounts, orders, outbox, Account, Order};
+use testkit::fixtures::{accounts, order_lines, orders, outbox, Account, Order, OrderLine};
 
 /// The shipped orders whose email is not sent.
 fn pending() -> diesel::dsl::Filter<
@@ -810,6 +810,59 @@ on_async_backends! {
         }
         assert_eq!(processed, 500);
         assert_eq!(email_figures(&mut pool.get().await.unwrap()).await, (500, 0, 0));
+    }
+
+    /// Rows keyed by two columns, claimed by 8 tasks in batches: each once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn composite_keys_are_claimed_once() {
+        let (_db, pool) = test_db(9).await;
+        let rows: Vec<_> = (1..=30)
+            .flat_map(|order| (1..=4).map(move |line| (order_lines::order_id.eq(order), order_lines::line_no.eq(line))))
+            .collect();
+        diesel::insert_into(order_lines::table)
+            .values(&rows)
+            .execute(&mut pool.get().await.unwrap())
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    order_lines::table
+                        .filter(order_lines::packed.eq(false))
+                        .build_claim()
+                        .batch(5)
+                        .each(&mut *conn, |conn: &mut Conn, line: OrderLine| {
+                            async move {
+                                diesel::update(&line)
+                                    .set((
+                                        order_lines::packed.eq(true),
+                                        order_lines::times_packed.eq(order_lines::times_packed + 1),
+                                    ))
+                                    .execute(conn)
+                                    .await?;
+                                Ok::<_, diesel_claim::Error>(())
+                            }
+                            .scope_boxed()
+                        })
+                        .await
+                        .unwrap()
+                        .processed
+                })
+            })
+            .collect();
+        let mut processed = 0;
+        for task in tasks {
+            processed += task.await.unwrap();
+        }
+        assert_eq!(processed, 120);
+        let times: Vec<i32> = order_lines::table
+            .select(order_lines::times_packed)
+            .load(&mut *pool.get().await.unwrap())
+            .await
+            .unwrap();
+        assert!(times.len() == 120 && times.iter().all(|&t| t == 1), "{times:?}");
     }
 
     /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.

@@ -9,7 +9,9 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{ClaimReport, Error, LockStrength};
 
-use testkit::fixtures::{customers, on_every_backend, orders, outbox, Order};
+use testkit::fixtures::{
+    customers, on_every_backend, order_lines, orders, outbox, Order, OrderLine,
+};
 
 fn pending() -> diesel::dsl::Filter<
     diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
@@ -203,6 +205,72 @@ on_every_backend! {
         let limited = diesel_claim::rebuild(|| orders::table.into_boxed().limit(3))
             .claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
         assert!(matches!(limited, Err(Error::InvalidArgument(_))), "{limited:?}");
+    }
+
+    /// A primary key of two columns: candidates are paged and locked by
+    /// `(order_id, line_no)` as a row value, and concurrent workers pack each
+    /// line once, per row, in batches and marked; a loaded line is locked and
+    /// read again by its two columns.
+    #[test]
+    fn composite_keys_are_claimed_once() {
+        const ORDERS_WITH_LINES: i32 = 40;
+        const LINES: i32 = 5;
+        let (_db, pool) = test_db(WORKERS as u32 + 1);
+        let rows: Vec<_> = (1..=ORDERS_WITH_LINES)
+            .flat_map(|order| (1..=LINES).map(move |line| (order_lines::order_id.eq(order), order_lines::line_no.eq(line))))
+            .collect();
+        diesel::insert_into(order_lines::table).values(&rows).execute(&mut pool.get().unwrap()).unwrap();
+        let unpacked = || order_lines::table.filter(order_lines::packed.eq(false));
+        let pack = |conn: &mut Conn, line: &OrderLine, mark: bool| -> QueryResult<()> {
+            if mark {
+                diesel::update(line).set(order_lines::times_packed.eq(order_lines::times_packed + 1)).execute(conn)?;
+            } else {
+                diesel::update(line)
+                    .set((order_lines::packed.eq(true), order_lines::times_packed.eq(order_lines::times_packed + 1)))
+                    .execute(conn)?;
+            }
+            Ok(())
+        };
+        let start = Barrier::new(WORKERS);
+        let processed: u64 = thread::scope(|scope| {
+            let workers: Vec<_> = (0..WORKERS)
+                .map(|worker| {
+                    let (pool, start) = (&pool, &start);
+                    scope.spawn(move || {
+                        let mut pooled = pool.get().unwrap();
+                        let conn: &mut Conn = &mut pooled;
+                        start.wait();
+                        let report = match worker % 3 {
+                            0 => unpacked().claim_each(conn, |conn, line: OrderLine| pack(conn, &line, false)),
+                            1 => unpacked().build_claim().batch(7).each(conn, |conn, line: OrderLine| pack(conn, &line, false)),
+                            _ => unpacked()
+                                .build_claim()
+                                .batch(7)
+                                .mark(order_lines::packed.eq(true))
+                                .each(conn, |conn, line: OrderLine| pack(conn, &line, true)),
+                        };
+                        report.unwrap().processed
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let lines: Vec<OrderLine> = order_lines::table.select(OrderLine::as_select()).load(conn).unwrap();
+        assert_eq!(processed, (ORDERS_WITH_LINES * LINES) as u64);
+        assert!(lines.iter().all(|line| line.packed && line.times_packed == 1), "{lines:?}");
+
+        let line = lines[7].clone();
+        let fresh = line
+            .with_lock(conn, |conn, fresh: OrderLine| {
+                diesel::update(&fresh).set(order_lines::times_packed.eq(fresh.times_packed + 1)).execute(conn)?;
+                Ok::<_, Error>(fresh)
+            })
+            .unwrap();
+        assert_eq!((fresh.order_id, fresh.line_no), (line.order_id, line.line_no));
+        let after: OrderLine = order_lines::table.find((line.order_id, line.line_no)).first(conn).unwrap();
+        assert_eq!(after.times_packed, 2);
     }
 
     /// The control for the test above: the same workload with the re-check but

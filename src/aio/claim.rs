@@ -234,7 +234,7 @@ where
 /// statements.
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
-    note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
+    note = "the row type must `#[derive(Identifiable)]` (a primary key of one to three columns) and \
             be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
             query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
 )]

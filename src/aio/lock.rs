@@ -15,6 +15,10 @@ use super::transaction::locking_transaction;
 use super::Async;
 use crate::lock::{fresh_row, none_left_out, the_one_row, FreshRow};
 use crate::locking::LockClause;
+use crate::sql::{IdShape, KeyShape};
+
+/// The shape of a model's key, from its `Identifiable::Id`.
+type Shape<M> = <<&'static M as Identifiable>::Id as IdShape>::Shape;
 use crate::reusable::Reusable;
 use crate::sql::{lock_target, Locked};
 use crate::{Error, LockBuilder};
@@ -79,6 +83,9 @@ impl<F> LockDsl for crate::Rebuild<F> {}
 pub trait LockModelDsl: HasTable + Sized {
     /// The model's primary-key value.
     type Key: Clone + Send + Sync;
+    /// The model's primary key, wrapped for the key predicates.
+    #[doc(hidden)]
+    type KeyColumns;
 
     /// Locks this model's row, reads it again and awaits `f` with the fresh
     /// copy, in a transaction: see [`crate::LockModelDsl::with_lock`].
@@ -91,19 +98,22 @@ pub trait LockModelDsl: HasTable + Sized {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         Self: Selectable<C::Backend> + Send + 'a,
-        FreshRow<Self, Self::Key, C::Backend>: LockQuery<'a, C, Self> + Send + Sync + 'a,
+        FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>:
+            LockQuery<'a, C, Self> + Send + Sync + 'a,
         T: Send + 'a,
         F: for<'c> FnOnce(&'c mut C, Self) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
         E: From<Error> + Send + 'a;
 }
 
-impl<M, K> LockModelDsl for M
+impl<M> LockModelDsl for M
 where
-    M: HasTable,
-    for<'x> &'x M: Identifiable<Id = &'x K>,
-    K: Clone + Send + Sync,
+    M: HasTable + 'static,
+    &'static M: Identifiable,
+    <&'static M as Identifiable>::Id: IdShape,
+    Shape<M>: KeyShape<M, Key: Send + Sync>,
 {
-    type Key = K;
+    type Key = <Shape<M> as KeyShape<M>>::Key;
+    type KeyColumns = <Shape<M> as KeyShape<M>>::Columns;
 
     fn with_lock<'a, C, T, E, F>(
         &self,
@@ -114,7 +124,8 @@ where
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         Self: Selectable<C::Backend> + Send + 'a,
-        FreshRow<Self, K, C::Backend>: LockQuery<'a, C, Self> + Send + Sync + 'a,
+        FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>:
+            LockQuery<'a, C, Self> + Send + Sync + 'a,
         T: Send + 'a,
         F: for<'c> FnOnce(&'c mut C, Self) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
         E: From<Error> + Send + 'a,

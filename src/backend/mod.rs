@@ -39,6 +39,13 @@ pub(crate) mod strategy {
         /// `<key><open>subquery<close>`, run once per statement.
         const KEYS_IN_SUBQUERY: (&'static str, &'static str);
 
+        /// Whether a row-value comparison of a key of several columns,
+        /// `(a, b) > ($1, $2)`, is read with the key's index.
+        const ROW_VALUE_INDEXES: bool;
+
+        /// The same for a key of several columns, `(a, b)<open>subquery<close>`.
+        const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str);
+
         /// The crate's embedded migrations for this backend.
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations;
 

@@ -20,6 +20,9 @@ impl Strategy for Mysql {
 
     // MySQL refuses `LIMIT` in an `IN` subquery; marks are made by key there.
     const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
+    // MySQL and MariaDB scan the table for them, locking what they read.
+    const ROW_VALUE_INDEXES: bool = false;
+    const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
 
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/mysql");

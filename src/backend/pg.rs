@@ -22,6 +22,11 @@ impl Strategy for Pg {
 
     // `ARRAY(subquery)` is an init plan, run exactly once.
     const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" = ANY(ARRAY(", "))");
+    // A row of the key from each of the subquery's rows, in an array built
+    // once, as for one column.
+    const ROW_VALUE_INDEXES: bool = true;
+    const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str) =
+        (" = ANY(ARRAY(SELECT ROW(k.*) FROM (", ") AS k))");
 
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/postgres");

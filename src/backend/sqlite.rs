@@ -23,6 +23,8 @@ impl Strategy for Sqlite {
     const UPDATE_RETURNING: bool = true;
 
     const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
+    const ROW_VALUE_INDEXES: bool = true;
+    const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
 
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/sqlite");

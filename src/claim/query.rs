@@ -3,6 +3,7 @@
 //! from the caller's query for it.
 
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use diesel::associations::HasTable;
@@ -19,8 +20,8 @@ use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::{
-    lock_target, rendered, InList, InRange, KeyRange, KeysIn, Locked, Returning, SelectWhere,
-    Update,
+    lock_target, rendered, IdShape, InList, InRange, KeyRange, KeyShape, KeysIn, Locked, Returning,
+    SelectWhere, Update,
 };
 use crate::Error;
 
@@ -31,6 +32,8 @@ use crate::Error;
 pub trait ClaimStatements<DB, R> {
     /// The claimed table's primary-key value.
     type Key: Clone + Eq + Hash;
+    /// The claimed table's primary key, wrapped for the key predicates.
+    type KeyColumns: Copy;
     /// The query reading keys.
     type Keys;
     /// The query reading rows, to lock.
@@ -43,6 +46,9 @@ pub trait ClaimStatements<DB, R> {
 
     /// The key of a row.
     fn key(row: &R) -> Self::Key;
+
+    /// The claimed table's primary key, wrapped.
+    fn key_columns() -> Self::KeyColumns;
 
     /// Up to `limit` keys of matching rows in `range`, in key order, read
     /// without locks.
@@ -61,12 +67,12 @@ pub trait ClaimStatements<DB, R> {
 /// connection `C`.
 ///
 /// Implemented for every Diesel select query (tables, `filter`ed queries, joins)
-/// whose rows identify the claimed table by `#[derive(Identifiable)]` with a
-/// single-column primary key. The methods are the crate's own; callers only
-/// name the trait in bounds.
+/// whose rows identify the claimed table by `#[derive(Identifiable)]`, with a
+/// primary key of one to three columns, and are `'static` (own their data).
+/// The methods are the crate's own; callers only name the trait in bounds.
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
-    note = "the row type must `#[derive(Identifiable)]` (with a single-column primary key) and \
+    note = "the row type must `#[derive(Identifiable)]` (a primary key of one to three columns) and \
             be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
             query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
 )]
@@ -121,60 +127,84 @@ pub trait MarkQuery<'q, C: Connection, R, V>: ClaimQuery<'q, C, R> {
 }
 
 pub(crate) type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
-pub(crate) type InQuery<Q, Pk, K> = dsl::Filter<Q, InRange<Pk, K>>;
-pub(crate) type KeysQuery<Q, Pk, K> =
-    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, Pk, K>, Pk>, Pk>>;
-pub(crate) type RowsQuery<Q, Pk, K> = dsl::Limit<dsl::Order<InQuery<Q, Pk, K>, Pk>>;
+/// `W` is the primary key `Pk` wrapped for the key predicates.
+pub(crate) type InQuery<Q, W, K> = dsl::Filter<Q, InRange<W, K>>;
+pub(crate) type KeysQuery<Q, Pk, W, K> =
+    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, W, K>, Pk>, Pk>>;
+pub(crate) type RowsQuery<Q, Pk, W, K> = dsl::Limit<dsl::Order<InQuery<Q, W, K>, Pk>>;
 type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
-type MarkStatement<R, V, KQ, DB> = Returning<
-    Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<PrimaryKey<R>, Locked<KQ>>>,
+type MarkStatement<R, V, W, K, KQ, DB> = Returning<
+    Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<W, Locked<KQ>, K>>,
     dsl::AsSelect<R, DB>,
 >;
-type ByKeys<R, K> = InList<PrimaryKey<R>, K>;
-type MarkByKeys<R, V, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, ByKeys<R, K>>;
-type ReadByKeys<R, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, ByKeys<R, K>>;
+type MarkByKeys<R, V, W, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
+type ReadByKeys<R, W, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
+/// The shape of the claimed rows' key, from their `Identifiable::Id`.
+type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
+type Key<R> = <Shape<R> as KeyShape<R>>::Key;
+type Wrapped<R> = <Shape<R> as KeyShape<R>>::Columns;
 
-impl<Q, DB, R, K, Pk> ClaimStatements<DB, R> for Q
+impl<Q, DB, R, Pk> ClaimStatements<DB, R> for Q
 where
     Q: Reusable,
-    Q::Query: FilterDsl<InRange<Pk, K>> + QueryFragment<DB>,
+    Q::Query: FilterDsl<InRange<Wrapped<R>, Key<R>>> + QueryFragment<DB>,
     DB: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<DB>,
-    for<'a> &'a R: Identifiable<Id = &'a K>,
-    K: Clone + Eq + Hash,
-    Pk: Column + Copy,
-    InQuery<Q::Query, Pk, K>: SelectDsl<Pk> + OrderDsl<Pk>,
-    dsl::Select<InQuery<Q::Query, Pk, K>, Pk>: OrderDsl<Pk>,
-    dsl::Order<dsl::Select<InQuery<Q::Query, Pk, K>, Pk>, Pk>: LimitDsl,
-    dsl::Order<InQuery<Q::Query, Pk, K>, Pk>: LimitDsl,
+    R: 'static,
+    &'static R: Identifiable,
+    <&'static R as Identifiable>::Id: IdShape,
+    Shape<R>: KeyShape<R>,
+    Pk: Expression + Copy,
+    InQuery<Q::Query, Wrapped<R>, Key<R>>: SelectDsl<Pk> + OrderDsl<Pk>,
+    dsl::Select<InQuery<Q::Query, Wrapped<R>, Key<R>>, Pk>: OrderDsl<Pk>,
+    dsl::Order<dsl::Select<InQuery<Q::Query, Wrapped<R>, Key<R>>, Pk>, Pk>: LimitDsl,
+    dsl::Order<InQuery<Q::Query, Wrapped<R>, Key<R>>, Pk>: LimitDsl,
 {
-    type Key = K;
-    type Keys = KeysQuery<Q::Query, Pk, K>;
-    type Rows = RowsQuery<Q::Query, Pk, K>;
+    type Key = Key<R>;
+    type KeyColumns = Wrapped<R>;
+    type Keys = KeysQuery<Q::Query, Pk, Wrapped<R>, Key<R>>;
+    type Rows = RowsQuery<Q::Query, Pk, Wrapped<R>, Key<R>>;
 
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
         rendered::check_claimable(&rendered::render::<DB>(&self.query())?)?;
         lock_target::<_, DB>(&R::table())
     }
 
-    fn key(row: &R) -> K {
-        row.id().clone()
+    fn key(row: &R) -> Self::Key {
+        Shape::<R>::key(row)
     }
 
-    fn keys_query(&self, range: KeyRange<K>, limit: i64) -> Self::Keys {
+    fn key_columns() -> Self::KeyColumns {
+        Shape::<R>::columns()
+    }
+
+    fn keys_query(&self, range: KeyRange<Self::Key>, limit: i64) -> Self::Keys {
         let key = primary_key::<R>();
-        FilterDsl::filter(self.query(), InRange { column: key, range })
+        let in_range = InRange {
+            column: Shape::<R>::columns(),
+            range,
+        };
+        FilterDsl::filter(self.query(), in_range)
             .select(key)
             .order(key)
             .limit(limit)
     }
 
-    fn rows_query(&self, range: KeyRange<K>, limit: i64, lock: &LockClause) -> Locked<Self::Rows> {
+    fn rows_query(
+        &self,
+        range: KeyRange<Self::Key>,
+        limit: i64,
+        lock: &LockClause,
+    ) -> Locked<Self::Rows> {
         let key = primary_key::<R>();
+        let in_range = InRange {
+            column: Shape::<R>::columns(),
+            range,
+        };
         Locked {
-            query: FilterDsl::filter(self.query(), InRange { column: key, range })
+            query: FilterDsl::filter(self.query(), in_range)
                 .order(key)
                 .limit(limit),
             clause: Some(lock.clone()),
@@ -211,12 +241,11 @@ where
     C: Connection,
     C::Backend: ClaimBackend,
     R: HasTable + Selectable<C::Backend>,
-    PrimaryKey<R>: Copy,
     V: AsChangeset<Target = R::Table> + Clone,
     V::Changeset: QueryFragment<C::Backend>,
-    MarkStatement<R, V, Q::Keys, C::Backend>: LoadQuery<'q, C, R>,
-    MarkByKeys<R, V, Q::Key>: ExecuteDsl<C>,
-    ReadByKeys<R, Q::Key, C::Backend>: LoadQuery<'q, C, R>,
+    MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::Keys, C::Backend>: LoadQuery<'q, C, R>,
+    MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C>,
+    ReadByKeys<R, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, R>,
 {
     fn check_changes(changes: &V) -> Result<(), Error> {
         if changes
@@ -239,7 +268,7 @@ where
         lock: &LockClause,
         changes: &V,
     ) -> QueryResult<Vec<R>> {
-        let key = primary_key::<R>();
+        let key = Q::key_columns();
         if <C::Backend as Strategy>::UPDATE_RETURNING {
             let claimed = KeysIn {
                 column: key,
@@ -247,6 +276,7 @@ where
                     query: self.keys_query(range, limit),
                     clause: Some(lock.clone()),
                 },
+                key: PhantomData,
             };
             return Returning {
                 statement: Update {

@@ -1,27 +1,289 @@
-//! Predicates on the primary key: the key ranges a claim pages through, and
-//! the key lists and subqueries it locks or marks by.
+//! Predicates on the primary key, of one column or several: the key ranges a
+//! claim pages through, and the key lists and subqueries it locks or marks by.
+//! A key of several columns is compared as a row value, `(a, b) > ($1, $2)`,
+//! which PostgreSQL, SQLite (3.15+), MySQL and MariaDB all read in the order of
+//! the key's columns.
 
+use diesel::associations::HasTable;
 use diesel::backend::Backend;
 use diesel::expression::{is_aggregate, AppearsOnTable, Expression, ValidGrouping};
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
-use diesel::sql_types::Bool;
-use diesel::QueryResult;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{Bool, HasSqlType, SqlType};
+use diesel::{Column, Identifiable, QueryResult, Table};
 
 use crate::backend::{strategy::Strategy, ClaimBackend};
 
-/// The `Expression` side of a predicate on a key column: a boolean that
-/// appears on the column's table, is never an aggregate, and whose SQL is only
-/// known at run time (Diesel then caches its statement by the SQL text).
+/// A table's primary key as the key predicates compare and bind it, with `K`
+/// its value: [`One`] column, or a [`Row`] of two or three.
+pub trait KeyColumns<K, DB: Backend>: Copy {
+    /// Whether the key has several columns, compared as a row value.
+    const ROW: bool;
+
+    /// `"t"."id"`, or `("t"."a", "t"."b")`.
+    fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
+
+    /// `$1`, or `($1, $2)`.
+    fn walk_value<'b>(value: &'b K, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
+
+    /// The key compared with `value` by `operator` (` > `, ` >= `, ` <= ` or
+    /// ` = `), in the order of the key's columns.
+    fn walk_compare<'b>(
+        &'b self,
+        operator: &'static str,
+        value: &'b K,
+        mut out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        self.walk_columns(out.reborrow())?;
+        out.push_sql(operator);
+        Self::walk_value(value, out)
+    }
+}
+
+/// Renders one column, or one value, of a key of several.
+type Part<'p, 'b, DB> = &'p dyn Fn(AstPass<'_, 'b, DB>) -> QueryResult<()>;
+
+/// A key of several columns compared column by column, for a backend that
+/// reads a row-value comparison without its index (MySQL, MariaDB): `(a, b) >
+/// (x, y)` is written `(a >= x AND (a > x OR b > y))`, whose first condition
+/// bounds an index range on the leading column.
+fn walk_expanded<'b, DB: Backend>(
+    operator: &'static str,
+    columns: &[Part<'_, 'b, DB>],
+    values: &[Part<'_, 'b, DB>],
+    mut out: AstPass<'_, 'b, DB>,
+) -> QueryResult<()> {
+    let [column, later_columns @ ..] = columns else {
+        return Ok(());
+    };
+    let [value, later_values @ ..] = values else {
+        return Ok(());
+    };
+    let compare = |operator: &'static str, mut out: AstPass<'_, 'b, DB>| {
+        column(out.reborrow())?;
+        out.push_sql(operator);
+        value(out)
+    };
+    if later_columns.is_empty() {
+        return compare(operator, out);
+    }
+    let (inclusive, strict) = match operator {
+        " = " => (" = ", None),
+        " <= " => (" <= ", Some(" < ")),
+        _ => (" >= ", Some(" > ")),
+    };
+    out.push_sql("(");
+    compare(inclusive, out.reborrow())?;
+    out.push_sql(" AND ");
+    if let Some(strict) = strict {
+        out.push_sql("(");
+        compare(strict, out.reborrow())?;
+        out.push_sql(" OR ");
+    }
+    walk_expanded(operator, later_columns, later_values, out.reborrow())?;
+    if strict.is_some() {
+        out.push_sql(")");
+    }
+    out.push_sql(")");
+    Ok(())
+}
+
+/// A primary key of one column.
+#[derive(Debug, Clone, Copy)]
+pub struct One<C>(pub C);
+
+/// A primary key of several columns, a tuple.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<C>(pub C);
+
+impl<C, K, DB> KeyColumns<K, DB> for One<C>
+where
+    DB: Backend + HasSqlType<C::SqlType>,
+    C: Column + QueryFragment<DB> + Copy,
+    C::SqlType: SqlType,
+    K: ToSql<C::SqlType, DB>,
+{
+    const ROW: bool = false;
+
+    fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_ast(out)
+    }
+
+    fn walk_value<'b>(value: &'b K, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_bind_param::<C::SqlType, K>(value)
+    }
+}
+
+macro_rules! row_key {
+    ($($column:ident $value:ident $index:tt),+) => {
+        impl<$($column, $value,)+ DB> KeyColumns<($($value,)+), DB> for Row<($($column,)+)>
+        where
+            DB: ClaimBackend $(+ HasSqlType<$column::SqlType>)+,
+            $(
+                $column: Column + QueryFragment<DB> + Copy,
+                $column::SqlType: SqlType,
+                $value: ToSql<$column::SqlType, DB>,
+            )+
+        {
+            const ROW: bool = true;
+
+            fn walk_columns<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                let mut separator = "(";
+                $(
+                    out.push_sql(separator);
+                    self.0.$index.walk_ast(out.reborrow())?;
+                    separator = ", ";
+                )+
+                let _ = separator;
+                out.push_sql(")");
+                Ok(())
+            }
+
+            fn walk_value<'b>(value: &'b ($($value,)+), mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                let mut separator = "(";
+                $(
+                    out.push_sql(separator);
+                    out.push_bind_param::<$column::SqlType, $value>(&value.$index)?;
+                    separator = ", ";
+                )+
+                let _ = separator;
+                out.push_sql(")");
+                Ok(())
+            }
+
+            fn walk_compare<'b>(
+                &'b self,
+                operator: &'static str,
+                value: &'b ($($value,)+),
+                mut out: AstPass<'_, 'b, DB>,
+            ) -> QueryResult<()> {
+                if <DB as Strategy>::ROW_VALUE_INDEXES {
+                    <Self as KeyColumns<($($value,)+), DB>>::walk_columns(self, out.reborrow())?;
+                    out.push_sql(operator);
+                    return <Self as KeyColumns<($($value,)+), DB>>::walk_value(value, out);
+                }
+                let columns: &[Part<'_, 'b, DB>] = &[$(&|out| self.0.$index.walk_ast(out)),+];
+                let values: &[Part<'_, 'b, DB>] = &[$(
+                    &|mut out| out.push_bind_param::<$column::SqlType, $value>(&value.$index)
+                ),+];
+                walk_expanded(operator, columns, values, out)
+            }
+        }
+    };
+}
+
+row_key!(C0 K0 0, C1 K1 1);
+row_key!(C0 K0 0, C1 K1 1, C2 K2 2);
+
+/// How the crate reads the key of rows `R` and wraps their table's primary key
+/// for the key predicates, per shape of key: [`OneColumn`] for `&K` ids (a
+/// single-column key), [`Columns2`] and [`Columns3`] for composite keys. The
+/// shape comes from the rows' `Identifiable::Id` through [`IdShape`] (a
+/// projection, which the compiler follows, where choosing among impls by
+/// their bounds would leave it undecided).
+pub trait KeyShape<R: HasTable> {
+    /// The key's value: `K`, or a tuple of the columns' values.
+    type Key: Clone + Eq + std::hash::Hash;
+    /// [`One`] or [`Row`] of the table's primary key.
+    type Columns: Copy;
+
+    /// The key of a row.
+    fn key(row: &R) -> Self::Key;
+
+    /// The table's primary key, wrapped.
+    fn columns() -> Self::Columns;
+}
+
+/// What an `Identifiable::Id` tells of its key's shape: `&K` is one column, a
+/// tuple of references several.
+pub trait IdShape {
+    /// [`OneColumn`], [`Columns2`] or [`Columns3`].
+    type Shape;
+}
+
+impl<K> IdShape for &K {
+    type Shape = OneColumn;
+}
+
+impl<K0, K1> IdShape for (&K0, &K1) {
+    type Shape = Columns2;
+}
+
+impl<K0, K1, K2> IdShape for (&K0, &K1, &K2) {
+    type Shape = Columns3;
+}
+
+/// The shape of a single-column primary key.
+#[derive(Debug, Clone, Copy)]
+pub enum OneColumn {}
+
+/// The shape of a primary key of two columns.
+#[derive(Debug, Clone, Copy)]
+pub enum Columns2 {}
+
+/// The shape of a primary key of three columns.
+#[derive(Debug, Clone, Copy)]
+pub enum Columns3 {}
+
+type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
+
+impl<R, K> KeyShape<R> for OneColumn
+where
+    R: HasTable,
+    PrimaryKey<R>: Copy,
+    for<'a> &'a R: Identifiable<Id = &'a K>,
+    K: Clone + Eq + std::hash::Hash,
+{
+    type Key = K;
+    type Columns = One<PrimaryKey<R>>;
+
+    fn key(row: &R) -> K {
+        row.id().clone()
+    }
+
+    fn columns() -> Self::Columns {
+        One(R::table().primary_key())
+    }
+}
+
+macro_rules! row_shape {
+    ($shape:ident: $($value:ident $index:tt),+) => {
+        impl<R, $($value),+> KeyShape<R> for $shape
+        where
+            R: HasTable,
+            PrimaryKey<R>: Copy,
+            for<'a> &'a R: Identifiable<Id = ($(&'a $value,)+)>,
+            $($value: Clone + Eq + std::hash::Hash,)+
+        {
+            type Key = ($($value,)+);
+            type Columns = Row<PrimaryKey<R>>;
+
+            fn key(row: &R) -> Self::Key {
+                let id = row.id();
+                ($(id.$index.clone(),)+)
+            }
+
+            fn columns() -> Self::Columns {
+                Row(R::table().primary_key())
+            }
+        }
+    };
+}
+
+row_shape!(Columns2: K0 0, K1 1);
+row_shape!(Columns3: K0 0, K1 1, K2 2);
+
+/// The `Expression` side of a predicate on the key: a boolean that appears
+/// on the key's table, is never an aggregate, and whose SQL is only known at
+/// run time (Diesel then caches its statement by the SQL text).
 macro_rules! key_predicate {
     ($name:ident<Column, $other:ident>) => {
-        impl<Column: Expression, $other> Expression for $name<Column, $other> {
+        impl<Column, $other> Expression for $name<Column, $other> {
             type SqlType = Bool;
         }
 
-        impl<Column, $other, QS> AppearsOnTable<QS> for $name<Column, $other>
-        where
-            Self: Expression,
-            Column: AppearsOnTable<QS>,
+        impl<Column, $other, QS> AppearsOnTable<QS> for $name<Column, $other> where
+            Column: KeyOn<QS>
         {
         }
 
@@ -37,8 +299,14 @@ macro_rules! key_predicate {
 }
 
 key_predicate!(InRange<Column, K>);
-key_predicate!(KeysIn<Column, Subquery>);
 key_predicate!(InList<Column, K>);
+
+/// A wrapped key whose columns are all of `QS`.
+pub trait KeyOn<QS> {}
+
+impl<C: AppearsOnTable<QS>, QS> KeyOn<QS> for One<C> {}
+
+impl<C: AppearsOnTable<QS>, QS> KeyOn<QS> for Row<C> {}
 
 /// A range of primary-key values, in the database's order of the key.
 #[derive(Debug, Clone)]
@@ -95,10 +363,7 @@ pub struct InRange<Column, K> {
 impl<Column, K, DB> QueryFragment<DB> for InRange<Column, K>
 where
     DB: Backend,
-    Column: QueryFragment<DB> + Expression,
-    K: diesel::serialize::ToSql<Column::SqlType, DB>,
-    Column::SqlType: diesel::sql_types::SqlType,
-    DB: diesel::sql_types::HasSqlType<Column::SqlType>,
+    Column: KeyColumns<K, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         let lower = match &self.range.lower {
@@ -115,9 +380,7 @@ where
         }
         out.push_sql("(");
         while let Some((operator, key)) = bounds.next() {
-            self.column.walk_ast(out.reborrow())?;
-            out.push_sql(operator);
-            out.push_bind_param::<Column::SqlType, _>(*key)?;
+            self.column.walk_compare(operator, key, out.reborrow())?;
             if bounds.peek().is_some() {
                 out.push_sql(" AND ");
             }
@@ -127,25 +390,30 @@ where
     }
 }
 
-/// `column` among the keys a subquery selects, evaluated once per statement:
+/// The key among the keys a subquery selects, evaluated once per statement:
 /// PostgreSQL `= ANY(ARRAY(…))` (an `IN (…)` subquery with `LIMIT` and `SKIP
 /// LOCKED` may be re-run by the planner and lock more rows than its limit),
-/// SQLite `IN (…)`.
+/// SQLite `IN (…)`. `K` is the key's value type.
 #[derive(Debug, Clone)]
-pub struct KeysIn<Column, Subquery> {
+pub struct KeysIn<Column, Subquery, K> {
     pub column: Column,
     pub subquery: Subquery,
+    pub key: std::marker::PhantomData<K>,
 }
 
-impl<Column, Subquery, DB> QueryFragment<DB> for KeysIn<Column, Subquery>
+impl<Column, Subquery, K, DB> QueryFragment<DB> for KeysIn<Column, Subquery, K>
 where
     DB: ClaimBackend,
-    Column: QueryFragment<DB>,
+    Column: KeyColumns<K, DB>,
     Subquery: QueryFragment<DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        let (open, close) = <DB as Strategy>::KEYS_IN_SUBQUERY;
-        self.column.walk_ast(out.reborrow())?;
+        let (open, close) = if Column::ROW {
+            <DB as Strategy>::ROW_KEYS_IN_SUBQUERY
+        } else {
+            <DB as Strategy>::KEYS_IN_SUBQUERY
+        };
+        self.column.walk_columns(out.reborrow())?;
         out.push_sql(open);
         self.subquery.walk_ast(out.reborrow())?;
         out.push_sql(close);
@@ -153,7 +421,9 @@ where
     }
 }
 
-/// `column IN (?, ?, …)`, one bind per key (at least one key).
+/// The key among a list: `column IN (?, ?, …)`, or for a key of several
+/// columns `((a, b) = (?, ?) OR …)` (SQLite takes no list of row values
+/// after `IN`). At least one key.
 #[derive(Debug, Clone)]
 pub struct InList<Column, K> {
     pub column: Column,
@@ -163,23 +433,80 @@ pub struct InList<Column, K> {
 impl<Column, K, DB> QueryFragment<DB> for InList<Column, K>
 where
     DB: Backend,
-    Column: QueryFragment<DB> + Expression,
-    K: diesel::serialize::ToSql<Column::SqlType, DB>,
-    Column::SqlType: diesel::sql_types::SqlType,
-    DB: diesel::sql_types::HasSqlType<Column::SqlType>,
+    Column: KeyColumns<K, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         // The statement's text depends on the number of keys.
         out.unsafe_to_cache_prepared();
-        self.column.walk_ast(out.reborrow())?;
+        if Column::ROW {
+            out.push_sql("(");
+            for (index, key) in self.keys.iter().enumerate() {
+                if index > 0 {
+                    out.push_sql(" OR ");
+                }
+                self.column.walk_compare(" = ", key, out.reborrow())?;
+            }
+            out.push_sql(")");
+            return Ok(());
+        }
+        self.column.walk_columns(out.reborrow())?;
         out.push_sql(" IN (");
         for (index, key) in self.keys.iter().enumerate() {
             if index > 0 {
                 out.push_sql(", ");
             }
-            out.push_bind_param::<Column::SqlType, _>(key)?;
+            Column::walk_value(key, out.reborrow())?;
         }
         out.push_sql(")");
         Ok(())
+    }
+}
+
+#[cfg(all(test, feature = "postgres", feature = "mysql"))]
+mod tests {
+    use super::*;
+
+    diesel::table! {
+        lines (order_id, line_no) {
+            order_id -> Integer,
+            line_no -> Integer,
+        }
+    }
+
+    fn sql<DB: ClaimBackend>(fragment: &impl QueryFragment<DB>) -> String {
+        crate::sql::rendered::render::<DB>(fragment).unwrap()
+    }
+
+    #[test]
+    fn keys_of_two_columns_compare_as_row_values_or_column_by_column() {
+        let range = InRange {
+            column: Row((lines::order_id, lines::line_no)),
+            range: KeyRange::between(Some((1, 2)), (5, 6)),
+        };
+        assert_eq!(
+            sql::<diesel::pg::Pg>(&range),
+            r#"(("lines"."order_id", "lines"."line_no") > ($1, $2) AND ("lines"."order_id", "lines"."line_no") <= ($3, $4))"#
+        );
+        assert_eq!(
+            sql::<diesel::mysql::Mysql>(&range),
+            "((`lines`.`order_id` >= ? AND (`lines`.`order_id` > ? OR `lines`.`line_no` > ?)) AND \
+             (`lines`.`order_id` <= ? AND (`lines`.`order_id` < ? OR `lines`.`line_no` <= ?)))"
+        );
+        let list = InList {
+            column: Row((lines::order_id, lines::line_no)),
+            keys: vec![(1, 2), (3, 4)],
+        };
+        assert_eq!(
+            sql::<diesel::mysql::Mysql>(&list),
+            "((`lines`.`order_id` = ? AND `lines`.`line_no` = ?) OR (`lines`.`order_id` = ? AND `lines`.`line_no` = ?))"
+        );
+        let one = InList {
+            column: One(lines::order_id),
+            keys: vec![1, 2],
+        };
+        assert_eq!(
+            sql::<diesel::pg::Pg>(&one),
+            r#""lines"."order_id" IN ($1, $2)"#
+        );
     }
 }

@@ -9,7 +9,7 @@ mod keys;
 pub mod rendered;
 mod statements;
 
-pub use keys::{InList, InRange, KeyRange, KeysIn, Lower};
+pub use keys::{IdShape, InList, InRange, KeyRange, KeyShape, KeysIn, Lower};
 pub use statements::{Returning, SelectWhere, Update, VersionProbe};
 
 use std::sync::Arc;

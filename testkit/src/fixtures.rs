@@ -37,6 +37,16 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// Lines of orders, keyed by two columns.
+    order_lines (order_id, line_no) {
+        order_id -> Integer,
+        line_no -> Integer,
+        packed -> Bool,
+        times_packed -> Integer,
+    }
+}
+
 diesel::joinable!(orders -> customers (customer_id));
 diesel::joinable!(outbox -> orders (order_id));
 diesel::allow_tables_to_appear_in_same_query!(customers, orders, outbox, accounts);
@@ -48,6 +58,15 @@ pub struct Order {
     pub customer_id: Option<i32>,
     pub shipped: bool,
     pub email_sent: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = order_lines, primary_key(order_id, line_no))]
+pub struct OrderLine {
+    pub order_id: i32,
+    pub line_no: i32,
+    pub packed: bool,
+    pub times_packed: i32,
 }
 
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
@@ -69,6 +88,13 @@ pub const POSTGRES_SCHEMA: &str = "
     );
     CREATE TABLE outbox (id SERIAL PRIMARY KEY, order_id INTEGER NOT NULL REFERENCES orders (id), worker INTEGER NOT NULL);
     CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE order_lines (
+        order_id INTEGER NOT NULL,
+        line_no INTEGER NOT NULL,
+        packed BOOLEAN NOT NULL DEFAULT FALSE,
+        times_packed INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (order_id, line_no)
+    );
 ";
 
 #[cfg(feature = "sqlite")]
@@ -82,6 +108,13 @@ pub const SQLITE_SCHEMA: &str = "
     );
     CREATE TABLE outbox (id INTEGER PRIMARY KEY, order_id INTEGER NOT NULL REFERENCES orders (id), worker INTEGER NOT NULL);
     CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE order_lines (
+        order_id INTEGER NOT NULL,
+        line_no INTEGER NOT NULL,
+        packed BOOLEAN NOT NULL DEFAULT FALSE,
+        times_packed INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (order_id, line_no)
+    );
 ";
 
 #[cfg(feature = "mysql")]
@@ -104,6 +137,13 @@ pub const MYSQL_SCHEMA: &str = "
     ) ENGINE = InnoDB;
     CREATE TABLE accounts (
         id INTEGER AUTO_INCREMENT PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL DEFAULT 0
+    ) ENGINE = InnoDB;
+    CREATE TABLE order_lines (
+        order_id INTEGER NOT NULL,
+        line_no INTEGER NOT NULL,
+        packed BOOLEAN NOT NULL DEFAULT FALSE,
+        times_packed INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (order_id, line_no)
     ) ENGINE = InnoDB;
 ";
 
