@@ -215,7 +215,11 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                         self.cursor = Some(page.scanned_through());
                     }
                     let unprocessed = page.unprocessed().count() as u64;
-                    self.skipped += unprocessed;
+                    // A page left before its end (`max_rows` reached) did not
+                    // pass over the candidates beyond its last take.
+                    let not_reached = if page.exhausted { 0 } else { page.unreached() };
+                    self.report.not_reached += not_reached;
+                    self.skipped += unprocessed - not_reached;
                     if self.drain && self.row_locks && unprocessed > 0 && self.remaining > 0 {
                         // One read tells the candidates locked by others (still
                         // matching) from those others have processed since.
@@ -347,6 +351,8 @@ struct Page<K> {
     /// How far the takes have gone through the range, inclusive (`None`: to the
     /// end of it, when open-ended).
     reached: Option<K>,
+    /// The furthest candidate processed, by its place in the page.
+    furthest: Option<usize>,
 }
 
 impl<K: Clone + Eq + Hash> Page<K> {
@@ -362,6 +368,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
             exhausted: false,
             ran_dry: false,
             reached: None,
+            furthest: None,
         }
     }
 
@@ -393,6 +400,16 @@ impl<K: Clone + Eq + Hash> Page<K> {
             Lower::After(key) if self.open_ended => key.clone(),
             _ => self.last().clone(),
         }
+    }
+
+    /// Unprocessed candidates beyond the furthest one processed: those the
+    /// takes did not get to when the page was left before its end.
+    fn unreached(&self) -> u64 {
+        let start = self.furthest.map_or(0, |index| index + 1);
+        self.processed[start..]
+            .iter()
+            .filter(|processed| !**processed)
+            .count() as u64
     }
 
     fn unprocessed(&self) -> impl Iterator<Item = &K> {
@@ -437,6 +454,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
                 ));
             }
         }
+        self.furthest = self.furthest.max(furthest);
         let next = if ordered {
             rows.last().map(&key_of)
         } else {

@@ -241,6 +241,10 @@ where
     C: Connection,
     C::Backend: ClaimBackend,
     R: HasTable + Selectable<C::Backend>,
+    // The rows come back from the marking statement, which reads the claimed
+    // table alone: a column of a joined table is refused here, at compile
+    // time, not by the database.
+    dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
     V: AsChangeset<Target = R::Table> + Clone,
     V::Changeset: QueryFragment<C::Backend>,
     MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::Keys, C::Backend>: LoadQuery<'q, C, R>,

@@ -10,6 +10,10 @@ pub struct ClaimReport {
     /// no longer matching the query when it came to lock them. (Rows a locking
     /// statement passes over past the candidates read are not counted.)
     pub skipped: u64,
+    /// Candidates this call read and did not get to, because it had processed
+    /// [`max_rows`](crate::ClaimBuilder::max_rows): left for the next call,
+    /// not to others.
+    pub not_reached: u64,
     /// Passes over the candidates (more than one only when draining).
     pub passes: u32,
 }
