@@ -14,7 +14,11 @@ pub enum Error {
     /// The row (or database write lock) was held by another transaction and the
     /// chosen policy was to fail at once, or the lock wait timed out
     /// (PostgreSQL `lock_timeout`, SQLite `busy_timeout`).
-    #[error("lock not available: the row is locked by another transaction")]
+    #[error(
+        "lock not available: the row (on SQLite, the database) is locked by another \
+         transaction, and the call was not to wait (nowait) or waited out its timeout \
+         (PostgreSQL lock_timeout, MySQL innodb_lock_wait_timeout, SQLite busy_timeout)"
+    )]
     LockNotAvailable,
 
     /// The database detected a deadlock and aborted this transaction; retrying

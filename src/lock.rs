@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use diesel::associations::HasTable;
-use diesel::connection::Connection;
+use diesel::connection::LoadConnection;
 use diesel::dsl;
 use diesel::prelude::*;
 use diesel::query_builder::{Query, QueryFragment};
@@ -31,7 +31,7 @@ pub trait LockDsl: Sized {
     fn with_lock<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Self: LockQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
@@ -48,7 +48,7 @@ pub trait LockDsl: Sized {
     fn with_locks<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Self: LockQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
         E: From<Error>,
@@ -100,7 +100,7 @@ pub trait LockModelDsl: HasTable + Sized {
     /// A row deleted since it was loaded is [`Error::NotFound`].
     fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
     where
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         Self: Selectable<C::Backend>,
         FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
@@ -120,7 +120,7 @@ where
 
     fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
     where
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         Self: Selectable<C::Backend>,
         FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
@@ -243,7 +243,7 @@ impl<Q> LockBuilder<Q> {
     pub fn run<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Q: LockQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
@@ -255,14 +255,14 @@ impl<Q> LockBuilder<Q> {
     pub fn run_all<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Q: LockQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
         E: From<Error>,
     {
         let clause = self.clause(self.query.locked_table())?;
         let skip_locked = clause.skip_locked;
-        locking_transaction(conn, |conn| {
+        locking_transaction(conn, self.lock.fails_at_once(OnLocked::Wait), |conn| {
             let rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
             if skip_locked {
                 let all = self.query.rows(conn, None).map_err(Error::from)?;
@@ -318,7 +318,7 @@ pub trait LockQuery<'q, C, R> {
 impl<'q, Q, C, R> LockQuery<'q, C, R> for Q
 where
     Q: Reusable,
-    C: Connection,
+    C: LoadConnection,
     C::Backend: ClaimBackend,
     R: HasTable,
     <R::Table as diesel::QuerySource>::FromClause: QueryFragment<C::Backend>,

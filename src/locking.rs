@@ -74,6 +74,12 @@ impl LockOptions {
         }
     }
 
+    /// Whether a lock held by another transaction is to fail the call at once
+    /// (`Fail` or `Skip`) rather than be waited for (`Wait`, or `default`).
+    pub fn fails_at_once(&self, default: OnLocked) -> bool {
+        self.on_locked.unwrap_or(default) != OnLocked::Wait
+    }
+
     pub fn strength(&mut self, strength: LockStrength) {
         self.strength = strength;
     }

@@ -3,7 +3,9 @@
 
 use std::panic::{self, AssertUnwindSafe};
 
-use diesel::connection::{Connection, TransactionManager, TransactionManagerStatus};
+use diesel::connection::{
+    Connection, LoadConnection, TransactionManager, TransactionManagerStatus,
+};
 use diesel::QueryResult;
 
 use crate::backend::{strategy::Strategy, ClaimBackend};
@@ -23,7 +25,8 @@ pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> QueryResult<u32>
 }
 
 /// Runs `body` in a transaction opened by the backend's locking strategy; commits
-/// on `Ok`, rolls back on `Err`.
+/// on `Ok`, rolls back on `Err`. With `nowait`, a backend whose transaction
+/// takes a lock up front (SQLite's write lock) fails at once if it is held.
 ///
 /// Unlike `Connection::transaction`, a panic in `body` also rolls back before it
 /// resumes unwinding — every level `body` opened, since Diesel's own
@@ -32,15 +35,16 @@ pub(crate) fn transaction_depth<C: Connection>(conn: &mut C) -> QueryResult<u32>
 /// catches the panic.
 pub(crate) fn locking_transaction<C, T, E>(
     conn: &mut C,
+    nowait: bool,
     body: impl FnOnce(&mut C) -> Result<T, E>,
 ) -> Result<T, E>
 where
-    C: Connection,
+    C: LoadConnection,
     C::Backend: ClaimBackend,
     E: From<Error>,
 {
     let depth = transaction_depth(conn).map_err(Error::from)?;
-    C::Backend::begin_locking_transaction(conn, depth).map_err(Error::from)?;
+    C::Backend::begin_locking_transaction(conn, depth, nowait).map_err(Error::from)?;
     match panic::catch_unwind(AssertUnwindSafe(|| body(&mut *conn))) {
         Ok(Ok(value)) => {
             C::TransactionManager::commit_transaction(conn).map_err(Error::from)?;

@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use diesel::connection::Connection;
+use diesel::connection::LoadConnection;
 use diesel::dsl;
 use diesel::expression::AsExpression;
 use diesel::prelude::*;
@@ -173,7 +173,7 @@ where
     /// [`Error::UnexpectedOutcome`], if it changed more than one row.
     pub fn execute<'q, C>(self, conn: &mut C) -> Result<V, Error>
     where
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
@@ -186,7 +186,7 @@ where
         let rows = if self.check.targets_one_row::<C::Backend>()? {
             ExecuteDsl::execute(statement, conn)?
         } else {
-            locking_transaction(conn, |conn| {
+            locking_transaction(conn, false, |conn| {
                 let rows = ExecuteDsl::execute(statement, conn)?;
                 changed_at_most_one("update_versioned", rows)?;
                 Ok::<_, Error>(rows)
@@ -204,7 +204,7 @@ where
     /// same guard as [`execute`](Self::execute).
     pub fn get_result<'q, R, C>(self, conn: &mut C) -> Result<R, Error>
     where
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
@@ -216,7 +216,7 @@ where
         let row = if self.check.targets_one_row::<C::Backend>()? {
             statement.get_result(conn).optional()?
         } else {
-            locking_transaction(conn, |conn| {
+            locking_transaction(conn, false, |conn| {
                 let rows: Vec<R> = statement.load(conn)?;
                 changed_at_most_one("update_versioned", rows.len())?;
                 Ok::<_, Error>(rows.into_iter().next())
@@ -255,7 +255,7 @@ where
     /// [`Error::UnexpectedOutcome`], if it deleted more than one row.
     pub fn execute<'q, C>(self, conn: &mut C) -> Result<(), Error>
     where
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
@@ -266,7 +266,7 @@ where
         let rows = if self.check.targets_one_row::<C::Backend>()? {
             ExecuteDsl::execute(statement, conn)?
         } else {
-            locking_transaction(conn, |conn| {
+            locking_transaction(conn, false, |conn| {
                 let rows = ExecuteDsl::execute(statement, conn)?;
                 changed_at_most_one("delete_versioned", rows)?;
                 Ok::<_, Error>(rows)

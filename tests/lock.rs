@@ -350,6 +350,67 @@ on_every_backend! {
 mod sqlite_only {
     use super::*;
 
+    /// `nowait` on SQLite fails at once when another connection holds the
+    /// write lock, as it does on a row-locked database, instead of waiting
+    /// out `busy_timeout` (30 s on the test pool); the connection keeps its
+    /// busy timeout; and once the lock is free, `nowait` goes through.
+    #[test]
+    fn nowait_does_not_wait_for_the_write_lock() {
+        #[derive(QueryableByName)]
+        struct BusyTimeout {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            timeout: i32,
+        }
+
+        let db = testkit::SqliteTestDb::new();
+        let pool = testkit::sqlite_pool(&db.url, 2);
+        testkit::fixtures::create_schema(
+            &mut pool.get().unwrap(),
+            testkit::fixtures::SQLITE_SCHEMA,
+        );
+        diesel::insert_into(accounts::table)
+            .values((accounts::id.eq(1), accounts::balance.eq(100i64)))
+            .execute(&mut pool.get().unwrap())
+            .unwrap();
+        let mut holder = pool.get().unwrap();
+        let mut conn = pool.get().unwrap();
+        holder.batch_execute("BEGIN IMMEDIATE").unwrap();
+
+        let asked = Instant::now();
+        let locked = accounts::table
+            .find(1)
+            .build_lock()
+            .nowait()
+            .run(&mut *conn, |_, _: Account| Ok::<_, Error>(()));
+        assert!(matches!(locked, Err(Error::LockNotAvailable)), "{locked:?}");
+        let claimed = accounts::table
+            .filter(accounts::balance.gt(0))
+            .build_claim()
+            .nowait()
+            .each(&mut *conn, |_, _: Account| Ok::<_, Error>(()));
+        assert!(
+            matches!(claimed, Err(Error::LockNotAvailable)),
+            "{claimed:?}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "waited {:?}",
+            asked.elapsed()
+        );
+        let timeout = diesel::sql_query("PRAGMA busy_timeout")
+            .get_result::<BusyTimeout>(&mut *conn)
+            .unwrap();
+        assert_eq!(timeout.timeout, 30_000);
+
+        holder.batch_execute("COMMIT").unwrap();
+        let balance = accounts::table
+            .find(1)
+            .build_lock()
+            .nowait()
+            .run(&mut *conn, |_, a: Account| Ok::<_, Error>(a.balance));
+        assert_eq!(balance.unwrap(), 100);
+    }
+
     /// Thread A holds `with_lock` on row 1 for 200 ms; thread B, started once
     /// A is inside, locks row 2 and must only get in after A left. Under a
     /// plain deferred `BEGIN`, B's closure would start at once (WAL readers

@@ -17,7 +17,7 @@ pub trait ClaimBackend: Backend + Default + strategy::Strategy {}
 
 pub(crate) mod strategy {
     use diesel::backend::Backend;
-    use diesel::connection::{Connection, LoadConnection};
+    use diesel::connection::LoadConnection;
     use diesel::query_builder::AstPass;
     use diesel::QueryResult;
 
@@ -57,10 +57,11 @@ pub(crate) mod strategy {
 
         /// Opens the transaction a claim or `with_lock` runs in, on a connection
         /// `depth` transactions deep, taking whatever lock the backend needs up
-        /// front (SQLite: the database write lock).
-        fn begin_locking_transaction<C>(conn: &mut C, depth: u32) -> QueryResult<()>
+        /// front (SQLite: the database write lock; with `nowait`, at once or
+        /// not at all).
+        fn begin_locking_transaction<C>(conn: &mut C, depth: u32, nowait: bool) -> QueryResult<()>
         where
-            C: Connection<Backend = Self>;
+            C: LoadConnection<Backend = Self>;
 
         /// Applies the crate's pending migrations, recorded in its own history
         /// (`history.rs`).

@@ -1,6 +1,6 @@
 //! MySQL and MariaDB: row locks without `OF`, and leases without `RETURNING`.
 
-use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::connection::{LoadConnection, TransactionManager};
 use diesel::mysql::Mysql;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query};
@@ -50,9 +50,10 @@ impl Strategy for Mysql {
         Default::default()
     }
 
-    fn begin_locking_transaction<C>(conn: &mut C, _depth: u32) -> QueryResult<()>
+    // Row locks are taken by the statements, with their own wait policy.
+    fn begin_locking_transaction<C>(conn: &mut C, _depth: u32, _nowait: bool) -> QueryResult<()>
     where
-        C: Connection<Backend = Mysql>,
+        C: LoadConnection<Backend = Self>,
     {
         C::TransactionManager::begin_transaction(conn)
     }

@@ -1,7 +1,7 @@
 //! PostgreSQL: row locks with `OF` and `SKIP LOCKED`, leases by the
 //! server's `clock_timestamp()`.
 
-use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::connection::{LoadConnection, TransactionManager};
 use diesel::dsl::IntervalDsl;
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -52,9 +52,10 @@ impl Strategy for Pg {
         Default::default()
     }
 
-    fn begin_locking_transaction<C>(conn: &mut C, _depth: u32) -> QueryResult<()>
+    // Row locks are taken by the statements, with their own wait policy.
+    fn begin_locking_transaction<C>(conn: &mut C, _depth: u32, _nowait: bool) -> QueryResult<()>
     where
-        C: Connection<Backend = Pg>,
+        C: LoadConnection<Backend = Self>,
     {
         C::TransactionManager::begin_transaction(conn)
     }

@@ -2,8 +2,7 @@
 //! and leases by SQLite's own clock.
 
 use diesel::connection::{
-    Connection, LoadConnection, TransactionDepthChange, TransactionManager,
-    TransactionManagerStatus,
+    LoadConnection, TransactionDepthChange, TransactionManager, TransactionManagerStatus,
 };
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query};
@@ -38,9 +37,9 @@ impl Strategy for Sqlite {
         Default::default()
     }
 
-    fn begin_locking_transaction<C>(conn: &mut C, depth: u32) -> QueryResult<()>
+    fn begin_locking_transaction<C>(conn: &mut C, depth: u32, nowait: bool) -> QueryResult<()>
     where
-        C: Connection<Backend = Sqlite>,
+        C: LoadConnection<Backend = Self>,
     {
         // Nested: a savepoint inside the caller's transaction, whose own lock
         // mode then decides. Top level: `BEGIN IMMEDIATE`, which takes the write
@@ -52,7 +51,11 @@ impl Strategy for Sqlite {
         }
         // (The caller's reading of `depth` has also refused a broken
         // transaction manager, before any SQL.)
-        conn.batch_execute("BEGIN IMMEDIATE")?;
+        if nowait {
+            begin_immediate_at_once(conn)?;
+        } else {
+            conn.batch_execute("BEGIN IMMEDIATE")?;
+        }
         match C::TransactionManager::transaction_manager_status_mut(conn) {
             TransactionManagerStatus::Valid(status) => {
                 status.change_transaction_depth(TransactionDepthChange::IncreaseDepth)
@@ -86,6 +89,26 @@ impl Strategy for Sqlite {
         }
         .optional()
     }
+}
+
+/// `BEGIN IMMEDIATE` with the connection's busy timeout set to 0 for it, then
+/// set back: `nowait` fails at once, as on a database with row locks, instead
+/// of waiting `busy_timeout` for another writer.
+fn begin_immediate_at_once<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: LoadConnection<Backend = Sqlite>,
+{
+    #[derive(QueryableByName)]
+    struct BusyTimeout {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        timeout: i32,
+    }
+
+    let previous = diesel::sql_query("PRAGMA busy_timeout").get_result::<BusyTimeout>(conn)?;
+    conn.batch_execute("PRAGMA busy_timeout = 0")?;
+    let begun = conn.batch_execute("BEGIN IMMEDIATE");
+    conn.batch_execute(&format!("PRAGMA busy_timeout = {}", previous.timeout))?;
+    begun
 }
 
 diesel::table! {

@@ -63,6 +63,9 @@ pub(crate) struct Claim<K> {
     /// with row locks).
     pub(crate) one_statement_mark: bool,
     fail_on_locked: bool,
+    /// `nowait` was asked for: a lock taken up front (SQLite's write lock) is
+    /// not waited for either.
+    pub(crate) nowait: bool,
     batch: i64,
     /// Takes run past the end of their page: see [`Page::open_ended`].
     open_ended: bool,
@@ -145,6 +148,7 @@ impl<K> Claim<K> {
             row_locks: plan.row_locks,
             one_statement_mark: plan.row_locks && plan.update_returning,
             fail_on_locked: plan.row_locks && plan.fail_on_locked,
+            nowait: plan.fail_on_locked,
             batch: plan.batch,
             open_ended,
             page_size: plan.page_size.unwrap_or(if open_ended {

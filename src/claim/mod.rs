@@ -4,7 +4,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use diesel::connection::Connection;
+use diesel::connection::LoadConnection;
 use diesel::prelude::*;
 use diesel::query_builder::Query;
 
@@ -42,7 +42,7 @@ pub trait ClaimDsl: Sized {
     fn claim_each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Self: ClaimQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -276,7 +276,7 @@ impl<Q> ClaimBuilder<Q> {
     pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -289,7 +289,7 @@ impl<Q> ClaimBuilder<Q> {
     pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
@@ -375,7 +375,7 @@ impl<Q, V> MarkedClaim<Q, V> {
     pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: MarkQuery<'q, C, R, V>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -388,7 +388,7 @@ impl<Q, V> MarkedClaim<Q, V> {
     pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: MarkQuery<'q, C, R, V>,
-        C: Connection,
+        C: LoadConnection,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
@@ -428,7 +428,7 @@ fn drive<'q, Q, C, R, K, T, E, F>(
 where
     Q: ClaimQuery<'q, C, R, Key = K>,
     K: Clone + Eq + Hash,
-    C: Connection,
+    C: LoadConnection,
     C::Backend: ClaimBackend,
     T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
     F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
@@ -451,7 +451,7 @@ where
                     // SQLite: a lone `UPDATE` would read first and then fail to
                     // take the write lock if another writer got in between.
                     // MySQL: the mark is three statements.
-                    locking_transaction(conn, |conn| {
+                    locking_transaction(conn, claim.nowait, |conn| {
                         take(conn, range, limit, &claim.clause).map_err(Error::from)
                     })?
                 };
@@ -463,7 +463,7 @@ where
                 claim.processed(processed);
             }
             Step::Batch(range, limit) => {
-                let processed = locking_transaction(conn, |conn| {
+                let processed = locking_transaction(conn, claim.nowait, |conn| {
                     let rows =
                         take(conn, range.clone(), limit, &claim.clause).map_err(Error::from)?;
                     let rows = claim.taken(rows, limit, Q::key)?;
