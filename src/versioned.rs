@@ -183,15 +183,11 @@ where
     {
         let next = self.next_version()?;
         let statement = self.statement::<C::Backend>(next)?;
-        let rows = if self.check.targets_one_row::<C::Backend>()? {
-            ExecuteDsl::execute(statement, conn)?
-        } else {
-            locking_transaction(conn, false, |conn| {
-                let rows = ExecuteDsl::execute(statement, conn)?;
-                changed_at_most_one("update_versioned", rows)?;
-                Ok::<_, Error>(rows)
-            })?
-        };
+        let one_row = self.check.targets_one_row::<C::Backend>()?;
+        let rows = guarded(conn, one_row, "update_versioned", |conn| {
+            let rows = ExecuteDsl::execute(statement, conn)?;
+            Ok((rows, rows))
+        })?;
         match rows {
             0 => Err(self
                 .check
@@ -213,20 +209,40 @@ where
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let statement = self.statement::<C::Backend>(self.next_version()?)?;
-        let row = if self.check.targets_one_row::<C::Backend>()? {
-            statement.get_result(conn).optional()?
-        } else {
-            locking_transaction(conn, false, |conn| {
-                let rows: Vec<R> = statement.load(conn)?;
-                changed_at_most_one("update_versioned", rows.len())?;
-                Ok::<_, Error>(rows.into_iter().next())
-            })?
-        };
+        let one_row = self.check.targets_one_row::<C::Backend>()?;
+        let row = guarded(conn, one_row, "update_versioned", |conn| {
+            let rows: Vec<R> = statement.load(conn)?;
+            Ok((rows.len(), rows.into_iter().next()))
+        })?;
         row.ok_or_else(|| {
             let probed = self.check.probe().get_result(conn).optional();
             self.check.no_match(probed)
         })
     }
+}
+
+/// Runs a versioned statement, which gives the rows it changed and its
+/// outcome: on its own when the target is one row by its key, else in a
+/// transaction (a savepoint in the caller's) that rolls back if it changed
+/// several.
+fn guarded<C, T>(
+    conn: &mut C,
+    one_row: bool,
+    operation: &str,
+    run: impl FnOnce(&mut C) -> QueryResult<(usize, T)>,
+) -> Result<T, Error>
+where
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+{
+    if one_row {
+        return Ok(run(conn)?.1);
+    }
+    locking_transaction(conn, false, |conn| {
+        let (rows, outcome) = run(conn)?;
+        changed_at_most_one(operation, rows)?;
+        Ok(outcome)
+    })
 }
 
 /// `Err` if a versioned update or delete (`operation`) changed more than one
@@ -263,15 +279,11 @@ where
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
         let statement = self.check.delete();
-        let rows = if self.check.targets_one_row::<C::Backend>()? {
-            ExecuteDsl::execute(statement, conn)?
-        } else {
-            locking_transaction(conn, false, |conn| {
-                let rows = ExecuteDsl::execute(statement, conn)?;
-                changed_at_most_one("delete_versioned", rows)?;
-                Ok::<_, Error>(rows)
-            })?
-        };
+        let one_row = self.check.targets_one_row::<C::Backend>()?;
+        let rows = guarded(conn, one_row, "delete_versioned", |conn| {
+            let rows = ExecuteDsl::execute(statement, conn)?;
+            Ok((rows, rows))
+        })?;
         match rows {
             0 => Err(self
                 .check
