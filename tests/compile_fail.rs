@@ -1,0 +1,63 @@
+//! What the crate refuses at compile time, with the words it says it in: each
+//! file of `tests/compile_fail/` is checked as a program of its own, which must
+//! not compile, and whose errors must contain its `//~` lines.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn refusals_at_compile_time_say_what_to_do() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let project = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-fail");
+    let cases = crate_dir.join("tests/compile_fail");
+    std::fs::create_dir_all(project.join("src/bin")).unwrap();
+    std::fs::write(
+        project.join("Cargo.toml"),
+        format!(
+            r#"[package]
+name = "compile-fail"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+diesel = {{ version = "2.3", default-features = false, features = ["postgres", "sqlite"] }}
+diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite"] }}
+
+[workspace]
+"#
+        ),
+    )
+    .unwrap();
+    // The crate's own lock file: the same versions, nothing to fetch.
+    std::fs::copy(crate_dir.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+
+    let mut failures = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(&cases)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    entries.sort();
+    for case in entries {
+        let name = case.file_stem().unwrap().to_str().unwrap().to_owned();
+        let source = std::fs::read_to_string(&case).unwrap();
+        std::fs::write(project.join("src/bin").join(format!("{name}.rs")), &source).unwrap();
+        let output = Command::new(env!("CARGO"))
+            .args(["check", "--offline", "--quiet", "--bin", &name])
+            .current_dir(&project)
+            .env("CARGO_TARGET_DIR", project.join("target"))
+            .output()
+            .unwrap();
+        let errors = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() {
+            failures.push(format!("{name}: compiled, but must not"));
+            continue;
+        }
+        for expected in source.lines().filter_map(|line| line.strip_prefix("//~ ")) {
+            if !errors.contains(expected) {
+                failures.push(format!("{name}: the errors lack {expected:?}:\n{errors}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
