@@ -31,12 +31,19 @@ pub enum Error {
     #[error("serialization failure: {0}")]
     SerializationFailure(#[source] diesel::result::Error),
 
-    /// A versioned update found the row at another version than expected.
+    /// A versioned update or delete found the row at another version than
+    /// expected.
     ///
     /// `actual` is the version read right after the update matched nothing; it is
     /// `None` when it could not be read in the same breath.
-    #[error("version conflict: expected version {expected}, found {}", display_version(.actual))]
+    #[error(
+        "version conflict on {table}: expected version {expected}, found {}",
+        display_version(.actual)
+    )]
     VersionConflict {
+        /// The table of the row, as its name is written (`orders`,
+        /// `"shop"."orders"`).
+        table: String,
         /// The version the update was guarded with.
         expected: i64,
         /// The version the row had when the conflict was detected.

@@ -228,7 +228,7 @@
 //!     .find(1)
 //!     .update_versioned(accounts::version, 0, accounts::balance.eq(0))
 //!     .execute(&mut conn);
-//! assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })));
+//! assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1), .. })));
 //! # Ok(())
 //! # }
 //! ```

@@ -144,6 +144,8 @@ type Bump<Col, V> = dsl::Eq<Col, V>;
 pub(crate) type Statement<Target, Col, V, Changes> =
     dsl::Filter<dsl::Update<Target, (Changes, Bump<Col, V>)>, dsl::Eq<Col, V>>;
 pub(crate) type DeleteStatement<Target, Col, V> = dsl::Filter<dsl::delete<Target>, dsl::Eq<Col, V>>;
+pub(crate) type FromClauseOf<Target> =
+    <<Target as diesel::associations::HasTable>::Table as diesel::QuerySource>::FromClause;
 pub(crate) type PrimaryKey<Target> =
     <<Target as diesel::associations::HasTable>::Table as Table>::PrimaryKey;
 /// Reads the target row's version.
@@ -178,6 +180,7 @@ where
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C>,
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
@@ -191,7 +194,7 @@ where
         match rows {
             0 => Err(self
                 .check
-                .no_match(self.check.probe().get_result(conn).optional())),
+                .no_match::<C::Backend>(self.check.probe().get_result(conn).optional())),
             _ => Ok(next),
         }
     }
@@ -205,6 +208,7 @@ where
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: LoadQuery<'q, C, R>,
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
@@ -216,7 +220,7 @@ where
         })?;
         row.ok_or_else(|| {
             let probed = self.check.probe().get_result(conn).optional();
-            self.check.no_match(probed)
+            self.check.no_match::<C::Backend>(probed)
         })
     }
 }
@@ -275,6 +279,7 @@ where
         C::Backend: ClaimBackend,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
         DeleteStatement<Target, Col, V>: ExecuteDsl<C>,
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
@@ -287,7 +292,7 @@ where
         match rows {
             0 => Err(self
                 .check
-                .no_match(self.check.probe().get_result(conn).optional())),
+                .no_match::<C::Backend>(self.check.probe().get_result(conn).optional())),
             _ => Ok(()),
         }
     }
@@ -387,11 +392,19 @@ where
     }
 
     /// What the [`probe`](Self::probe) found, as the statement's error.
-    pub(crate) fn no_match(&self, probed: QueryResult<Option<V>>) -> Error {
+    pub(crate) fn no_match<DB>(&self, probed: QueryResult<Option<V>>) -> Error
+    where
+        DB: ClaimBackend,
+        FromClauseOf<Target>: QueryFragment<DB>,
+    {
         match probed {
-            Ok(Some(actual)) => Error::VersionConflict {
-                expected: self.expected.into(),
-                actual: Some(actual.into()),
+            Ok(Some(actual)) => match rendered::render::<DB>(&Target::table().from_clause()) {
+                Ok(table) => Error::VersionConflict {
+                    table,
+                    expected: self.expected.into(),
+                    actual: Some(actual.into()),
+                },
+                Err(error) => Error::from(error),
             },
             Ok(None) => Error::NotFound,
             Err(error) => Error::from(error),

@@ -649,7 +649,8 @@ on_async_backends! {
             stale,
             Err(diesel_claim::Error::VersionConflict {
                 expected: 0,
-                actual: Some(1)
+                actual: Some(1),
+                ..
             })
         ));
         let missing = accounts::table
@@ -685,7 +686,7 @@ on_async_backends! {
             .await;
         assert!(matches!(
             stale,
-            Err(diesel_claim::Error::VersionConflict { expected: 0, actual: Some(1) })
+            Err(diesel_claim::Error::VersionConflict { expected: 0, actual: Some(1), .. })
         ));
         let id = 2;
         let next = accounts::table
@@ -752,7 +753,7 @@ on_async_backends! {
             .await;
         assert!(matches!(
             stale,
-            Err(diesel_claim::Error::VersionConflict { expected: 3, actual: Some(0) })
+            Err(diesel_claim::Error::VersionConflict { expected: 3, actual: Some(0), .. })
         ));
         accounts::table
             .find(1)

@@ -121,7 +121,7 @@ on_every_backend! {
                 .update_versioned(accounts::version, 0, accounts::balance.eq(999))
                 .execute(conn);
             match stale {
-                Err(Error::VersionConflict { expected: 0, actual: Some(1) }) => {}
+                Err(Error::VersionConflict { expected: 0, actual: Some(1), .. }) => {}
                 other => panic!("expected a version conflict 0 vs 1, got {other:?}"),
             }
         }
@@ -131,7 +131,10 @@ on_every_backend! {
             .execute(conn)
             .unwrap_err();
         assert!(stale.is_transient());
-        assert_eq!(stale.to_string(), "version conflict: expected version 0, found 1");
+        // The table as the backend writes its name.
+        let table = if BACKEND == "pg" { r#""accounts""# } else { "`accounts`" };
+        assert!(matches!(&stale, Error::VersionConflict { table: t, .. } if t == table), "{stale:?}");
+        assert_eq!(stale.to_string(), format!("version conflict on {table}: expected version 0, found 1"));
         assert_eq!(read(conn, 1).unwrap(), Account { id: 1, balance: 110, version: 1 });
 
         // Another connection's write makes this one's read stale.
@@ -146,7 +149,7 @@ on_every_backend! {
             .find(2)
             .update_versioned(accounts::version, seen.version, accounts::balance.eq(seen.balance + 1))
             .execute(conn);
-        assert!(matches!(lost, Err(Error::VersionConflict { expected: 0, actual: Some(1) })), "{lost:?}");
+        assert!(matches!(lost, Err(Error::VersionConflict { expected: 0, actual: Some(1), .. })), "{lost:?}");
         assert_eq!(read(conn, 2).unwrap().balance, 60);
 
         let version = accounts::table
@@ -221,7 +224,7 @@ on_every_backend! {
         let stale = (&account)
             .update_versioned(accounts::version, account.version, &change)
             .execute(conn);
-        assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })), "{stale:?}");
+        assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1), .. })), "{stale:?}");
 
         let wanted = String::from("2");
         let id: i32 = wanted.parse().unwrap();
@@ -249,7 +252,7 @@ on_every_backend! {
             attempts += 1;
             accounts::table.find(1).update_versioned(accounts::version, 1, accounts::balance.eq(6)).execute(conn)
         });
-        assert!(matches!(result, Err(Error::VersionConflict { expected: 1, actual: Some(3) })), "{result:?}");
+        assert!(matches!(result, Err(Error::VersionConflict { expected: 1, actual: Some(3), .. })), "{result:?}");
         assert_eq!(attempts, 4);
 
         // Not-found is not transient: one attempt only.
@@ -358,7 +361,7 @@ on_every_backend! {
 
         // Read at version 0, changed since: a conflict, and the row stays.
         let stale = (&first).delete_versioned(accounts::version, first.version).execute(conn);
-        assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })), "{stale:?}");
+        assert!(matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1), .. })), "{stale:?}");
         assert_eq!(read(conn, 1).unwrap().balance, 90);
 
         (&first).delete_versioned(accounts::version, 1).execute(conn).unwrap();
@@ -563,7 +566,7 @@ mod returning {
                 .update_versioned(accounts::version, 0, accounts::balance.eq(999))
                 .get_result::<Account, _>(conn);
             assert!(
-                matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1) })),
+                matches!(stale, Err(Error::VersionConflict { expected: 0, actual: Some(1), .. })),
                 "{stale:?}"
             );
             let gone = accounts::table

@@ -16,7 +16,9 @@ use super::backend::AsyncBackend;
 use super::transaction::locking_transaction;
 use super::Async;
 use crate::retry::Attempts;
-use crate::versioned::{changed_at_most_one, DeleteStatement, PrimaryKey, Probe, Statement};
+use crate::versioned::{
+    changed_at_most_one, DeleteStatement, FromClauseOf, PrimaryKey, Probe, Statement,
+};
 use crate::{Error, RetryPolicy, Transient, Version, VersionedDelete, VersionedUpdate};
 
 /// Adds [`update_versioned`](VersionedDsl::update_versioned) to update targets,
@@ -77,6 +79,7 @@ where
         C::Backend: AsyncBackend,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
         DeleteStatement<Target, Col, V>: ExecuteDsl<C> + Send + 'a,
         Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
     {
@@ -98,7 +101,7 @@ where
             match rows {
                 0 => {
                     let probed = self.check.probe().get_result(conn).await.optional();
-                    Err(self.check.no_match(probed))
+                    Err(self.check.no_match::<C::Backend>(probed))
                 }
                 _ => Ok(()),
             }
@@ -133,6 +136,7 @@ where
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: ExecuteDsl<C> + Send + 'a,
         Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
     {
@@ -155,7 +159,7 @@ where
             match rows {
                 0 => {
                     let probed = self.check.probe().get_result(conn).await.optional();
-                    Err(self.check.no_match(probed))
+                    Err(self.check.no_match::<C::Backend>(probed))
                 }
                 _ => Ok(next),
             }
@@ -176,6 +180,7 @@ where
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
         Statement<Target, Col, V, Changes>: LoadQuery<'a, C, R> + Send + 'a,
         Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
     {
@@ -198,7 +203,7 @@ where
                 Some(row) => Ok(row),
                 None => {
                     let probed = self.check.probe().get_result(conn).await.optional();
-                    Err(self.check.no_match(probed))
+                    Err(self.check.no_match::<C::Backend>(probed))
                 }
             }
         }

@@ -317,7 +317,7 @@ on_suite_backends! {
                 attempts += 1;
                 accounts::table.find(id).update_versioned(accounts::version, 0, accounts::balance.eq(2)).execute(conn)
             });
-            expect_error(&mut figures, "stale", stale, |e| matches!(e, Error::VersionConflict { expected: 0, actual: Some(1) }));
+            expect_error(&mut figures, "stale", stale, |e| matches!(e, Error::VersionConflict { expected: 0, actual: Some(1), .. }));
             figures.retries += attempts - 1;
 
             let empty: Option<diesel::dsl::Eq<accounts::balance, i64>> = None;
