@@ -18,6 +18,9 @@ use crate::{BoxError, Checks, Clock, Options, Progress};
 /// Orders inserted per statement while setting up.
 const INSERT_CHUNK: usize = 1000;
 
+/// The email domain of the partner shop's customers (one order in ten).
+const PARTNER_DOMAIN: &str = "partner.example";
+
 pub fn run(
     pool: &Pool,
     options: &Options,
@@ -34,7 +37,7 @@ pub fn run(
     ));
 
     let progress = Progress::new(500, "emails sent", clock);
-    let first = send_emails_concurrently(pool, options, &progress)?;
+    let first = send_emails_concurrently(pool, options, &progress, None)?;
 
     // Nobody may have emailed an order that has not shipped yet.
     let early: i64 = outbox::table
@@ -55,12 +58,19 @@ pub fn run(
         .set(orders::shipped_at.eq(now))
         .execute(&mut conn)?;
     clock.log(format_args!("the warehouse ships the other {rest} orders"));
-    let second = send_emails_concurrently(pool, options, &progress)?;
+    // Customers of the partner shop are told first: the same job, with a
+    // filter chosen at run time.
+    let partners = send_emails_concurrently(pool, options, &progress, Some(PARTNER_DOMAIN))?;
+    clock.log(format_args!(
+        "{partners} emails to {PARTNER_DOMAIN} customers first"
+    ));
+    let second = send_emails_concurrently(pool, options, &progress, None)?;
 
-    check_emails(&mut conn, first + second, checks)
+    check_emails(&mut conn, first + partners + second, checks)
 }
 
-/// The seed's `send_pending_order_shipped_emails()`, in Rust.
+/// The seed's `send_pending_order_shipped_emails()`, in Rust, for the customers
+/// of one email domain when given one.
 ///
 /// Safe to run in any number of processes at once: each order is processed at
 /// most once, and the work spreads over the workers by itself.
@@ -68,16 +78,28 @@ fn send_pending_order_shipped_emails(
     conn: &mut Conn,
     worker: i32,
     progress: &Progress,
+    domain: Option<&str>,
 ) -> Result<ClaimReport, diesel_claim::Error> {
     // The query is written once. `claim_each` runs it without locks to find
     // candidates (a single read when nothing is pending), then again for each
     // candidate, restricted to its key and locked (`FOR NO KEY UPDATE OF orders
     // SKIP LOCKED` on PostgreSQL; SQLite takes the write lock), to re-check that
     // the order is still pending before the closure sees it.
-    let orders_to_email = orders::table
-        .filter(orders::shipped_at.is_not_null())
-        .filter(orders::shipped_email_sent.eq(false))
-        .select(Order::as_select());
+    //
+    // The domain filter is chosen at run time, so the query is boxed. A boxed
+    // query cannot be cloned, so `rebuild` takes the code that builds it and
+    // runs it for each statement the claim sends.
+    let orders_to_email = diesel_claim::rebuild(|| {
+        let mut query = orders::table
+            .filter(orders::shipped_at.is_not_null())
+            .filter(orders::shipped_email_sent.eq(false))
+            .select(Order::as_select())
+            .into_boxed();
+        if let Some(domain) = domain {
+            query = query.filter(orders::customer_email.like(format!("%@{domain}")));
+        }
+        query
+    });
 
     orders_to_email.claim_each(conn, |conn, order: Order| {
         // Runs in the order's own transaction: the email and the flag commit
@@ -111,9 +133,12 @@ fn send_emails_concurrently(
     pool: &Pool,
     options: &Options,
     progress: &Progress,
+    domain: Option<&str>,
 ) -> Result<u64, BoxError> {
     let reports = run_workers(pool, options.workers, |conn, worker| {
-        Ok(send_pending_order_shipped_emails(conn, worker, progress)?)
+        Ok(send_pending_order_shipped_emails(
+            conn, worker, progress, domain,
+        )?)
     })?;
     // `skipped` counts candidates another worker got to first: locked by it at
     // the time, or already emailed when this worker came to lock them.
@@ -128,7 +153,14 @@ fn send_emails_concurrently(
 
 /// Places `total` orders, the first `shipped` of them already shipped.
 fn place_orders(conn: &mut Conn, total: u32, shipped: u32) -> QueryResult<()> {
-    let email = |n: u32| orders::customer_email.eq(format!("customer{n}@example.com"));
+    let email = |n: u32| {
+        let domain = if n % 10 == 0 {
+            PARTNER_DOMAIN
+        } else {
+            "example.com"
+        };
+        orders::customer_email.eq(format!("customer{n}@{domain}"))
+    };
     conn.transaction(|conn| {
         let shipped_orders: Vec<_> = (0..shipped)
             .map(|n| (email(n), orders::shipped_at.eq(now)))
