@@ -6,9 +6,7 @@
 use diesel::connection::LoadConnection;
 use diesel::migration::{Migration, MigrationVersion};
 use diesel::prelude::*;
-use diesel_migrations::MigrationHarness;
-
-use diesel_migrations::EmbeddedMigrations;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 
 use crate::Error;
 
@@ -39,9 +37,10 @@ fn applied() -> _ {
 }
 
 /// A migration harness that keeps its history in
-/// `diesel_claim_schema_migrations`.
+/// `diesel_claim_schema_migrations`. (Public in a private module: the
+/// backends' `run_migrations` name it in their bounds.)
 #[derive(Debug)]
-pub struct CrateHistory<'c, C>(pub &'c mut C);
+pub struct CrateHistory<'c, C>(&'c mut C);
 
 impl<C> CrateHistory<'_, C>
 where
