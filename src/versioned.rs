@@ -186,17 +186,8 @@ where
     {
         let next = self.next_version()?;
         let statement = self.statement::<C::Backend>(next)?;
-        let one_row = self.check.targets_one_row::<C::Backend>()?;
-        let rows = guarded(conn, one_row, "update_versioned", |conn| {
-            let rows = ExecuteDsl::execute(statement, conn)?;
-            Ok((rows, rows))
-        })?;
-        match rows {
-            0 => Err(self
-                .check
-                .no_match::<C::Backend>(self.check.probe().get_result(conn).optional())),
-            _ => Ok(next),
-        }
+        self.check.execute(conn, statement, "update_versioned")?;
+        Ok(next)
     }
 
     /// Runs the update and returns the updated row (`RETURNING`), with the
@@ -283,18 +274,8 @@ where
         DeleteStatement<Target, Col, V>: ExecuteDsl<C>,
         Probe<Target, Col>: LoadQuery<'q, C, V>,
     {
-        let statement = self.check.delete();
-        let one_row = self.check.targets_one_row::<C::Backend>()?;
-        let rows = guarded(conn, one_row, "delete_versioned", |conn| {
-            let rows = ExecuteDsl::execute(statement, conn)?;
-            Ok((rows, rows))
-        })?;
-        match rows {
-            0 => Err(self
-                .check
-                .no_match::<C::Backend>(self.check.probe().get_result(conn).optional())),
-            _ => Ok(()),
-        }
+        self.check
+            .execute(conn, self.check.delete(), "delete_versioned")
     }
 }
 
@@ -364,6 +345,29 @@ where
         dsl::delete<Target>: FilterDsl<dsl::Eq<Col, V>>,
     {
         diesel::delete(self.target.clone()).filter(self.version_column.eq(self.expected))
+    }
+
+    /// Runs a versioned update or delete (`operation`) that returns no rows,
+    /// guarded against changing several; changing none is the probe's error.
+    fn execute<'q, C, S>(&self, conn: &mut C, statement: S, operation: &str) -> Result<(), Error>
+    where
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        S: ExecuteDsl<C>,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
+        Probe<Target, Col>: LoadQuery<'q, C, V>,
+    {
+        let one_row = self.targets_one_row::<C::Backend>()?;
+        let rows = guarded(conn, one_row, operation, |conn| {
+            let rows = ExecuteDsl::execute(statement, conn)?;
+            Ok((rows, rows))
+        })?;
+        match rows {
+            0 => Err(self.no_match::<C::Backend>(self.probe().get_result(conn).optional())),
+            _ => Ok(()),
+        }
     }
 
     /// Whether the target is one row by its primary key, so that the

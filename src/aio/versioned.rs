@@ -17,7 +17,7 @@ use super::transaction::locking_transaction;
 use super::Async;
 use crate::retry::Attempts;
 use crate::versioned::{
-    changed_at_most_one, DeleteStatement, FromClauseOf, PrimaryKey, Probe, Statement,
+    changed_at_most_one, DeleteStatement, FromClauseOf, PrimaryKey, Probe, Statement, VersionCheck,
 };
 use crate::{Error, RetryPolicy, Transient, Version, VersionedDelete, VersionedUpdate};
 
@@ -73,8 +73,8 @@ where
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a
     where
         Self: 'a,
-        Target: Send + Sync,
-        Col: Send + Sync,
+        Target: Send,
+        Col: Send,
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         Target::WhereClause: QueryFragment<C::Backend>,
@@ -85,26 +85,9 @@ where
     {
         async move {
             let statement = self.check.delete();
-            let rows = if self.check.targets_one_row::<C::Backend>()? {
-                RunQueryDsl::execute(statement, conn).await?
-            } else {
-                locking_transaction(conn, |conn| {
-                    async move {
-                        let rows = RunQueryDsl::execute(statement, conn).await?;
-                        changed_at_most_one("delete_versioned", rows)?;
-                        Ok::<_, Error>(rows)
-                    }
-                    .scope_boxed()
-                })
-                .await?
-            };
-            match rows {
-                0 => {
-                    let probed = self.check.probe().get_result(conn).await.optional();
-                    Err(self.check.no_match::<C::Backend>(probed))
-                }
-                _ => Ok(()),
-            }
+            self.check
+                .execute_async(conn, statement, "delete_versioned")
+                .await
         }
     }
 }
@@ -131,6 +114,8 @@ where
     ) -> impl Future<Output = Result<V, Error>> + Send + 'a
     where
         Self: Send + 'a,
+        Target: Send,
+        Col: Send,
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
@@ -143,26 +128,10 @@ where
         async move {
             let next = self.next_version()?;
             let statement = self.statement::<C::Backend>(next)?;
-            let rows = if self.check.targets_one_row::<C::Backend>()? {
-                RunQueryDsl::execute(statement, conn).await?
-            } else {
-                locking_transaction(conn, |conn| {
-                    async move {
-                        let rows = RunQueryDsl::execute(statement, conn).await?;
-                        changed_at_most_one("update_versioned", rows)?;
-                        Ok::<_, Error>(rows)
-                    }
-                    .scope_boxed()
-                })
-                .await?
-            };
-            match rows {
-                0 => {
-                    let probed = self.check.probe().get_result(conn).await.optional();
-                    Err(self.check.no_match::<C::Backend>(probed))
-                }
-                _ => Ok(next),
-            }
+            self.check
+                .execute_async(conn, statement, "update_versioned")
+                .await?;
+            Ok(next)
         }
     }
 
@@ -235,6 +204,56 @@ where
                 },
                 done => return done,
             }
+        }
+    }
+}
+
+impl<Target, Col, V> VersionCheck<Target, Col, V>
+where
+    Target: IntoUpdateTarget + Clone,
+    Target::Table: Table,
+    Col: Column<Table = Target::Table> + ExpressionMethods + Copy,
+    Col::SqlType: SingleValue,
+    V: Version + AsExpression<Col::SqlType>,
+{
+    /// The async twin of the blocking `VersionCheck::execute`: runs a
+    /// versioned update or delete (`operation`) guarded against changing
+    /// several rows; changing none is the probe's error.
+    async fn execute_async<'a, C, S>(
+        self,
+        conn: &'a mut C,
+        statement: S,
+        operation: &str,
+    ) -> Result<(), Error>
+    where
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        S: ExecuteDsl<C> + Send + 'a,
+        Target::WhereClause: QueryFragment<C::Backend>,
+        PrimaryKey<Target>: QueryFragment<C::Backend>,
+        FromClauseOf<Target>: QueryFragment<C::Backend>,
+        Probe<Target, Col>: LoadQuery<'a, C, V> + 'a,
+        V: Send + 'static,
+    {
+        let rows = if self.targets_one_row::<C::Backend>()? {
+            RunQueryDsl::execute(statement, conn).await?
+        } else {
+            locking_transaction(conn, |conn| {
+                async move {
+                    let rows = RunQueryDsl::execute(statement, conn).await?;
+                    changed_at_most_one(operation, rows)?;
+                    Ok::<_, Error>(rows)
+                }
+                .scope_boxed()
+            })
+            .await?
+        };
+        match rows {
+            0 => {
+                let probed = self.probe().get_result(conn).await.optional();
+                Err(self.no_match::<C::Backend>(probed))
+            }
+            _ => Ok(()),
         }
     }
 }

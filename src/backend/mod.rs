@@ -131,6 +131,32 @@ mod lease_query {
     impl<Q, Conn> RunQueryDsl<Conn> for LeaseQuery<Q> {}
 }
 
+/// Runs a lease statement on a backend whose statements return the lease's
+/// token (`RETURNING`), built by its `acquire` and `expire`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn run_returning<'s, C, A, X>(
+    conn: &mut C,
+    statement: LeaseStatement<'s>,
+    acquire: impl FnOnce(&'s str, i64) -> A,
+    expire: impl FnOnce(&'s str, i64, i64) -> X,
+) -> diesel::QueryResult<Option<i64>>
+where
+    C: diesel::connection::LoadConnection,
+    A: diesel::query_dsl::LoadQuery<'s, C, i64>,
+    X: diesel::query_dsl::LoadQuery<'s, C, i64>,
+{
+    use diesel::OptionalExtension;
+    match statement {
+        LeaseStatement::Acquire { name, ttl_micros } => acquire(name, ttl_micros).get_result(conn),
+        LeaseStatement::Expire {
+            name,
+            token,
+            after_micros,
+        } => expire(name, token, after_micros).get_result(conn),
+    }
+    .optional()
+}
+
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod history;
 

@@ -10,7 +10,7 @@ use diesel::sql_types::BigInt;
 use diesel::upsert::excluded;
 
 use super::strategy::Strategy;
-use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
+use super::{run_returning, ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::{LockClause, LockStrength};
 
 impl ClaimBackend for Pg {}
@@ -71,17 +71,7 @@ impl Strategy for Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        match statement {
-            LeaseStatement::Acquire { name, ttl_micros } => {
-                acquire(name, ttl_micros).get_result(conn)
-            }
-            LeaseStatement::Expire {
-                name,
-                token,
-                after_micros,
-            } => expire(name, token, after_micros).get_result(conn),
-        }
-        .optional()
+        run_returning(conn, statement, acquire, expire)
     }
 }
 

@@ -11,7 +11,7 @@ use diesel::sqlite::Sqlite;
 use diesel::upsert::excluded;
 
 use super::strategy::Strategy;
-use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
+use super::{run_returning, ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::LockClause;
 
 impl ClaimBackend for Sqlite {}
@@ -77,17 +77,7 @@ impl Strategy for Sqlite {
     where
         C: LoadConnection<Backend = Self>,
     {
-        match statement {
-            LeaseStatement::Acquire { name, ttl_micros } => {
-                acquire(name, ttl_micros).get_result(conn)
-            }
-            LeaseStatement::Expire {
-                name,
-                token,
-                after_micros,
-            } => expire(name, token, after_micros).get_result(conn),
-        }
-        .optional()
+        run_returning(conn, statement, acquire, expire)
     }
 }
 
