@@ -13,7 +13,9 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
 use diesel_claim::aio::{retry, with_lease, Lease};
 
-use testkit::fixtures::{accounts, order_lines, orders, outbox, Account, Order, OrderLine};
+use testkit::fixtures::{
+    accounts, insert_jobs, jobs, order_lines, orders, outbox, Account, Job, Order, OrderLine,
+};
 
 /// The shipped orders whose email is not sent.
 fn pending() -> diesel::dsl::Filter<
@@ -864,6 +866,73 @@ on_async_backends! {
             .await
             .unwrap();
         assert!(times.len() == 120 && times.iter().all(|&t| t == 1), "{times:?}");
+    }
+
+    /// The query's `ORDER BY` is the claim order, the key breaking ties; tasks
+    /// claiming in that order do every job once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn claims_follow_the_query_order() {
+        let (db, pool) = test_db(7).await;
+        let queue = || {
+            jobs::table
+                .filter(jobs::done.eq(false))
+                .order((jobs::priority.desc(), jobs::due.asc()))
+                .select(Job::as_select())
+        };
+        async fn finish(conn: &mut Conn, job: &Job) -> diesel::QueryResult<()> {
+            diesel::update(job)
+                .set((jobs::done.eq(true), jobs::times_done.eq(jobs::times_done + 1)))
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+        let expected = insert_jobs(&mut blocking(&db.url), 50);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut conn = pool.get().await.unwrap();
+        let report = queue()
+            .build_claim()
+            .batch(3)
+            .page_size(8)
+            .each(&mut *conn, |conn: &mut Conn, job: Job| {
+                seen.lock().unwrap().push(job.id);
+                async move { finish(conn, &job).await }.scope_boxed()
+            })
+            .await
+            .unwrap();
+        drop(conn);
+        assert_eq!(report.processed, 50);
+        assert_eq!(*seen.lock().unwrap(), expected);
+
+        diesel::delete(jobs::table).execute(&mut *pool.get().await.unwrap()).await.unwrap();
+        insert_jobs(&mut blocking(&db.url), 300);
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.get_owned().await.unwrap();
+                    queue()
+                        .build_claim()
+                        .batch(4)
+                        .each(&mut *conn, |conn: &mut Conn, job: Job| {
+                            async move { finish(conn, &job).await }.scope_boxed()
+                        })
+                        .await
+                        .unwrap()
+                        .processed
+                })
+            })
+            .collect();
+        let mut processed = 0;
+        for task in tasks {
+            processed += task.await.unwrap();
+        }
+        assert_eq!(processed, 300);
+        let times: Vec<i32> = jobs::table
+            .select(jobs::times_done)
+            .load(&mut *pool.get().await.unwrap())
+            .await
+            .unwrap();
+        assert!(times.len() == 300 && times.iter().all(|&t| t == 1), "{times:?}");
     }
 
     /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.

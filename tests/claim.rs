@@ -10,7 +10,8 @@ use diesel_claim::prelude::*;
 use diesel_claim::{ClaimReport, Error, LockStrength};
 
 use testkit::fixtures::{
-    customers, on_every_backend, order_lines, orders, outbox, Order, OrderLine,
+    customers, insert_jobs, jobs, on_every_backend, order_lines, orders, outbox, Job, Order,
+    OrderLine,
 };
 
 fn pending() -> diesel::dsl::Filter<
@@ -276,6 +277,158 @@ on_every_backend! {
     /// The control for the test above: the same workload with the re-check but
     /// without the lock sends some emails twice, so the figures above would catch
     /// a claim that stopped locking.
+    /// Finishes a job, counting how often it was done.
+    pub fn finish_job(conn: &mut Conn, job: &Job) -> QueryResult<()> {
+        diesel::update(job)
+            .set((jobs::done.eq(true), jobs::times_done.eq(jobs::times_done + 1)))
+            .execute(conn)
+            .map(drop)
+    }
+
+    /// The query's `ORDER BY` is the claim order, the key breaking ties (the
+    /// jobs tie on priority and due time): per row, across small pages, in
+    /// batches, draining, marked, through `rebuild` with a boxed filter, and
+    /// `max_rows` takes the first rows in that order. Terms may be bare,
+    /// `.asc()` or `.desc()`, in a tuple or added by `then_order_by`.
+    #[test]
+    fn claims_follow_the_query_order() {
+        type Backend = <Conn as Connection>::Backend;
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let queue = || {
+            jobs::table
+                .filter(jobs::done.eq(false))
+                .order((jobs::priority.desc(), jobs::due))
+                .select(Job::as_select())
+        };
+        let boxed_filter = || -> Box<dyn BoxableExpression<jobs::table, Backend, SqlType = diesel::sql_types::Bool>> {
+            Box::new(jobs::done.eq(false))
+        };
+        for way in 0..7 {
+            diesel::delete(jobs::table).execute(conn).unwrap();
+            let expected = insert_jobs(conn, 60);
+            let seen = std::cell::RefCell::new(Vec::new());
+            let record = |conn: &mut Conn, job: Job| {
+                seen.borrow_mut().push(job.id);
+                finish_job(conn, &job)
+            };
+            let report = match way {
+                0 => queue().claim_each(conn, record),
+                1 => queue().build_claim().page_size(7).each(conn, record),
+                2 => queue().build_claim().batch(4).page_size(10).each(conn, record),
+                3 => queue().build_claim().drain().batch(3).page_size(8).each(conn, record),
+                4 => queue()
+                    .build_claim()
+                    .batch(5)
+                    .page_size(12)
+                    .mark(jobs::done.eq(true))
+                    .each_batch(conn, |conn, batch: Vec<Job>| {
+                        batch.into_iter().try_for_each(|job| record(conn, job))
+                    }),
+                5 => diesel_claim::rebuild(|| {
+                    jobs::table
+                        .filter(boxed_filter())
+                        .order_by(jobs::priority.desc())
+                        .then_order_by(jobs::due.asc())
+                        .select(Job::as_select())
+                })
+                .build_claim()
+                .batch(6)
+                .each(conn, record),
+                _ => {
+                    let report = queue().build_claim().max_rows(10).each(conn, record).unwrap();
+                    assert_eq!(*seen.borrow(), expected[..10], "max_rows");
+                    assert_eq!((report.processed, report.not_reached), (10, 50));
+                    continue;
+                }
+            }
+            .unwrap();
+            assert_eq!(*seen.borrow(), expected, "way {way}");
+            assert_eq!(report.processed, 60, "way {way}");
+            let done: Vec<i32> = jobs::table.select(jobs::times_done).load(conn).unwrap();
+            assert!(done.iter().all(|times| *times == 1), "way {way}: {done:?}");
+        }
+        // Nothing pending: one statement, no transaction.
+        diesel::update(jobs::table).set(jobs::done.eq(true)).execute(conn).unwrap();
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let report = queue().claim_each(conn, |conn, job: Job| finish_job(conn, &job)).unwrap();
+        assert_eq!(report.processed, 0);
+        let entries = log.entries();
+        assert_eq!(entries.len(), 1, "{entries:#?}");
+        assert!(entries[0].starts_with("query: SELECT"), "{entries:#?}");
+    }
+
+    /// Workers claiming the same queue in priority order, per row, in
+    /// batches and marked, do every job once.
+    #[test]
+    fn ordered_claims_by_concurrent_workers_do_each_job_once() {
+        let jobs_count: i32 = if ROW_LOCKS { 600 } else { 200 };
+        let (_db, pool) = test_db(WORKERS as u32 + 1);
+        insert_jobs(&mut pool.get().unwrap(), jobs_count);
+        let queue = || {
+            jobs::table
+                .filter(jobs::done.eq(false))
+                .order((jobs::priority.desc(), jobs::due))
+                .select(Job::as_select())
+        };
+        let start = Barrier::new(WORKERS);
+        let processed: u64 = thread::scope(|scope| {
+            let workers: Vec<_> = (0..WORKERS)
+                .map(|worker| {
+                    let (pool, start) = (&pool, &start);
+                    scope.spawn(move || {
+                        let mut pooled = pool.get().unwrap();
+                        let conn: &mut Conn = &mut pooled;
+                        start.wait();
+                        let report = match worker % 3 {
+                            0 => queue().claim_each(conn, |conn, job: Job| finish_job(conn, &job)),
+                            1 => queue().build_claim().batch(5).each(conn, |conn, job: Job| finish_job(conn, &job)),
+                            _ => queue()
+                                .build_claim()
+                                .batch(5)
+                                .mark(jobs::done.eq(true))
+                                .each(conn, |conn, job: Job| finish_job(conn, &job)),
+                        };
+                        report.unwrap().processed
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let done: Vec<i32> = jobs::table.select(jobs::times_done).load(&mut pool.get().unwrap()).unwrap();
+        assert_eq!(processed, jobs_count as u64);
+        assert!(done.iter().all(|times| *times == 1), "{done:?}");
+    }
+
+    /// A boxed query's order is not in its type, so a claim cannot follow it:
+    /// refused before any SQL, saying what to write instead.
+    #[test]
+    fn a_boxed_query_with_an_order_is_refused_before_any_sql() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_jobs(&mut conn, 5);
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let boxed = diesel_claim::rebuild(|| {
+            jobs::table
+                .filter(jobs::done.eq(false))
+                .order(jobs::priority.desc())
+                .select(Job::as_select())
+                .into_boxed()
+        });
+        let refused = boxed.claim_each(&mut conn, |conn, job: Job| finish_job(conn, &job)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "invalid argument: the order of a boxed query cannot be read, so a claim cannot \
+             follow it: box the filter instead of the query (`.filter(dynamic_filter)` with a \
+             `Box<dyn BoxableExpression<…>>`, then `.order_by(…)`), or drop the order to claim \
+             in key order"
+        );
+        assert_eq!(log.entries(), Vec::<String>::new());
+    }
+
     #[test]
     fn naive_workers_process_rows_twice() {
         let (_db, pool) = test_db(5);

@@ -10,6 +10,8 @@ fn refusals_at_compile_time_say_what_to_do() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let project = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-fail");
     let cases = crate_dir.join("tests/compile_fail");
+    // Programs of earlier runs may have been renamed or removed since.
+    let _ = std::fs::remove_dir_all(project.join("src/bin"));
     std::fs::create_dir_all(project.join("src/bin")).unwrap();
     std::fs::write(
         project.join("Cargo.toml"),

@@ -109,6 +109,20 @@ impl BackendKind {
         )
     }
 
+    /// O3h's claim: `SELECT <columns>` of the first `limit` pending orders by
+    /// priority, highest first, then by id, skipping locked rows.
+    pub fn select_pending_by_priority(self, columns: &str, limit: u32) -> String {
+        let (index, clause) = match self {
+            BackendKind::Postgres => ("", " FOR NO KEY UPDATE SKIP LOCKED"),
+            BackendKind::Sqlite => (" INDEXED BY orders_pending_by_priority", ""),
+            BackendKind::Mysql => ("", " FOR UPDATE SKIP LOCKED"),
+        };
+        format!(
+            "SELECT {columns} FROM orders{index} WHERE {PENDING} ORDER BY priority DESC, id \
+             LIMIT {limit}{clause}"
+        )
+    }
+
     /// B1's one statement: claims and marks up to `n` orders, returning their
     /// ids. `None` on MySQL, which has no `UPDATE … RETURNING`: one statement
     /// cannot both claim and tell which rows it claimed.
@@ -235,6 +249,8 @@ pub trait BenchConn: Connection + Send + Sized + 'static {
     fn claim_rows(&mut self, max_rows: Option<u64>) -> Result<u64, diesel_claim::Error>;
     /// B3: batches of `n`, one transaction each.
     fn claim_batches(&mut self, n: u32) -> Result<u64, diesel_claim::Error>;
+    /// O3: B3 in priority order.
+    fn claim_batches_by_priority(&mut self, n: u32) -> Result<u64, diesel_claim::Error>;
     /// M1 and M2: batches of `n` claimed and marked by one `UPDATE … RETURNING`;
     /// with `commit_first` (M1) it commits on its own before the closure
     /// runs, otherwise (M2) the mark and the closure share one transaction.
@@ -412,6 +428,19 @@ macro_rules! impl_bench_conn {
                         Ok::<_, diesel_claim::Error>(())
                     },
                 )?;
+                Ok(report.processed)
+            }
+
+            fn claim_batches_by_priority(&mut self, n: u32) -> Result<u64, diesel_claim::Error> {
+                use diesel_claim::prelude::*;
+                let report = pending!($db)
+                    .order(schema::orders::priority.desc())
+                    .build_claim()
+                    .batch(n)
+                    .each_batch(self, |conn, orders: Vec<Order>| {
+                        conn.process_batch(&ids_of(&orders))?;
+                        Ok::<_, diesel_claim::Error>(())
+                    })?;
                 Ok(report.processed)
             }
 

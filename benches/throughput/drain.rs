@@ -35,6 +35,11 @@ pub enum ModeId {
     M2,
     /// Negative control: B0 with a plain `FOR UPDATE` (waits, no skip).
     B4,
+    /// Hand-written batches in priority order: `… ORDER BY priority DESC, id
+    /// LIMIT n FOR … SKIP LOCKED`, then B3h's writes.
+    O3h,
+    /// The crate's batched claim of a query ordered by `priority DESC`.
+    O3,
 }
 
 /// The batch sizes B3, B3d and B3h run at (unless `--batches` says otherwise).
@@ -63,6 +68,8 @@ impl Mode {
             Mode::new(B1, 100),
             Mode::new(M1, 100),
             Mode::new(M2, 100),
+            Mode::new(O3h, 100),
+            Mode::new(O3, 100),
         ];
         for n in BATCH_SIZES {
             modes.extend([Mode::new(B3h, n), Mode::new(B3d, n), Mode::new(B3, n)]);
@@ -86,6 +93,7 @@ impl Mode {
             ModeId::B2 => Some(Mode::new(ModeId::B0, 1)),
             ModeId::B3 => Some(Mode::new(ModeId::B3d, self.batch)),
             ModeId::M1 | ModeId::M2 => Some(Mode::new(ModeId::B1, self.batch)),
+            ModeId::O3 => Some(Mode::new(ModeId::O3h, self.batch)),
             _ => None,
         }
     }
@@ -160,8 +168,10 @@ fn round<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<u64, diesel_claim::Er
         ModeId::B1 => hand_written_statement(conn, n)?,
         ModeId::B3h => hand_written_batch(conn, n, Select::Orders)?,
         ModeId::B3d => hand_written_double_checked(conn, n)?,
+        ModeId::O3h => hand_written_by_priority(conn, n)?,
         ModeId::B2 => conn.claim_rows(None)?,
         ModeId::B3 => conn.claim_batches(n)?,
+        ModeId::O3 => conn.claim_batches_by_priority(n)?,
         ModeId::M1 => conn.claim_marked(n, true)?,
         ModeId::M2 => conn.claim_marked(n, false)?,
     })
@@ -221,6 +231,19 @@ fn hand_written_batch<C: BenchConn>(conn: &mut C, n: u32, select: Select) -> Que
             Select::Orders => ids_of(&conn.load_orders(&claim)?),
             Select::Ids => conn.load_ids(&claim)?,
         };
+        if !ids.is_empty() {
+            conn.process_batch(&ids)?;
+        }
+        Ok(ids.len() as u64)
+    })
+}
+
+/// O3h: `BEGIN; SELECT <order> … ORDER BY priority DESC, id LIMIT n FOR …
+/// SKIP LOCKED; UPDATE …; INSERT …; COMMIT`.
+fn hand_written_by_priority<C: BenchConn>(conn: &mut C, n: u32) -> QueryResult<u64> {
+    let claim = C::BACKEND.select_pending_by_priority(ORDER_COLUMNS, n);
+    in_transaction(conn, |conn| {
+        let ids = ids_of(&conn.load_orders(&claim)?);
         if !ids.is_empty() {
             conn.process_batch(&ids)?;
         }

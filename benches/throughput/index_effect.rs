@@ -94,12 +94,15 @@ pub fn measure<C: BenchConn>(db: &mut BenchDb<C>) -> Result<IndexEffect, String>
             &format!("i % {step} = 0"),
         ))?;
         conn.batch_execute("DROP INDEX orders_pending")?;
+        // Nor may the key-order reads fall back on the priority order's index.
+        conn.batch_execute("DROP INDEX orders_pending_by_priority")?;
         tidy_up(conn);
         conn.load_count(&format!("SELECT count(*) AS n FROM orders WHERE {PENDING}"))
     })?;
     let without = measure_run(db, pending)?;
     db.setup(|conn| {
         conn.batch_execute(&schema::pending_index(C::BACKEND))?;
+        conn.batch_execute(&schema::priority_index(C::BACKEND))?;
         tidy_up(conn);
         Ok(())
     })?;

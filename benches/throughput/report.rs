@@ -193,8 +193,11 @@ pub const DRAIN_TABLE_NOTES: &str = "\
   repeated): its slowest and its fastest run, in percent off that median. The
   other columns count every run.
 - × twin: median rows/s over the hand-written twin's at the same backend and W
-  (B2/B0, B3/B3d at the same n, M1/B1 and M2/B1 at n = 100). B3h is B3 without
-  the double check's unlocked read: B3d/B3h is what that read costs.";
+  (B2/B0, B3/B3d at the same n, M1/B1 and M2/B1 at n = 100, O3/O3h at n = 100).
+  B3h is B3 without the double check's unlocked read: B3d/B3h is what that read
+  costs. O3 claims in priority order (`ORDER BY priority DESC`, the key breaking
+  ties); its twin O3h is the one-statement batch `… ORDER BY priority DESC, id
+  LIMIT n FOR … SKIP LOCKED`, without a double check.";
 
 pub fn contention_table(runs: &[ContentionRun]) -> String {
     let header = [

@@ -10,6 +10,7 @@ diesel::table! {
         // Never loaded: the filter only asks whether it is set.
         shipped_at -> Nullable<Timestamptz>,
         shipped_email_sent -> Bool,
+        priority -> Integer,
         customer -> Text,
         total_cents -> BigInt,
         note -> Text,
@@ -81,17 +82,33 @@ pub fn create_tables(backend: BackendKind) -> String {
             id {key},
             shipped_at {timestamp},
             shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
+            priority INTEGER NOT NULL,
             customer TEXT NOT NULL,
             total_cents BIGINT NOT NULL,
             note TEXT NOT NULL
         ){table_options};
         {index};
+        {priority_index};
         -- No unique constraint on order_id: a row processed twice must show up
         -- as a duplicate, not as an error.
         CREATE TABLE outbox (id {key}, order_id BIGINT NOT NULL, body TEXT NOT NULL){table_options};
         CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL){table_options};",
         index = pending_index(backend),
+        priority_index = priority_index(backend),
     )
+}
+
+/// The index the pending reads in priority order walk (O3, O3h), as
+/// [`pending_index`] is for key order.
+pub fn priority_index(backend: BackendKind) -> String {
+    match backend {
+        BackendKind::Postgres | BackendKind::Sqlite => format!(
+            "CREATE INDEX orders_pending_by_priority ON orders (priority DESC, id) WHERE {PENDING}"
+        ),
+        BackendKind::Mysql => "CREATE INDEX orders_pending_by_priority \
+             ON orders (shipped_email_sent, priority DESC, id)"
+            .to_owned(),
+    }
 }
 
 /// The index the pending reads walk: partial, over the key, where there are
@@ -129,8 +146,8 @@ pub fn refill_orders_where(backend: BackendKind, rows: i64, pending: &str) -> St
     let note = "x".repeat(NOTE_LEN);
     format!(
         "{empty};
-        INSERT INTO orders (shipped_at, shipped_email_sent, customer, total_cents, note)
-            SELECT {now}, NOT ({pending}), {customer}, i * 100, '{note}' FROM {series};",
+        INSERT INTO orders (shipped_at, shipped_email_sent, priority, customer, total_cents, note)
+            SELECT {now}, NOT ({pending}), i * 7 % 10, {customer}, i * 100, '{note}' FROM {series};",
         customer = backend.customer_name(),
         series = backend.series(rows),
     )

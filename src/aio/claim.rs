@@ -15,9 +15,10 @@ use super::backend::AsyncBackend;
 use super::transaction::{locking_transaction, transaction_depth};
 use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
+use crate::claim::position_of;
 use crate::claim::query::ClaimStatements;
 use crate::locking::LockClause;
-use crate::sql::{KeyRange, Locked};
+use crate::sql::{KeyRange, Locked, Position};
 use crate::{ClaimBuilder, ClaimReport, Error};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
@@ -112,8 +113,7 @@ impl<Q> ClaimBuilder<Q, Async> {
     {
         async move {
             let depth = transaction_depth(conn)?;
-            let claim =
-                self.start::<C::Backend, _>(Taking::Select, self.query.claimed_table(), depth)?;
+            let claim = self.start::<C::Backend, R, _>(Taking::Select, &self.query, depth)?;
             drive(claim, &self.query, conn, handler).await
         }
     }
@@ -169,7 +169,7 @@ where
 
 /// Runs a claim on an async connection: the blocking driver's steps, awaited.
 async fn drive<'a, Q, C, R, K, E, H>(
-    mut claim: Claim<K>,
+    mut claim: Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
     mut handler: H,
@@ -204,13 +204,13 @@ where
                             .rows(conn, range.clone(), limit, &taking.clause)
                             .await
                             .map_err(Error::from)?;
-                        let rows = taking.taken(rows, limit, Q::key)?;
+                        let rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
                         if let Some(range) = taking.locked_check(range) {
                             let keys = query
                                 .keys(conn, range, i64::MAX)
                                 .await
                                 .map_err(Error::from)?;
-                            taking.verify_none_locked(keys, &rows, Q::key)?;
+                            taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
                         }
                         let processed = rows.len();
                         if processed > 0 {
@@ -246,16 +246,16 @@ pub trait ClaimQuery<'q, C: AsyncConnection, R>:
     fn keys(
         &self,
         conn: &mut C,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
-    ) -> impl Future<Output = QueryResult<Vec<Self::Key>>> + Send;
+    ) -> impl Future<Output = QueryResult<Vec<Position<Self::Key>>>> + Send;
 
     /// Runs [`rows_query`](ClaimStatements::rows_query).
     #[doc(hidden)]
     fn rows(
         &self,
         conn: &mut C,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
         lock: &LockClause,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
@@ -266,7 +266,8 @@ where
     C: AsyncConnection,
     C::Backend: AsyncBackend,
     Q: ClaimStatements<C::Backend, R>,
-    Q::Keys: LoadQuery<'q, C, Q::Key> + 'q,
+    Q::Keys: LoadQuery<'q, C, Q::Loaded> + 'q,
+    Q::Loaded: Send + 'static,
     Locked<Q::Rows>: LoadQuery<'q, C, R> + 'q,
     Q::Key: Send + Sync + 'static,
     R: Send + 'static,
@@ -274,16 +275,20 @@ where
     fn keys(
         &self,
         conn: &mut C,
-        range: KeyRange<Q::Key>,
+        range: KeyRange<Position<Q::Key>>,
         limit: i64,
-    ) -> impl Future<Output = QueryResult<Vec<Q::Key>>> + Send {
-        diesel_async::RunQueryDsl::load(self.keys_query(range, limit), conn)
+    ) -> impl Future<Output = QueryResult<Vec<Position<Q::Key>>>> + Send {
+        let loading = diesel_async::RunQueryDsl::load(self.keys_query(range, limit), conn);
+        async move {
+            let loaded: Vec<Q::Loaded> = loading.await?;
+            Ok(loaded.into_iter().map(Q::position).collect())
+        }
     }
 
     fn rows(
         &self,
         conn: &mut C,
-        range: KeyRange<Q::Key>,
+        range: KeyRange<Position<Q::Key>>,
         limit: i64,
         lock: &LockClause,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {

@@ -1,14 +1,18 @@
 //! MySQL and MariaDB: row locks without `OF`, and leases without `RETURNING`.
 
 use diesel::connection::{LoadConnection, TransactionManager};
-use diesel::mysql::Mysql;
+use diesel::deserialize::{self, FromSql};
+use diesel::mysql::{Mysql, MysqlType, MysqlValue};
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query};
-use diesel::sql_types::BigInt;
+use diesel::serialize::{self, IsNull, Output, ToSql};
+use diesel::sql_types::{BigInt, HasSqlType, SingleValue};
+use std::io::Write;
 
 use super::strategy::Strategy;
 use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::{LockClause, LockStrength};
+use crate::sql::order::OrderValue;
 
 impl ClaimBackend for Mysql {}
 
@@ -185,4 +189,62 @@ pub(crate) fn expire(
 /// The token, if [`expire`], having changed `rows` rows, found the lease ours.
 pub(crate) fn owned(rows: usize, token: i64) -> Option<i64> {
     (rows == 1).then_some(token)
+}
+
+/// An order value as MySQL sent it: integers by value, as their width may
+/// differ between a read and a bind (diesel-async reads every integer into
+/// 64 bits), anything else as its bind buffer.
+impl<ST: SingleValue> FromSql<ST, Mysql> for OrderValue {
+    fn from_sql(value: MysqlValue<'_>) -> deserialize::Result<Self> {
+        let bytes = value.as_bytes();
+        let unsigned = match value.value_type() {
+            MysqlType::Tiny | MysqlType::Short | MysqlType::Long | MysqlType::LongLong => false,
+            MysqlType::UnsignedTiny
+            | MysqlType::UnsignedShort
+            | MysqlType::UnsignedLong
+            | MysqlType::UnsignedLongLong => true,
+            _ => return Ok(OrderValue::Bytes(bytes.to_vec())),
+        };
+        let integer = match (bytes.len(), unsigned) {
+            (1, false) => i64::from(i8::from_ne_bytes(bytes.try_into()?)),
+            (1, true) => i64::from(u8::from_ne_bytes(bytes.try_into()?)),
+            (2, false) => i64::from(i16::from_ne_bytes(bytes.try_into()?)),
+            (2, true) => i64::from(u16::from_ne_bytes(bytes.try_into()?)),
+            (4, false) => i64::from(i32::from_ne_bytes(bytes.try_into()?)),
+            (4, true) => i64::from(u32::from_ne_bytes(bytes.try_into()?)),
+            (8, false) => i64::from_ne_bytes(bytes.try_into()?),
+            (8, true) => i64::try_from(u64::from_ne_bytes(bytes.try_into()?))?,
+            (width, _) => return Err(format!("an integer of {width} bytes").into()),
+        };
+        Ok(OrderValue::Integer(integer))
+    }
+}
+
+impl<ST: SingleValue> ToSql<ST, Mysql> for OrderValue
+where
+    Mysql: HasSqlType<ST>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Mysql>) -> serialize::Result {
+        let integer = match self {
+            OrderValue::Bytes(bytes) => {
+                out.write_all(bytes)?;
+                return Ok(IsNull::No);
+            }
+            OrderValue::Integer(integer) => *integer,
+            other => return Err(format!("not an order value MySQL sent: {other:?}").into()),
+        };
+        match <Mysql as HasSqlType<ST>>::metadata(&mut ()) {
+            MysqlType::Tiny => out.write_all(&i8::try_from(integer)?.to_ne_bytes())?,
+            MysqlType::UnsignedTiny => out.write_all(&u8::try_from(integer)?.to_ne_bytes())?,
+            MysqlType::Short => out.write_all(&i16::try_from(integer)?.to_ne_bytes())?,
+            MysqlType::UnsignedShort => out.write_all(&u16::try_from(integer)?.to_ne_bytes())?,
+            MysqlType::Long => out.write_all(&i32::try_from(integer)?.to_ne_bytes())?,
+            MysqlType::UnsignedLong => out.write_all(&u32::try_from(integer)?.to_ne_bytes())?,
+            MysqlType::LongLong => out.write_all(&integer.to_ne_bytes())?,
+            other => {
+                return Err(format!("an integer order value bound as {other:?}").into());
+            }
+        }
+        Ok(IsNull::No)
+    }
 }

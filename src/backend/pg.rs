@@ -2,16 +2,21 @@
 //! server's `clock_timestamp()`.
 
 use diesel::connection::{LoadConnection, TransactionManager};
+use diesel::deserialize::{self, FromSql};
 use diesel::dsl::IntervalDsl;
 use diesel::pg::Pg;
+use diesel::pg::PgValue;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query};
-use diesel::sql_types::BigInt;
+use diesel::serialize::{self, IsNull, Output, ToSql};
+use diesel::sql_types::{BigInt, SingleValue};
 use diesel::upsert::excluded;
+use std::io::Write;
 
 use super::strategy::Strategy;
 use super::{run_returning, ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::{LockClause, LockStrength};
+use crate::sql::order::OrderValue;
 
 impl ClaimBackend for Pg {}
 
@@ -133,4 +138,22 @@ pub(crate) fn expire(
             .set(expires_at.eq(clock_timestamp() + after_micros.microseconds()))
             .returning(token),
     )
+}
+
+/// An order value in PostgreSQL's binary format, bound back as read: the
+/// bind has the column's type, as the value had.
+impl<ST: SingleValue> FromSql<ST, Pg> for OrderValue {
+    fn from_sql(value: PgValue<'_>) -> deserialize::Result<Self> {
+        Ok(OrderValue::Bytes(value.as_bytes().to_vec()))
+    }
+}
+
+impl<ST: SingleValue> ToSql<ST, Pg> for OrderValue {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        let OrderValue::Bytes(bytes) = self else {
+            return Err(format!("not an order value PostgreSQL sent: {self:?}").into());
+        };
+        out.write_all(bytes)?;
+        Ok(IsNull::No)
+    }
 }

@@ -4,15 +4,18 @@
 use diesel::connection::{
     LoadConnection, TransactionDepthChange, TransactionManager, TransactionManagerStatus,
 };
+use diesel::deserialize::{self, FromSql};
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query};
-use diesel::sql_types::{BigInt, Text};
-use diesel::sqlite::Sqlite;
+use diesel::serialize::{self, IsNull, Output, ToSql};
+use diesel::sql_types::{BigInt, HasSqlType, SingleValue, Text};
+use diesel::sqlite::{Sqlite, SqliteType, SqliteValue};
 use diesel::upsert::excluded;
 
 use super::strategy::Strategy;
 use super::{run_returning, ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::LockClause;
+use crate::sql::order::OrderValue;
 
 impl ClaimBackend for Sqlite {}
 
@@ -164,4 +167,48 @@ fn expire(
             .set(expires_at.eq(now_micros!() + after_micros))
             .returning(token),
     )
+}
+
+/// An order value as SQLite stored it: a column's values may be of several
+/// storage classes, and each is bound back in its own, so it compares as
+/// SQLite compared it.
+impl<ST: SingleValue> FromSql<ST, Sqlite> for OrderValue {
+    fn from_sql(mut value: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
+        Ok(match value.value_type() {
+            Some(SqliteType::Text) => OrderValue::Text(value.read_text().to_owned()),
+            Some(SqliteType::Binary) => OrderValue::Bytes(value.read_blob().to_vec()),
+            Some(SqliteType::Double | SqliteType::Float) => OrderValue::Real(value.read_double()),
+            Some(_) => OrderValue::Integer(value.read_long()),
+            None => return Err("an order column is NULL".into()),
+        })
+    }
+}
+
+/// Diesel binds a value only as its column's declared type: one stored in
+/// another class is refused, as it would compare otherwise.
+impl<ST: SingleValue> ToSql<ST, Sqlite> for OrderValue
+where
+    Sqlite: HasSqlType<ST>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Sqlite>) -> serialize::Result {
+        match (<Sqlite as HasSqlType<ST>>::metadata(&mut ()), self) {
+            (SqliteType::SmallInt | SqliteType::Integer, OrderValue::Integer(value)) => {
+                out.set_value(i32::try_from(*value)?)
+            }
+            (SqliteType::Long, OrderValue::Integer(value)) => out.set_value(*value),
+            (SqliteType::Float | SqliteType::Double, OrderValue::Real(value)) => {
+                out.set_value(*value)
+            }
+            (SqliteType::Text, OrderValue::Text(text)) => out.set_value(text.as_str()),
+            (SqliteType::Binary, OrderValue::Bytes(bytes)) => out.set_value(bytes.as_slice()),
+            (declared, value) => {
+                return Err(format!(
+                    "an order column declared {declared:?} holds {value:?}: a claim can only \
+                     follow columns whose values have their declared type"
+                )
+                .into())
+            }
+        }
+        Ok(IsNull::No)
+    }
 }

@@ -26,7 +26,7 @@ const BATCHES_PER_PAGE: i64 = 10;
 /// The statement a claim takes its rows with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Taking {
-    /// A locking select: rows come back in key order.
+    /// A locking select: rows come back in the claim order.
     Select,
     /// A marking `UPDATE … RETURNING`: rows come back in no particular order.
     Mark,
@@ -49,6 +49,8 @@ pub(crate) struct Plan {
     pub(crate) page_size: Option<i64>,
     pub(crate) drain: bool,
     pub(crate) max_rows: Option<u64>,
+    /// The claim order is the key's, so a row's key is its position.
+    pub(crate) ordered_by_key: bool,
 }
 
 /// One run of a claim, as a state machine: [`next`](Self::next) says what to
@@ -58,6 +60,9 @@ pub(crate) struct Plan {
 pub(crate) struct Claim<K> {
     pub(crate) clause: LockClause,
     pub(crate) taking: Taking,
+    /// Rows come back in the claim order and tell their own positions: a
+    /// take goes on from its last row.
+    rows_tell_positions: bool,
     row_locks: bool,
     /// A mark is one statement that is atomic on its own (`UPDATE … RETURNING`
     /// with row locks).
@@ -141,10 +146,12 @@ impl<K> Claim<K> {
         // Rows that come back in key order tell how far a take went, so takes
         // can run past the page; a drain keeps to its pages, whose candidates
         // it retries.
-        let open_ended = plan.taking == Taking::Select && !plan.drain;
+        let rows_tell_positions = plan.taking == Taking::Select && plan.ordered_by_key;
+        let open_ended = rows_tell_positions && !plan.drain;
         Claim {
             clause: plan.clause,
             taking: plan.taking,
+            rows_tell_positions,
             row_locks: plan.row_locks,
             one_statement_mark: plan.row_locks && plan.update_returning,
             fail_on_locked: plan.row_locks && plan.fail_on_locked,
@@ -252,8 +259,9 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     /// The keys [`Step::Candidates`] read.
     pub(crate) fn candidates(&mut self, mut keys: Vec<K>) {
         let full_page = keys.len() as i64 == self.page_size;
-        // A join to many rows repeats a key; keys come sorted.
-        keys.dedup();
+        // A join to many rows repeats a key.
+        let mut seen = HashSet::with_capacity(keys.len());
+        keys.retain(|key| seen.insert(key.clone()));
         if keys.is_empty() {
             self.state = State::PassEnd;
             return;
@@ -289,11 +297,11 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         limit: i64,
         key_of: impl Fn(&R) -> K,
     ) -> Result<Vec<R>, Error> {
-        let ordered = self.taking == Taking::Select;
+        let (ordered, marked) = (self.rows_tell_positions, self.taking != Taking::Select);
         let State::Page(page, _) = &mut self.state else {
             unreachable!("rows taken outside a page");
         };
-        page.record(rows, limit, ordered, key_of)
+        page.record(rows, limit, ordered, marked, key_of)
     }
 
     /// With [`nowait`](crate::ClaimBuilder::nowait), the range to read keys of (without
@@ -424,46 +432,64 @@ impl<K: Clone + Eq + Hash> Page<K> {
             .map(|(key, _)| key)
     }
 
-    /// Records the rows a batch claimed (`limit` asked for) and moves the page on.
+    /// Records the rows a batch claimed (`limit` asked for) and moves the page
+    /// on. `ordered`: the rows tell their own positions (see
+    /// [`Claim::rows_tell_positions`]); `marked`: they were marked.
     fn record<R>(
         &mut self,
         mut rows: Vec<R>,
         limit: i64,
         ordered: bool,
+        marked: bool,
         key_of: impl Fn(&R) -> K,
     ) -> Result<Vec<R>, Error> {
         // Fewer rows than asked for: nothing more in the range is claimable now.
         self.ran_dry = (rows.len() as i64) < limit;
         self.exhausted = self.ran_dry;
         let whole_range = self.next_range().through;
-        // A join to many rows repeats a key, next to each other in key order.
-        rows.dedup_by(|a, b| key_of(a) == key_of(b));
+        // A join to many rows repeats a key.
+        let mut in_batch = HashSet::with_capacity(rows.len());
+        rows.retain(|row| in_batch.insert(key_of(row)));
+        if marked {
+            // Marked rows come back in no order: hand them over in the claim
+            // order, newcomers last.
+            let place = |row: &R| self.position.get(&key_of(row)).copied();
+            rows.sort_by_cached_key(|row| place(row).unwrap_or(usize::MAX));
+        }
         let mut furthest = None;
+        let mut seen_before = Vec::with_capacity(rows.len());
         for row in &rows {
             let key = key_of(row);
-            let seen_before = match self.position.get(&key) {
+            seen_before.push(match self.position.get(&key) {
                 Some(&index) => {
                     furthest = furthest.max(Some(index));
                     std::mem::replace(&mut self.processed[index], true)
                 }
                 None => !self.newcomers.insert(key),
-            };
-            // Only possible when rows come back in no order (a mark), from a key
-            // range the page has not gone past yet.
-            if seen_before {
+            });
+        }
+        // Only possible when the takes go on from the furthest candidate (a
+        // mark, or an order other than the key's): a row that moved into the
+        // range since it was read, or was inserted into it, may lie beyond.
+        if seen_before.contains(&true) {
+            if marked {
                 return Err(Error::UnexpectedOutcome(
                     "a claimed row came back a second time in one call: the mark must take \
                      rows out of the query (set what its filter tests)"
                         .to_owned(),
                 ));
             }
+            // Rows the closure left matching: not handed over twice.
+            let mut seen_before = seen_before.into_iter();
+            rows.retain(|_| !seen_before.next().unwrap_or(false));
         }
         self.furthest = self.furthest.max(furthest);
         let next = if ordered {
             rows.last().map(&key_of)
         } else {
-            // No order to go by: past the furthest candidate claimed. A batch that
-            // claimed no candidate made no progress through the page.
+            // Rows that do not tell their positions: past the furthest candidate
+            // claimed. A batch that claimed no candidate made no progress
+            // through the page.
             self.exhausted |= furthest.is_none();
             furthest.map(|index| self.keys[index].clone())
         };
@@ -505,6 +531,7 @@ mod tests {
             page_size: Some(2),
             drain,
             max_rows: None,
+            ordered_by_key: true,
         })
     }
 

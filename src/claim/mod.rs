@@ -2,7 +2,6 @@
 
 use std::hash::Hash;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use diesel::connection::LoadConnection;
 use diesel::prelude::*;
@@ -10,7 +9,7 @@ use diesel::query_builder::Query;
 
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
-use crate::sql::KeyRange;
+use crate::sql::{KeyRange, Position};
 use crate::transaction::{locking_transaction, transaction_depth};
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
@@ -19,6 +18,7 @@ pub(crate) mod query;
 mod report;
 
 use engine::{Claim, Plan, Step, Taking};
+pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery};
 pub use report::ClaimReport;
 
@@ -231,16 +231,16 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// Checks the options, the claimed table (the locking clause's `OF`) and the
     /// connection's transaction depth, and sets up one run of the claim, taking
     /// its rows with the statement `taking` describes.
-    pub(crate) fn start<DB: ClaimBackend, K>(
+    pub(crate) fn start<DB: ClaimBackend, R, S: ClaimStatements<DB, R>>(
         &self,
         taking: Taking,
-        claimed_table: Result<Option<Arc<str>>, Error>,
+        query: &S,
         transaction_depth: u32,
-    ) -> Result<Claim<K>, Error> {
+    ) -> Result<Claim<Position<S::Key>>, Error> {
         let (on_locked, clause) = self
             .lock
             .clone()
-            .resolve(OnLocked::Skip, || claimed_table)?;
+            .resolve(OnLocked::Skip, || query.claimed_table())?;
         if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
             return Err(Error::InvalidArgument(
                 "nowait cannot be combined with mark_and_commit: the mark commits before a \
@@ -266,6 +266,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             page_size: self.page_size,
             drain: self.drain,
             max_rows: self.max_rows,
+            ordered_by_key: S::ORDERED_BY_KEY,
         }))
     }
 }
@@ -296,7 +297,7 @@ impl<Q> ClaimBuilder<Q> {
     {
         let query = &self.query;
         let depth = transaction_depth(conn).map_err(Error::from)?;
-        let claim = self.start::<C::Backend, _>(Taking::Select, query.claimed_table(), depth)?;
+        let claim = self.start::<C::Backend, R, _>(Taking::Select, query, depth)?;
         let select = |conn: &mut C, range, limit, clause: &LockClause| {
             query.rows(conn, range, limit, clause)
         };
@@ -401,7 +402,7 @@ impl<Q, V> MarkedClaim<Q, V> {
         Q::check_changes(&changes)?;
         let query = &claim.query;
         let depth = transaction_depth(conn).map_err(Error::from)?;
-        let run = claim.start::<C::Backend, _>(taking, query.claimed_table(), depth)?;
+        let run = claim.start::<C::Backend, R, _>(taking, query, depth)?;
         let mark = |conn: &mut C, range, limit, clause: &LockClause| {
             query.mark(conn, range, limit, clause, &changes)
         };
@@ -419,7 +420,7 @@ fn per_row<C, R, E>(
 /// Runs a claim on a blocking connection: its reads, and its batches each in a
 /// transaction of their own, claimed by `take`.
 fn drive<'q, Q, C, R, K, T, E, F>(
-    mut claim: Claim<K>,
+    mut claim: Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
     mut take: T,
@@ -430,7 +431,7 @@ where
     K: Clone + Eq + Hash,
     C: LoadConnection,
     C::Backend: ClaimBackend,
-    T: FnMut(&mut C, KeyRange<K>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
     F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
     E: From<Error>,
 {
@@ -455,7 +456,7 @@ where
                         take(conn, range, limit, &claim.clause).map_err(Error::from)
                     })?
                 };
-                let rows = claim.taken(rows, limit, Q::key)?;
+                let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
                 let processed = rows.len();
                 if processed > 0 {
                     f(conn, rows)?;
@@ -466,10 +467,10 @@ where
                 let processed = locking_transaction(conn, claim.nowait, |conn| {
                     let rows =
                         take(conn, range.clone(), limit, &claim.clause).map_err(Error::from)?;
-                    let rows = claim.taken(rows, limit, Q::key)?;
+                    let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
                     if let Some(range) = claim.locked_check(range) {
                         let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
-                        claim.verify_none_locked(keys, &rows, Q::key)?;
+                        claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
                     }
                     let processed = rows.len();
                     if processed > 0 {
@@ -482,4 +483,9 @@ where
             Step::Done(report) => return Ok(report),
         }
     }
+}
+
+/// A claimed row's key, as the claim engine compares positions (by key).
+pub(crate) fn position_of<Q: ClaimStatements<DB, R>, DB, R>(row: &R) -> Position<Q::Key> {
+    Position::of_key(Q::key(row))
 }

@@ -10,7 +10,7 @@ use diesel::associations::HasTable;
 use diesel::connection::Connection;
 use diesel::dsl;
 use diesel::prelude::*;
-use diesel::query_builder::QueryFragment;
+use diesel::query_builder::{AsQuery, QueryFragment};
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
 use diesel::query_dsl::LoadQuery;
@@ -20,8 +20,8 @@ use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::{
-    lock_target, rendered, IdShape, InList, InRange, KeyRange, KeyShape, KeysIn, Locked, Returning,
-    SelectWhere, Update,
+    lock_target, rendered, ClaimOrder, IdShape, InList, InRange, KeyRange, KeyShape, KeysIn,
+    Locked, OrderTerms, Position, Positioned, QueryOrder, Returning, SelectWhere, Update,
 };
 use crate::Error;
 
@@ -34,10 +34,16 @@ pub trait ClaimStatements<DB, R> {
     type Key: Clone + Eq + Hash;
     /// The claimed table's primary key, wrapped for the key predicates.
     type KeyColumns: Copy;
-    /// The query reading keys.
+    /// The query reading positions (see [`Position`]).
     type Keys;
+    /// What it loads, for [`position`](Self::position).
+    type Loaded;
+    /// The query reading keys alone, in the claim order, to lock.
+    type LockedKeys;
     /// The query reading rows, to lock.
     type Rows;
+    /// The claim order is the key's (the query has no `ORDER BY`).
+    const ORDERED_BY_KEY: bool;
 
     /// The locking clause's `OF` table, where the backend has row locks,
     /// once the query is known to be claimable as written (no `DISTINCT`,
@@ -50,14 +56,26 @@ pub trait ClaimStatements<DB, R> {
     /// The claimed table's primary key, wrapped.
     fn key_columns() -> Self::KeyColumns;
 
-    /// Up to `limit` keys of matching rows in `range`, in key order, read
-    /// without locks.
-    fn keys_query(&self, range: KeyRange<Self::Key>, limit: i64) -> Self::Keys;
+    /// A position as [`keys_query`](Self::keys_query) loads it.
+    fn position(loaded: Self::Loaded) -> Position<Self::Key>;
 
-    /// Up to `limit` matching rows in `range`, in key order, locked by `lock`.
+    /// Up to `limit` positions of matching rows in `range`, in the claim
+    /// order, read without locks.
+    fn keys_query(&self, range: KeyRange<Position<Self::Key>>, limit: i64) -> Self::Keys;
+
+    /// Up to `limit` keys of matching rows in `range`, in the claim order, for
+    /// a locking subquery.
+    fn locked_keys_query(
+        &self,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+    ) -> Self::LockedKeys;
+
+    /// Up to `limit` matching rows in `range`, in the claim order, locked by
+    /// `lock`.
     fn rows_query(
         &self,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
         lock: &LockClause,
     ) -> Locked<Self::Rows>;
@@ -82,16 +100,16 @@ pub trait ClaimQuery<'q, C: Connection, R>: ClaimStatements<C::Backend, R> {
     fn keys(
         &self,
         conn: &mut C,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
-    ) -> QueryResult<Vec<Self::Key>>;
+    ) -> QueryResult<Vec<Position<Self::Key>>>;
 
     /// Runs [`rows_query`](ClaimStatements::rows_query).
     #[doc(hidden)]
     fn rows(
         &self,
         conn: &mut C,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
         lock: &LockClause,
     ) -> QueryResult<Vec<R>>;
@@ -119,7 +137,7 @@ pub trait MarkQuery<'q, C: Connection, R, V>: ClaimQuery<'q, C, R> {
     fn mark(
         &self,
         conn: &mut C,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
         lock: &LockClause,
         changes: &V,
@@ -127,11 +145,18 @@ pub trait MarkQuery<'q, C: Connection, R, V>: ClaimQuery<'q, C, R> {
 }
 
 pub(crate) type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
-/// `W` is the primary key `Pk` wrapped for the key predicates.
-pub(crate) type InQuery<Q, W, K> = dsl::Filter<Q, InRange<W, K>>;
-pub(crate) type KeysQuery<Q, Pk, W, K> =
-    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, W, K>, Pk>, Pk>>;
-pub(crate) type RowsQuery<Q, Pk, W, K> = dsl::Limit<dsl::Order<InQuery<Q, W, K>, Pk>>;
+/// `Q` within a range of positions, in the order `O`, whose key's columns are
+/// `W` (the primary key wrapped for the key predicates) and values `K`.
+pub(crate) type InQuery<Q, O, W, K> = dsl::Filter<Q, InRange<Positioned<O, W>, Position<K>>>;
+type ClaimOrdering<O, Pk, K> = <O as ClaimOrder<Pk, K>>::Ordering;
+type Selection<O, Pk, K> = <O as ClaimOrder<Pk, K>>::Selection;
+pub(crate) type KeysQuery<Q, O, Pk, W, K> = dsl::Limit<
+    dsl::Order<dsl::Select<InQuery<Q, O, W, K>, Selection<O, Pk, K>>, ClaimOrdering<O, Pk, K>>,
+>;
+pub(crate) type LockedKeysQuery<Q, O, Pk, W, K> =
+    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, O, W, K>, Pk>, ClaimOrdering<O, Pk, K>>>;
+pub(crate) type RowsQuery<Q, O, Pk, W, K> =
+    dsl::Limit<dsl::Order<InQuery<Q, O, W, K>, ClaimOrdering<O, Pk, K>>>;
 type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
 type MarkStatement<R, V, W, K, KQ, DB> = Returning<
     Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<W, Locked<KQ>, K>>,
@@ -144,10 +169,13 @@ type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
 type Key<R> = <Shape<R> as KeyShape<R>>::Key;
 type Wrapped<R> = <Shape<R> as KeyShape<R>>::Columns;
 
-impl<Q, DB, R, Pk> ClaimStatements<DB, R> for Q
+impl<Q, DB, R, Pk, O> ClaimStatements<DB, R> for Q
 where
     Q: Reusable,
-    Q::Query: FilterDsl<InRange<Wrapped<R>, Key<R>>> + QueryFragment<DB>,
+    Q::Query: FilterDsl<InRange<Positioned<O, Wrapped<R>>, Position<Key<R>>>>,
+    Q::Query: AsQuery + QueryFragment<DB>,
+    <Q::Query as AsQuery>::Query: QueryOrder<Terms = O>,
+    O: ClaimOrder<Pk, Key<R>, Selection: Expression, Ordering: Expression>,
     DB: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
@@ -157,18 +185,26 @@ where
     <&'static R as Identifiable>::Id: IdShape,
     Shape<R>: KeyShape<R>,
     Pk: Expression + Copy,
-    InQuery<Q::Query, Wrapped<R>, Key<R>>: SelectDsl<Pk> + OrderDsl<Pk>,
-    dsl::Select<InQuery<Q::Query, Wrapped<R>, Key<R>>, Pk>: OrderDsl<Pk>,
-    dsl::Order<dsl::Select<InQuery<Q::Query, Wrapped<R>, Key<R>>, Pk>, Pk>: LimitDsl,
-    dsl::Order<InQuery<Q::Query, Wrapped<R>, Key<R>>, Pk>: LimitDsl,
+    InQuery<Q::Query, O, Wrapped<R>, Key<R>>:
+        SelectDsl<O::Selection> + SelectDsl<Pk> + OrderDsl<O::Ordering>,
+    dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, O::Selection>: OrderDsl<O::Ordering>,
+    dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, Pk>: OrderDsl<O::Ordering>,
+    dsl::Order<dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, O::Selection>, O::Ordering>:
+        LimitDsl,
+    dsl::Order<dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, Pk>, O::Ordering>: LimitDsl,
+    dsl::Order<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, O::Ordering>: LimitDsl,
 {
     type Key = Key<R>;
     type KeyColumns = Wrapped<R>;
-    type Keys = KeysQuery<Q::Query, Pk, Wrapped<R>, Key<R>>;
-    type Rows = RowsQuery<Q::Query, Pk, Wrapped<R>, Key<R>>;
+    type Keys = KeysQuery<Q::Query, O, Pk, Wrapped<R>, Key<R>>;
+    type Loaded = O::Loaded;
+    type LockedKeys = LockedKeysQuery<Q::Query, O, Pk, Wrapped<R>, Key<R>>;
+    type Rows = RowsQuery<Q::Query, O, Pk, Wrapped<R>, Key<R>>;
+    const ORDERED_BY_KEY: bool = O::LEN == 0;
 
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
-        rendered::check_claimable(&rendered::render::<DB>(&self.query())?)?;
+        let query = rendered::render::<DB>(&self.query())?;
+        rendered::check_claimable(&query, Self::ORDERED_BY_KEY)?;
         lock_target::<_, DB>(&R::table())
     }
 
@@ -180,54 +216,88 @@ where
         Shape::<R>::columns()
     }
 
-    fn keys_query(&self, range: KeyRange<Self::Key>, limit: i64) -> Self::Keys {
+    fn position(loaded: O::Loaded) -> Position<Self::Key> {
+        O::position(loaded)
+    }
+
+    fn keys_query(&self, range: KeyRange<Position<Self::Key>>, limit: i64) -> Self::Keys {
         let key = primary_key::<R>();
-        let in_range = InRange {
-            column: Shape::<R>::columns(),
-            range,
-        };
-        FilterDsl::filter(self.query(), in_range)
-            .select(key)
-            .order(key)
+        SelectDsl::select(self.in_range(range), O::selection(key))
+            .order(O::ordering(key))
+            .limit(limit)
+    }
+
+    fn locked_keys_query(
+        &self,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+    ) -> Self::LockedKeys {
+        let key = primary_key::<R>();
+        SelectDsl::select(self.in_range(range), key)
+            .order(O::ordering(key))
             .limit(limit)
     }
 
     fn rows_query(
         &self,
-        range: KeyRange<Self::Key>,
+        range: KeyRange<Position<Self::Key>>,
         limit: i64,
         lock: &LockClause,
     ) -> Locked<Self::Rows> {
         let key = primary_key::<R>();
-        let in_range = InRange {
-            column: Shape::<R>::columns(),
-            range,
-        };
         Locked {
-            query: FilterDsl::filter(self.query(), in_range)
-                .order(key)
-                .limit(limit),
+            query: self.in_range(range).order(O::ordering(key)).limit(limit),
             clause: Some(lock.clone()),
         }
     }
 }
+
+/// The caller's query, restricted to a range of positions in the claim order.
+trait InPositions<R, O>: Reusable {
+    fn in_range(
+        &self,
+        range: KeyRange<Position<Key<R>>>,
+    ) -> InQuery<Self::Query, O, Wrapped<R>, Key<R>>
+    where
+        R: HasTable + 'static,
+        &'static R: Identifiable,
+        <&'static R as Identifiable>::Id: IdShape,
+        Shape<R>: KeyShape<R>,
+        O: OrderTerms,
+        Self::Query: FilterDsl<InRange<Positioned<O, Wrapped<R>>, Position<Key<R>>>>,
+    {
+        let in_range = InRange {
+            column: Positioned::new(Shape::<R>::columns()),
+            range,
+        };
+        FilterDsl::filter(self.query(), in_range)
+    }
+}
+
+impl<Q: Reusable, R, O> InPositions<R, O> for Q {}
 
 impl<'q, Q, C, R> ClaimQuery<'q, C, R> for Q
 where
     C: Connection,
     C::Backend: ClaimBackend,
     Q: ClaimStatements<C::Backend, R>,
-    Q::Keys: LoadQuery<'q, C, Q::Key>,
+    Q::Keys: LoadQuery<'q, C, Q::Loaded>,
     Locked<Q::Rows>: LoadQuery<'q, C, R>,
 {
-    fn keys(&self, conn: &mut C, range: KeyRange<Q::Key>, limit: i64) -> QueryResult<Vec<Q::Key>> {
-        self.keys_query(range, limit).load(conn)
+    fn keys(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+    ) -> QueryResult<Vec<Position<Q::Key>>> {
+        let loaded: Vec<Q::Loaded> = self.keys_query(range, limit).load(conn)?;
+        Ok(loaded.into_iter().map(Q::position).collect())
     }
 
     fn rows(
         &self,
         conn: &mut C,
-        range: KeyRange<Q::Key>,
+        range: KeyRange<Position<Q::Key>>,
         limit: i64,
         lock: &LockClause,
     ) -> QueryResult<Vec<R>> {
@@ -247,7 +317,7 @@ where
     dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
     V: AsChangeset<Target = R::Table> + Clone,
     V::Changeset: QueryFragment<C::Backend>,
-    MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::Keys, C::Backend>: LoadQuery<'q, C, R>,
+    MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>: LoadQuery<'q, C, R>,
     MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C>,
     ReadByKeys<R, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, R>,
 {
@@ -267,7 +337,7 @@ where
     fn mark(
         &self,
         conn: &mut C,
-        range: KeyRange<Q::Key>,
+        range: KeyRange<Position<Q::Key>>,
         limit: i64,
         lock: &LockClause,
         changes: &V,
@@ -277,7 +347,7 @@ where
             let claimed = KeysIn {
                 column: key,
                 subquery: Locked {
-                    query: self.keys_query(range, limit),
+                    query: self.locked_keys_query(range, limit),
                     clause: Some(lock.clone()),
                 },
                 key: PhantomData,

@@ -12,6 +12,7 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType, SqlType};
 use diesel::{Column, Identifiable, QueryResult, Table};
 
+use super::order::RangeColumns;
 use crate::backend::{strategy::Strategy, ClaimBackend};
 
 /// A table's primary key as the key predicates compare and bind it, with `K`
@@ -352,8 +353,8 @@ impl<K: Clone> KeyRange<K> {
     }
 }
 
-/// `column` within a [`KeyRange`]: keyset pagination over the primary key, with
-/// one statement shape per kind of range.
+/// `column` within a [`KeyRange`]: keyset pagination in the claim order (see
+/// [`Positioned`](super::Positioned)), with one statement shape per kind of range.
 #[derive(Debug, Clone)]
 pub struct InRange<Column, K> {
     pub column: Column,
@@ -363,7 +364,7 @@ pub struct InRange<Column, K> {
 impl<Column, K, DB> QueryFragment<DB> for InRange<Column, K>
 where
     DB: Backend,
-    Column: KeyColumns<K, DB>,
+    Column: RangeColumns<K, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         let lower = match &self.range.lower {
@@ -465,6 +466,7 @@ where
 #[cfg(all(test, feature = "postgres", feature = "mysql"))]
 mod tests {
     use super::*;
+    use crate::sql::order::{KeyOrder, Position, Positioned};
 
     diesel::table! {
         lines (order_id, line_no) {
@@ -480,8 +482,8 @@ mod tests {
     #[test]
     fn keys_of_two_columns_compare_as_row_values_or_column_by_column() {
         let range = InRange {
-            column: Row((lines::order_id, lines::line_no)),
-            range: KeyRange::between(Some((1, 2)), (5, 6)),
+            column: Positioned::<KeyOrder, _>::new(Row((lines::order_id, lines::line_no))),
+            range: KeyRange::between(Some(Position::of_key((1, 2))), Position::of_key((5, 6))),
         };
         assert_eq!(
             sql::<diesel::pg::Pg>(&range),

@@ -6,10 +6,12 @@
 //! clause itself, to any query, rendered by the backend.
 
 mod keys;
+pub(crate) mod order;
 pub mod rendered;
 mod statements;
 
 pub use keys::{IdShape, InList, InRange, KeyRange, KeyShape, KeysIn, Lower};
+pub use order::{ClaimOrder, OrderTerms, Position, Positioned, QueryOrder};
 pub use statements::{Returning, SelectWhere, Update, VersionProbe};
 
 use std::sync::Arc;

@@ -43,15 +43,21 @@ pub fn assigns<DB: ClaimBackend>(changeset: &str, name: &str) -> QueryResult<boo
 }
 
 /// Refuses what a claim cannot honour in a rendered query, before any SQL:
-/// `DISTINCT`, and a `LIMIT` or `OFFSET` of its own, which the claim's
-/// statements would replace with theirs.
-pub fn check_claimable(query: &str) -> Result<(), Error> {
+/// `DISTINCT`, a `LIMIT` or `OFFSET` of its own, which the claim's statements
+/// would replace with theirs, and an `ORDER BY` when the claim orders by key
+/// (a boxed query's order, which its type does not tell).
+pub fn check_claimable(query: &str, ordered_by_key: bool) -> Result<(), Error> {
     let refusal = if query.starts_with("SELECT DISTINCT") {
         "a claimed query cannot be DISTINCT: a claim locks and hands over each row once \
          already; remove .distinct()"
     } else if contains_top_level(query, " LIMIT ") || contains_top_level(query, " OFFSET ") {
         "a claimed query cannot have a LIMIT or OFFSET, which the claim's own statements \
          would replace: cap the rows of a call with .build_claim().max_rows(n) instead"
+    } else if ordered_by_key && contains_top_level(query, " ORDER BY ") {
+        "the order of a boxed query cannot be read, so a claim cannot follow it: box the \
+         filter instead of the query (`.filter(dynamic_filter)` with a \
+         `Box<dyn BoxableExpression<…>>`, then `.order_by(…)`), or drop the order to claim in \
+         key order"
     } else {
         return Ok(());
     };
@@ -242,7 +248,7 @@ mod tests {
     }
 
     #[test]
-    fn claims_refuse_distinct_limit_and_offset_of_the_query_itself() {
+    fn claims_refuse_distinct_limit_offset_and_unreadable_order_of_the_query_itself() {
         let fine = [
             r#"SELECT "orders"."id" FROM "orders" WHERE ("orders"."shipped" = $1)"#,
             r#"SELECT "o"."id" FROM "o" WHERE "o"."id" IN (SELECT "x"."id" FROM "x" LIMIT $1)"#,
@@ -250,8 +256,17 @@ mod tests {
             r#"SELECT "o"."id" FROM "o" ORDER BY "o"."priority" DESC"#,
         ];
         for query in fine {
-            assert!(check_claimable(query).is_ok(), "{query}");
+            assert!(check_claimable(query, false).is_ok(), "{query}");
         }
+        // A query ordered by key must not carry an order of its own (a boxed
+        // one, whose order its type does not tell); a subquery's may.
+        let ordered = r#"SELECT "o"."id" FROM "o" ORDER BY "o"."priority" DESC"#;
+        assert!(matches!(
+            check_claimable(ordered, true),
+            Err(Error::InvalidArgument(message)) if message.contains("box the filter")
+        ));
+        let sub = r#"SELECT "o"."id" FROM "o" WHERE "o"."id" IN (SELECT "x"."id" FROM "x" ORDER BY "x"."id")"#;
+        assert!(check_claimable(sub, true).is_ok());
         let refused = [
             r#"SELECT DISTINCT "orders"."id" FROM "orders""#,
             r#"SELECT DISTINCT ON ("orders"."id") "orders"."id" FROM "orders""#,
@@ -261,7 +276,10 @@ mod tests {
         ];
         for query in refused {
             assert!(
-                matches!(check_claimable(query), Err(Error::InvalidArgument(_))),
+                matches!(
+                    check_claimable(query, false),
+                    Err(Error::InvalidArgument(_))
+                ),
                 "{query}"
             );
         }

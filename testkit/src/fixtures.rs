@@ -47,6 +47,17 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// Jobs run by priority, then by due time.
+    jobs (id) {
+        id -> Integer,
+        priority -> Integer,
+        due -> Timestamp,
+        done -> Bool,
+        times_done -> Integer,
+    }
+}
+
 diesel::joinable!(orders -> customers (customer_id));
 diesel::joinable!(outbox -> orders (order_id));
 diesel::allow_tables_to_appear_in_same_query!(customers, orders, outbox, accounts);
@@ -67,6 +78,39 @@ pub struct OrderLine {
     pub line_no: i32,
     pub packed: bool,
     pub times_packed: i32,
+}
+
+/// A job, without its due time (read only by the claim order).
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = jobs)]
+pub struct Job {
+    pub id: i32,
+    pub priority: i32,
+    pub done: bool,
+    pub times_done: i32,
+}
+
+/// Inserts jobs `1..=count`: priority `id % 4`, due `id * 7 % 60` minutes past
+/// 08:00, so priorities and due times tie, and only the key tells some jobs
+/// apart. Returns their ids in the order `priority DESC, due, id`.
+pub fn insert_jobs<C>(conn: &mut C, count: i32) -> Vec<i32>
+where
+    C: diesel::Connection,
+{
+    let minutes = |id: i32| id * 7 % 60;
+    let values: Vec<String> = (1..=count)
+        .map(|id| format!("({id}, {}, '2026-01-01 08:{:02}:00')", id % 4, minutes(id)))
+        .collect();
+    for chunk in values.chunks(500) {
+        let sql = format!(
+            "INSERT INTO jobs (id, priority, due) VALUES {}",
+            chunk.join(", ")
+        );
+        conn.batch_execute(&sql).expect("cannot insert jobs");
+    }
+    let mut order: Vec<i32> = (1..=count).collect();
+    order.sort_by_key(|&id| (std::cmp::Reverse(id % 4), minutes(id), id));
+    order
 }
 
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
@@ -95,6 +139,13 @@ pub const POSTGRES_SCHEMA: &str = "
         times_packed INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (order_id, line_no)
     );
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        priority INTEGER NOT NULL,
+        due TIMESTAMP NOT NULL,
+        done BOOLEAN NOT NULL DEFAULT FALSE,
+        times_done INTEGER NOT NULL DEFAULT 0
+    );
 ";
 
 #[cfg(feature = "sqlite")]
@@ -114,6 +165,13 @@ pub const SQLITE_SCHEMA: &str = "
         packed BOOLEAN NOT NULL DEFAULT FALSE,
         times_packed INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (order_id, line_no)
+    );
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        priority INTEGER NOT NULL,
+        due TIMESTAMP NOT NULL,
+        done BOOLEAN NOT NULL DEFAULT FALSE,
+        times_done INTEGER NOT NULL DEFAULT 0
     );
 ";
 
@@ -144,6 +202,14 @@ pub const MYSQL_SCHEMA: &str = "
         packed BOOLEAN NOT NULL DEFAULT FALSE,
         times_packed INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (order_id, line_no)
+    ) ENGINE = InnoDB;
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        priority INTEGER NOT NULL,
+        due DATETIME(6) NOT NULL,
+        done BOOLEAN NOT NULL DEFAULT FALSE,
+        times_done INTEGER NOT NULL DEFAULT 0,
+        INDEX by_claim_order (priority DESC, due, id)
     ) ENGINE = InnoDB;
 ";
 
