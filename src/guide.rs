@@ -27,7 +27,8 @@
 //! primary keys (so nothing pending costs one query and no transaction, and memory
 //! does not grow with the number of pending rows). Then, in a transaction of its
 //! own, the *same* query, restricted to keys past those already gone through, is
-//! re-run in key order under `FOR NO KEY UPDATE OF <table> SKIP LOCKED LIMIT 1`:
+//! re-run in key order (or in the query's order: see below) under
+//! `FOR NO KEY UPDATE OF <table> SKIP LOCKED LIMIT 1`:
 //! the first row that still matches and that nobody else holds is locked. Rows
 //! other workers have taken or are holding are passed over inside that one
 //! statement, not re-checked one transaction each, and the next page is read from
@@ -40,6 +41,57 @@
 //! locked row (skip, fail with [`Error::LockNotAvailable`], or wait and re-check),
 //! lock strength, a cap on processed rows, the page size, draining (repeat until a
 //! pass claims nothing new, never processing a row twice in one call), and batches.
+//!
+//! ## The claim order
+//!
+//! A query with an `ORDER BY` is claimed in that order, the primary key
+//! breaking ties: a queue by priority or due time is one `.order(…)` away.
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! // Orders not shipped yet first (`false` sorts first), then shipped ones; by
+//! // key within each.
+//! let pending = orders::table
+//!     .filter(orders::email_sent.eq(false))
+//!     .order(orders::shipped.asc());
+//! let mut claimed = Vec::new();
+//! pending.claim_each(&mut conn, |conn, order: Order| {
+//!     claimed.push(order.id);
+//!     diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!     Ok::<_, diesel_claim::Error>(())
+//! })?;
+//! assert_eq!(claimed, [3, 1, 2]);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The pages then go by *position*: the order columns' values, then the key.
+//! The unlocked read selects them next to the key, and each page, and each
+//! locked take, starts past a position, `(priority < $1 OR (priority = $1 AND
+//! id > $2))` for `priority DESC`. The values are bound back as the database
+//! sent them, so any column type can order a claim. What a claim can follow:
+//!
+//! - up to three `NOT NULL` columns of the query (a joined table's included),
+//!   each bare, `.asc()` or `.desc()`, in a tuple or added by `then_order_by`;
+//!   a bare column of a custom SQL type needs its `.asc()`. A nullable column
+//!   does not compile: a `NULL` has no place to page past.
+//! - not a boxed query's order, which its type does not tell: such a query is
+//!   refused with [`Error::InvalidArgument`] before any SQL. Box the filter
+//!   instead (a `Box<dyn BoxableExpression<…>>` in `.filter(…)`), and claim it
+//!   through [`rebuild`](crate::rebuild).
+//!
+//! A row whose order columns change while a call runs is met where it is when
+//! a page is read: a closure that moves a row later in the order and leaves it
+//! matching the query meets it again in the same call, so clear the filter in
+//! the closure (as a claim wants anyway). Index the order after the filter
+//! (`CREATE INDEX … ON jobs (priority DESC, id) WHERE NOT done`); on MySQL and
+//! MariaDB this matters for more than speed: without an index in the order's
+//! direction, InnoDB sorts, locking every row it reads, and other workers pass
+//! those rows over ([`ClaimReport::locked`]).
 //!
 //! ## Batches, and claiming in one statement
 //!
@@ -91,7 +143,8 @@
 //!
 //! - **At most once, possibly zero times.** Under skip-locked, a row locked by
 //!   anyone else — another claimer, or an unrelated transaction holding
-//!   `FOR SHARE` — is skipped without error ([`ClaimReport::skipped`] counts them).
+//!   `FOR SHARE` — is skipped without error ([`ClaimReport::locked`] counts them,
+//!   and [`ClaimReport::gone`] the rows others processed first).
 //!   The claimer assumes everyone else is more important than itself. Run it again
 //!   (from the next job, or with [`drain`](ClaimBuilder::drain)), or use
 //!   [`nowait`](ClaimBuilder::nowait) to be told.
@@ -124,8 +177,8 @@
 //! - **Joins lock one table.** Only the claimed table's rows are locked
 //!   (`OF <table>`), so a claim never blocks updates of joined rows. The rows'
 //!   type names that table (`#[derive(Identifiable)]`); with a join, select it
-//!   (`.select(Order::as_select())`). The query's own `ORDER BY` and `LIMIT` are
-//!   replaced by the key order and [`max_rows`](ClaimBuilder::max_rows).
+//!   (`.select(Order::as_select())`). The query's own `LIMIT` is refused: cap a
+//!   call with [`max_rows`](ClaimBuilder::max_rows).
 //! - **Never on a replica.** Candidates must be read from the primary: a lagging
 //!   replica only costs wasted re-checks, but the re-check must see the primary.
 //! - **Errors and panics.** An `Err` from the closure rolls back that row (or

@@ -579,6 +579,31 @@ on_every_backend! {
 
     /// A closure that forgets to clear the filter must not loop: each row once per
     /// call, with or without draining.
+    /// Candidates a call did not process are told apart: gone (no longer
+    /// matching when the call came to them) or not reached (`max_rows`).
+    #[test]
+    fn skipped_candidates_are_gone_or_not_reached() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 6);
+        let report = pending()
+            .build_claim()
+            .max_rows(3)
+            .each(&mut conn, |conn, order: Order| {
+                if order.id == 1 {
+                    // Order 2 is done in this transaction, as if by another job.
+                    diesel::update(orders::table.find(2)).set(orders::email_sent.eq(true)).execute(conn)?;
+                }
+                Ok::<_, Error>(send_email(conn, &order, 0)?)
+            })
+            .unwrap();
+        assert_eq!(
+            (report.processed, report.gone, report.locked, report.skipped, report.not_reached),
+            (3, 1, 0, 1, 2),
+            "{report:?}"
+        );
+    }
+
     #[test]
     fn a_row_left_matching_is_processed_once_per_call() {
         let (_db, pool) = test_db(1);
@@ -1101,26 +1126,47 @@ where
 on_every_backend! {
     row_locks;
 
+    /// A locked row is skipped, and told apart from one that was gone by the
+    /// time the call came to it, per row and in batches.
     #[test]
     fn locked_rows_are_skipped_by_default() {
-        let (_db, pool) = test_db(2);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 3);
-        let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR UPDATE");
-        let report = pending()
-            .claim_each(&mut conn, |conn, order: Order| {
-                Ok::<_, Error>(send_email(conn, &order, 0)?)
-            })
-            .unwrap();
-        assert_eq!((report.processed, report.skipped), (2, 1));
-        drop(release);
-        holder.join().unwrap();
-        let left: Vec<i32> = pending().select(orders::id).load(&mut conn).unwrap();
-        assert_eq!(
-            left,
-            [2],
-            "at most once may be zero times: the locked row is left"
-        );
+        for batch in [1, 10] {
+            let (_db, pool) = test_db(3);
+            let mut conn = pool.get().unwrap();
+            insert_pending(&mut conn, 4);
+            let (release, holder) = hold(&pool, "SELECT * FROM orders WHERE id = 2 FOR UPDATE");
+            // Order 3 is emailed by someone else while this call processes order 1
+            // (per row: before its take; in a batch: before the batch's re-check).
+            let mut other = pool.get().unwrap();
+            let mut first = true;
+            let report = pending()
+                .build_claim()
+                .batch(batch)
+                .each(&mut conn, |conn, order: Order| {
+                    if std::mem::take(&mut first) && batch == 1 {
+                        diesel::update(orders::table.find(3)).set(orders::email_sent.eq(true)).execute(&mut other)?;
+                    }
+                    Ok::<_, Error>(send_email(conn, &order, 0)?)
+                })
+                .unwrap();
+            drop(release);
+            holder.join().unwrap();
+            if batch == 1 {
+                assert_eq!(
+                    (report.processed, report.locked, report.gone, report.skipped),
+                    (2, 1, 1, 2),
+                    "{report:?}"
+                );
+            } else {
+                assert_eq!((report.processed, report.locked, report.gone, report.skipped), (3, 1, 0, 1), "{report:?}");
+            }
+            let left: Vec<i32> = pending().select(orders::id).load(&mut conn).unwrap();
+            assert_eq!(
+                left,
+                [2],
+                "at most once may be zero times: the locked row is left"
+            );
+        }
     }
 
 

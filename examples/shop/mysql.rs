@@ -29,7 +29,10 @@ const SCHEMA: &str = "
         customer_email TEXT NOT NULL,
         shipped_at TIMESTAMP NULL,
         shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
-        INDEX orders_pending (shipped_email_sent, id)
+        priority INTEGER NOT NULL DEFAULT 0,
+        -- The claim reads pending orders by priority: an index in that order
+        -- keeps InnoDB from sorting, which would lock every row it sorts.
+        INDEX orders_pending (shipped_email_sent, priority DESC, id)
     ) ENGINE = InnoDB;
     CREATE TABLE outbox (
         id INTEGER AUTO_INCREMENT PRIMARY KEY,

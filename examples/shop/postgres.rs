@@ -28,7 +28,8 @@ const SCHEMA: &str = "
         id SERIAL PRIMARY KEY,
         customer_email TEXT NOT NULL,
         shipped_at TIMESTAMP,
-        shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE
+        shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
+        priority INTEGER NOT NULL DEFAULT 0
     );
     CREATE TABLE outbox (
         id SERIAL PRIMARY KEY,

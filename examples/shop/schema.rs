@@ -13,6 +13,8 @@ diesel::table! {
         customer_email -> Text,
         shipped_at -> Nullable<Timestamp>,
         shipped_email_sent -> Bool,
+        /// Express orders (1) are emailed before the others (0).
+        priority -> Integer,
     }
 }
 

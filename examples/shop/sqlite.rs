@@ -27,7 +27,8 @@ const SCHEMA: &str = "
         id INTEGER PRIMARY KEY,
         customer_email TEXT NOT NULL,
         shipped_at TIMESTAMP,
-        shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE
+        shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
+        priority INTEGER NOT NULL DEFAULT 0
     );
     CREATE TABLE outbox (
         id INTEGER PRIMARY KEY,

@@ -1,6 +1,8 @@
 //! What differs between databases, behind one sealed trait.
 
 use diesel::backend::Backend;
+use diesel::deserialize::{self, FromSql, Queryable};
+use diesel::sql_types::SingleValue;
 
 /// A database backend this crate supports: `diesel::pg::Pg` (feature
 /// `postgres`), `diesel::sqlite::Sqlite` (feature `sqlite`) and
@@ -168,3 +170,32 @@ mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+
+/// A value of an order column, as the database sent it, to bind back with the
+/// column's type (each backend's file reads and writes it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OrderValue {
+    /// PostgreSQL's binary format, MySQL's bind buffer, an SQLite blob.
+    Bytes(Vec<u8>),
+    /// A MySQL integer of any width, an SQLite integer.
+    Integer(i64),
+    /// An SQLite real.
+    Real(f64),
+    /// An SQLite text.
+    Text(String),
+}
+
+/// Loaded as itself, from any one column (what `#[derive(FromSqlRow)]` would
+/// write, for every column type at once).
+impl<ST, DB> Queryable<ST, DB> for OrderValue
+where
+    DB: Backend,
+    ST: SingleValue,
+    OrderValue: FromSql<ST, DB>,
+{
+    type Row = Self;
+
+    fn build(value: Self) -> deserialize::Result<Self> {
+        Ok(value)
+    }
+}

@@ -10,9 +10,9 @@ use diesel::sql_types::{BigInt, HasSqlType, SingleValue};
 use std::io::Write;
 
 use super::strategy::Strategy;
+use super::OrderValue;
 use super::{ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::{LockClause, LockStrength};
-use crate::sql::order::OrderValue;
 
 impl ClaimBackend for Mysql {}
 

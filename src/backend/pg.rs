@@ -14,9 +14,9 @@ use diesel::upsert::excluded;
 use std::io::Write;
 
 use super::strategy::Strategy;
+use super::OrderValue;
 use super::{run_returning, ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::{LockClause, LockStrength};
-use crate::sql::order::OrderValue;
 
 impl ClaimBackend for Pg {}
 

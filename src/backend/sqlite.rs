@@ -13,9 +13,9 @@ use diesel::sqlite::{Sqlite, SqliteType, SqliteValue};
 use diesel::upsert::excluded;
 
 use super::strategy::Strategy;
+use super::OrderValue;
 use super::{run_returning, ClaimBackend, LeaseQuery, LeaseSql, LeaseStatement};
 use crate::locking::LockClause;
-use crate::sql::order::OrderValue;
 
 impl ClaimBackend for Sqlite {}
 

@@ -23,12 +23,21 @@ const MIN_OPEN_PAGE_SIZE: i64 = 100;
 /// their page.
 const BATCHES_PER_PAGE: i64 = 10;
 
+/// Rows, and batches, per page of the candidate scan, by default, in an order
+/// other than the key's. Its takes keep to their page, and each worker's last
+/// take from a page comes back short where others took rows first: larger
+/// pages make such takes (and page reads) rarer. A position holds the order
+/// columns' values, so a page of them stays a few hundred kilobytes.
+const ORDERED_PAGE_SIZE: i64 = 5000;
+const ORDERED_BATCHES_PER_PAGE: i64 = 50;
+
 /// The statement a claim takes its rows with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Taking {
     /// A locking select: rows come back in the claim order.
     Select,
-    /// A marking `UPDATE … RETURNING`: rows come back in no particular order.
+    /// A marking `UPDATE … RETURNING`: rows come back in no particular order,
+    /// and are put in the claim order.
     Mark,
     /// The same, committed on its own before the closure runs.
     MarkAndCommit,
@@ -84,8 +93,8 @@ pub(crate) struct Claim<K> {
     state: State<K>,
     /// The highest key scanned for candidates so far.
     cursor: Option<K>,
-    /// Candidates passed over in this pass.
-    skipped: u64,
+    /// Candidates found locked by others in this pass.
+    locked: u64,
     processed_before_pass: u64,
 }
 
@@ -162,6 +171,8 @@ impl<K> Claim<K> {
                 // Takes move on by themselves: reading much further ahead than
                 // a batch would only re-read keys other workers take first.
                 MIN_OPEN_PAGE_SIZE.max(plan.batch)
+            } else if !plan.ordered_by_key {
+                ORDERED_PAGE_SIZE.max(plan.batch.saturating_mul(ORDERED_BATCHES_PER_PAGE))
             } else {
                 // Pages of several batches: workers that arrive at a page
                 // together then take whole batches from it, each passing
@@ -174,7 +185,7 @@ impl<K> Claim<K> {
             retry: Vec::new(),
             state: State::Pass,
             cursor: None,
-            skipped: 0,
+            locked: 0,
             processed_before_pass: 0,
         }
     }
@@ -188,7 +199,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                 State::Pass => {
                     self.report.passes += 1;
                     self.processed_before_pass = self.report.processed;
-                    self.skipped = 0;
+                    self.locked = 0;
                     // Rows processed before are never visited again: only the
                     // rows found locked, then rows beyond the highest key seen.
                     self.state = State::Retry(std::mem::take(&mut self.retry).into_iter());
@@ -225,25 +236,27 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                     if !matches!(then, Then::Retry(_)) {
                         self.cursor = Some(page.scanned_through());
                     }
-                    let unprocessed = page.unprocessed().count() as u64;
-                    // A page left before its end (`max_rows` reached) did not
-                    // pass over the candidates beyond its last take.
-                    let not_reached = if page.exhausted { 0 } else { page.unreached() };
-                    self.report.not_reached += not_reached;
-                    self.skipped += unprocessed - not_reached;
-                    if self.drain && self.row_locks && unprocessed > 0 && self.remaining > 0 {
+                    let passed_over = page.passed_over().count() as u64;
+                    self.report.not_reached += page.unprocessed().count() as u64 - passed_over;
+                    if passed_over > 0 && self.row_locks {
                         // One read tells the candidates locked by others (still
-                        // matching) from those others have processed since.
+                        // matching) from those gone (processed by others, or
+                        // changed) since.
                         let range = page.whole_range();
                         self.state = State::Sorting(page, then);
                         return Step::StillMatching(range);
                     }
+                    // One writer at a time (SQLite): a candidate a take passed
+                    // over no longer matched.
+                    self.report.gone += passed_over;
                     self.state = then.into();
                 }
                 State::PassEnd => {
                     let claimed_nothing_new = self.report.processed == self.processed_before_pass;
                     if !self.drain || claimed_nothing_new || self.remaining == 0 {
-                        self.report.skipped = self.skipped;
+                        // Rows found locked in earlier passes were tried again.
+                        self.report.locked = self.locked;
+                        self.report.skipped = self.report.locked + self.report.gone;
                         return Step::Done(self.report);
                     }
                     self.state = State::Pass;
@@ -282,10 +295,14 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             unreachable!("still_matching without a page to sort");
         };
         let still_matching: HashSet<K> = keys.into_iter().collect();
-        let locked = page
-            .unprocessed()
-            .filter(|key| still_matching.contains(key));
-        self.retry.extend(locked.cloned());
+        let (locked, gone): (Vec<&K>, Vec<&K>) = page
+            .passed_over()
+            .partition(|key| still_matching.contains(*key));
+        self.locked += locked.len() as u64;
+        self.report.gone += gone.len() as u64;
+        if self.drain && self.remaining > 0 {
+            self.retry.extend(locked.into_iter().cloned());
+        }
         self.state = then.into();
     }
 
@@ -338,7 +355,8 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     }
 }
 
-/// A page of candidate keys, in key order, and what has become of them.
+/// A page of candidates' positions, in the claim order, and what has become of
+/// them.
 struct Page<K> {
     /// Where the next batch starts: at the first candidate, then past the
     /// furthest candidate claimed so far. Not at the cursor: the rows between
@@ -414,14 +432,20 @@ impl<K: Clone + Eq + Hash> Page<K> {
         }
     }
 
-    /// Unprocessed candidates beyond the furthest one processed: those the
-    /// takes did not get to when the page was left before its end.
-    fn unreached(&self) -> u64 {
-        let start = self.furthest.map_or(0, |index| index + 1);
-        self.processed[start..]
+    /// Unprocessed candidates the takes went past: all of them, unless the
+    /// page was left before its end (`max_rows` reached), when those beyond the
+    /// furthest one processed were not reached.
+    fn passed_over(&self) -> impl Iterator<Item = &K> {
+        let end = if self.exhausted {
+            self.keys.len()
+        } else {
+            self.furthest.map_or(0, |index| index + 1)
+        };
+        self.keys[..end]
             .iter()
-            .filter(|processed| !**processed)
-            .count() as u64
+            .zip(&self.processed)
+            .filter(|(_, processed)| !**processed)
+            .map(|(key, _)| key)
     }
 
     fn unprocessed(&self) -> impl Iterator<Item = &K> {

@@ -285,8 +285,9 @@ impl<Q> ClaimBuilder<Q> {
         self.each_batch(conn, per_row(f))
     }
 
-    /// Runs the claim, calling `f` once per claimed batch with its rows, in key
-    /// order, inside the batch's transaction.
+    /// Runs the claim, calling `f` once per claimed batch with its rows, in the
+    /// claim order (see the [guide](crate::guide#the-claim-order)), inside the
+    /// batch's transaction.
     pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
@@ -384,8 +385,8 @@ impl<Q, V> MarkedClaim<Q, V> {
         self.each_batch(conn, per_row(f))
     }
 
-    /// Runs the claim, calling `f` once per claimed (and marked) batch, rows in no
-    /// particular order.
+    /// Runs the claim, calling `f` once per claimed (and marked) batch, its rows
+    /// in the claim order (a row inserted since the page was read, last).
     pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: MarkQuery<'q, C, R, V>,

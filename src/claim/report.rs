@@ -6,10 +6,18 @@
 pub struct ClaimReport {
     /// Rows the closure processed and whose transaction committed.
     pub processed: u64,
-    /// Candidates this call read and did not process: locked by someone else, or
-    /// no longer matching the query when it came to lock them. (Rows a locking
-    /// statement passes over past the candidates read are not counted.)
+    /// Candidates this call read and did not process: [`locked`](Self::locked)
+    /// plus [`gone`](Self::gone). (Rows a locking statement passes over past
+    /// the candidates read are not counted.)
     pub skipped: u64,
+    /// Candidates locked by someone else when this call came to them, and
+    /// still matching the query after: left to others, or to the next call.
+    /// (With [`drain`](crate::ClaimBuilder::drain), those still locked in the
+    /// last pass.) Always 0 on SQLite, whose claims take turns.
+    pub locked: u64,
+    /// Candidates no longer matching the query when this call came to lock
+    /// them: processed by another worker, or changed, since they were read.
+    pub gone: u64,
     /// Candidates this call read and did not get to, because it had processed
     /// [`max_rows`](crate::ClaimBuilder::max_rows): left for the next call,
     /// not to others.

@@ -12,46 +12,17 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
-use diesel::deserialize::{self, FromSql, Queryable};
 use diesel::expression::expression_types::NotSelectable;
 use diesel::helper_types::{Asc, Desc};
 use diesel::query_builder::{AstPass, BoxedSelectStatement, NoOrderClause, OrderClause};
 use diesel::query_builder::{QueryFragment, SelectStatement};
 use diesel::serialize::ToSql;
 use diesel::sql_types::is_nullable::NotNull;
-use diesel::sql_types::{self, HasSqlType, SingleValue, SqlType};
+use diesel::sql_types::{self, HasSqlType, SqlType};
 use diesel::{Column, Expression, ExpressionMethods, QueryResult};
 
 use super::keys::{KeyColumns, KeyOn};
-
-/// A value of an order column, as the database sent it, to bind back with the
-/// column's type (each backend's file reads and writes it).
-#[derive(Debug, Clone, PartialEq)]
-pub enum OrderValue {
-    /// PostgreSQL's binary format, MySQL's bind buffer, an SQLite blob.
-    Bytes(Vec<u8>),
-    /// A MySQL integer of any width, an SQLite integer.
-    Integer(i64),
-    /// An SQLite real.
-    Real(f64),
-    /// An SQLite text.
-    Text(String),
-}
-
-/// Loaded as itself, from any one column (what `#[derive(FromSqlRow)]` would
-/// write, for every column type at once).
-impl<ST, DB> Queryable<ST, DB> for OrderValue
-where
-    DB: Backend,
-    ST: SingleValue,
-    OrderValue: FromSql<ST, DB>,
-{
-    type Row = Self;
-
-    fn build(value: Self) -> deserialize::Result<Self> {
-        Ok(value)
-    }
-}
+use crate::backend::OrderValue;
 
 /// A row's place in the claim order: its order columns' values, then its key.
 /// Two positions are the same row when their keys are equal.

@@ -8,10 +8,13 @@
 
 use diesel::dsl::{count_star, exists, not, now};
 use diesel::prelude::*;
+use diesel::sql_types::Bool;
 use diesel_claim::prelude::*;
 use diesel_claim::ClaimReport;
 
 use super::{run_workers, Conn, Pool};
+
+type Backend = <Conn as Connection>::Backend;
 use crate::schema::{orders, outbox, Order};
 use crate::{BoxError, Checks, Clock, Options, Progress};
 
@@ -37,7 +40,9 @@ pub fn run(
     ));
 
     let progress = Progress::new(500, "emails sent", clock);
+    let runs_from = last_email(&mut conn)?;
     let first = send_emails_concurrently(pool, options, &progress, None)?;
+    check_express_first(&mut conn, runs_from, checks)?;
 
     // Nobody may have emailed an order that has not shipped yet.
     let early: i64 = outbox::table
@@ -60,11 +65,15 @@ pub fn run(
     clock.log(format_args!("the warehouse ships the other {rest} orders"));
     // Customers of the partner shop are told first: the same job, with a
     // filter chosen at run time.
+    let runs_from = last_email(&mut conn)?;
     let partners = send_emails_concurrently(pool, options, &progress, Some(PARTNER_DOMAIN))?;
     clock.log(format_args!(
         "{partners} emails to {PARTNER_DOMAIN} customers first"
     ));
+    check_express_first(&mut conn, runs_from, checks)?;
+    let runs_from = last_email(&mut conn)?;
     let second = send_emails_concurrently(pool, options, &progress, None)?;
+    check_express_first(&mut conn, runs_from, checks)?;
 
     check_emails(&mut conn, first + partners + second, checks)
 }
@@ -86,19 +95,25 @@ fn send_pending_order_shipped_emails(
     // SKIP LOCKED` on PostgreSQL; SQLite takes the write lock), to re-check that
     // the order is still pending before the closure sees it.
     //
-    // The domain filter is chosen at run time, so the query is boxed. A boxed
-    // query cannot be cloned, so `rebuild` takes the code that builds it and
-    // runs it for each statement the claim sends.
+    // Express orders are emailed first: the claim follows the query's order,
+    // the key breaking ties.
+    //
+    // The domain filter is chosen at run time, so it is boxed. A boxed filter
+    // cannot be cloned, so `rebuild` takes the code that builds the query and
+    // runs it for each statement the claim sends. (The filter is boxed, not the
+    // query: a boxed query's order cannot be read, and a claim refuses it.)
     let orders_to_email = diesel_claim::rebuild(|| {
-        let mut query = orders::table
+        let in_domain: Box<dyn BoxableExpression<orders::table, Backend, SqlType = Bool>> =
+            match domain {
+                Some(domain) => Box::new(orders::customer_email.like(format!("%@{domain}"))),
+                None => Box::new(true.into_sql::<Bool>()),
+            };
+        orders::table
             .filter(orders::shipped_at.is_not_null())
             .filter(orders::shipped_email_sent.eq(false))
+            .filter(in_domain)
+            .order(orders::priority.desc())
             .select(Order::as_select())
-            .into_boxed();
-        if let Some(domain) = domain {
-            query = query.filter(orders::customer_email.like(format!("%@{domain}")));
-        }
-        query
     });
 
     orders_to_email.claim_each(conn, |conn, order: Order| {
@@ -140,12 +155,12 @@ fn send_emails_concurrently(
             conn, worker, progress, domain,
         )?)
     })?;
-    // `skipped` counts candidates another worker got to first: locked by it at
-    // the time, or already emailed when this worker came to lock them.
+    // Candidates another worker got to first: already emailed when this worker
+    // came to lock them (`gone`), or locked by it at the time (`locked`).
     for (worker, report) in reports.iter().enumerate() {
         println!(
-            "          worker {worker}: processed {:>5}, skipped {:>5}",
-            report.processed, report.skipped
+            "          worker {worker}: processed {:>5}, gone {:>5}, locked {:>3}",
+            report.processed, report.gone, report.locked
         );
     }
     Ok(reports.iter().map(|report| report.processed).sum())
@@ -161,16 +176,18 @@ fn place_orders(conn: &mut Conn, total: u32, shipped: u32) -> QueryResult<()> {
         };
         orders::customer_email.eq(format!("customer{n}@{domain}"))
     };
+    // One order in seven is an express order.
+    let priority = |n: u32| orders::priority.eq(i32::from(n % 7 == 0));
     conn.transaction(|conn| {
         let shipped_orders: Vec<_> = (0..shipped)
-            .map(|n| (email(n), orders::shipped_at.eq(now)))
+            .map(|n| (email(n), priority(n), orders::shipped_at.eq(now)))
             .collect();
         for chunk in shipped_orders.chunks(INSERT_CHUNK) {
             diesel::insert_into(orders::table)
                 .values(chunk)
                 .execute(conn)?;
         }
-        let open_orders: Vec<_> = (shipped..total).map(email).collect();
+        let open_orders: Vec<_> = (shipped..total).map(|n| (email(n), priority(n))).collect();
         for chunk in open_orders.chunks(INSERT_CHUNK) {
             diesel::insert_into(orders::table)
                 .values(chunk)
@@ -178,6 +195,43 @@ fn place_orders(conn: &mut Conn, total: u32, shipped: u32) -> QueryResult<()> {
         }
         Ok(())
     })
+}
+
+/// The outbox's last row, before a run of the job.
+fn last_email(conn: &mut Conn) -> QueryResult<i32> {
+    outbox::table
+        .select(diesel::dsl::max(outbox::id))
+        .first::<Option<i32>>(conn)
+        .map(Option::unwrap_or_default)
+}
+
+/// Each worker claims in the query's order: in the run whose emails follow
+/// the outbox row `after`, every worker emailed its express orders before any
+/// other.
+fn check_express_first(conn: &mut Conn, after: i32, checks: &mut Checks) -> QueryResult<()> {
+    let sent: Vec<(i32, i32)> = outbox::table
+        .inner_join(orders::table)
+        .filter(outbox::id.gt(after))
+        .order(outbox::id)
+        .select((outbox::worker, orders::priority))
+        .load(conn)?;
+    let mut last_priority = std::collections::HashMap::new();
+    let out_of_order = sent
+        .iter()
+        .filter(|(worker, priority)| {
+            let last = last_priority.insert(*worker, *priority);
+            last.is_some_and(|last| last < *priority)
+        })
+        .count();
+    checks.check(
+        "each worker emails express orders first",
+        out_of_order == 0,
+        format!(
+            "{} emails, {out_of_order} after a lower priority's",
+            sent.len()
+        ),
+    );
+    Ok(())
 }
 
 fn check_emails(conn: &mut Conn, processed: u64, checks: &mut Checks) -> Result<(), BoxError> {
