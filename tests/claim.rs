@@ -105,6 +105,26 @@ on_every_backend! {
         let left: i64 = pending().count().get_result(conn).unwrap();
         (sent, sent - distinct, left)
     }
+
+    /// Runs `work` on `workers` threads, each with a pooled connection of its
+    /// own, released together by a barrier so that they contend; returns
+    /// what each returned, in worker order.
+    pub fn on_workers<T: Send>(pool: &Pool, workers: usize, work: impl Fn(&mut Conn, usize) -> T + Sync) -> Vec<T> {
+        let start = Barrier::new(workers);
+        thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|worker| {
+                    let (start, work) = (&start, &work);
+                    scope.spawn(move || {
+                        let mut pooled = pool.get().unwrap();
+                        start.wait();
+                        work(&mut pooled, worker)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+        })
+    }
     /// Orders, workers (and pool size) for the concurrent drain: SQLite commits
     /// one writer at a time, so it gets a smaller run.
     const WORKERS: usize = if ROW_LOCKS { 8 } else { 4 };
@@ -118,24 +138,13 @@ on_every_backend! {
         let (_db, pool) = test_db(WORKERS as u32 + 1);
         insert_pending(&mut pool.get().unwrap(), ORDERS);
 
-        let start = Barrier::new(WORKERS);
-        let reports: Vec<ClaimReport> = thread::scope(|scope| {
-            let workers: Vec<_> = (0..WORKERS)
-                .map(|worker| {
-                    let (pool, start) = (&pool, &start);
-                    scope.spawn(move || {
-                        let mut conn = pool.get().unwrap();
-                        start.wait();
-                        pending()
-                            .claim_each(&mut conn, |conn, order: Order| {
-                                send_email(conn, &order, worker as i32)?;
-                                Ok::<_, Error>(())
-                            })
-                            .unwrap()
-                    })
+        let reports: Vec<ClaimReport> = on_workers(&pool, WORKERS, |conn, worker| {
+            pending()
+                .claim_each(conn, |conn, order: Order| {
+                    send_email(conn, &order, worker as i32)?;
+                    Ok::<_, Error>(())
                 })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).collect()
+                .unwrap()
         });
 
         let mut conn = pool.get().unwrap();
@@ -232,30 +241,20 @@ on_every_backend! {
             }
             Ok(())
         };
-        let start = Barrier::new(WORKERS);
-        let processed: u64 = thread::scope(|scope| {
-            let workers: Vec<_> = (0..WORKERS)
-                .map(|worker| {
-                    let (pool, start) = (&pool, &start);
-                    scope.spawn(move || {
-                        let mut pooled = pool.get().unwrap();
-                        let conn: &mut Conn = &mut pooled;
-                        start.wait();
-                        let report = match worker % 3 {
-                            0 => unpacked().claim_each(conn, |conn, line: OrderLine| pack(conn, &line, false)),
-                            1 => unpacked().build_claim().batch(7).each(conn, |conn, line: OrderLine| pack(conn, &line, false)),
-                            _ => unpacked()
-                                .build_claim()
-                                .batch(7)
-                                .mark(order_lines::packed.eq(true))
-                                .each(conn, |conn, line: OrderLine| pack(conn, &line, true)),
-                        };
-                        report.unwrap().processed
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum()
-        });
+        let processed: u64 = on_workers(&pool, WORKERS, |conn, worker| {
+            let report = match worker % 3 {
+                0 => unpacked().claim_each(conn, |conn, line: OrderLine| pack(conn, &line, false)),
+                1 => unpacked().build_claim().batch(7).each(conn, |conn, line: OrderLine| pack(conn, &line, false)),
+                _ => unpacked()
+                    .build_claim()
+                    .batch(7)
+                    .mark(order_lines::packed.eq(true))
+                    .each(conn, |conn, line: OrderLine| pack(conn, &line, true)),
+            };
+            report.unwrap().processed
+        })
+        .into_iter()
+        .sum();
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
         let lines: Vec<OrderLine> = order_lines::table.select(OrderLine::as_select()).load(conn).unwrap();
@@ -373,30 +372,20 @@ on_every_backend! {
                 .order((jobs::priority.desc(), jobs::due))
                 .select(Job::as_select())
         };
-        let start = Barrier::new(WORKERS);
-        let processed: u64 = thread::scope(|scope| {
-            let workers: Vec<_> = (0..WORKERS)
-                .map(|worker| {
-                    let (pool, start) = (&pool, &start);
-                    scope.spawn(move || {
-                        let mut pooled = pool.get().unwrap();
-                        let conn: &mut Conn = &mut pooled;
-                        start.wait();
-                        let report = match worker % 3 {
-                            0 => queue().claim_each(conn, |conn, job: Job| finish_job(conn, &job)),
-                            1 => queue().build_claim().batch(5).each(conn, |conn, job: Job| finish_job(conn, &job)),
-                            _ => queue()
-                                .build_claim()
-                                .batch(5)
-                                .mark(jobs::done.eq(true))
-                                .each(conn, |conn, job: Job| finish_job(conn, &job)),
-                        };
-                        report.unwrap().processed
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum()
-        });
+        let processed: u64 = on_workers(&pool, WORKERS, |conn, worker| {
+            let report = match worker % 3 {
+                0 => queue().claim_each(conn, |conn, job: Job| finish_job(conn, &job)),
+                1 => queue().build_claim().batch(5).each(conn, |conn, job: Job| finish_job(conn, &job)),
+                _ => queue()
+                    .build_claim()
+                    .batch(5)
+                    .mark(jobs::done.eq(true))
+                    .each(conn, |conn, job: Job| finish_job(conn, &job)),
+            };
+            report.unwrap().processed
+        })
+        .into_iter()
+        .sum();
         let done: Vec<i32> = jobs::table.select(jobs::times_done).load(&mut pool.get().unwrap()).unwrap();
         assert_eq!(processed, jobs_count as u64);
         assert!(done.iter().all(|times| *times == 1), "{done:?}");
@@ -883,20 +872,11 @@ on_every_backend! {
         for mode in MODES {
             let (_db, pool) = test_db(WORKERS as u32 + 1);
             insert_pending(&mut pool.get().unwrap(), ORDERS);
-            let start = Barrier::new(WORKERS);
-            let processed: u64 = thread::scope(|scope| {
-                let workers: Vec<_> = (0..WORKERS)
-                    .map(|worker| {
-                        let (pool, start) = (&pool, &start);
-                        scope.spawn(move || {
-                            let mut conn = pool.get().unwrap();
-                            start.wait();
-                            claim(mode, &mut conn, worker as i32).unwrap().processed
-                        })
-                    })
-                    .collect();
-                workers.into_iter().map(|w| w.join().unwrap()).sum()
-            });
+            let processed: u64 = on_workers(&pool, WORKERS, |conn, worker| {
+                claim(mode, conn, worker as i32).unwrap().processed
+            })
+            .into_iter()
+            .sum();
             let (sent, duplicates, left) = email_figures(&mut pool.get().unwrap());
             eprintln!(
                 "{mode:?}, {WORKERS} workers, {ORDERS} orders: processed {processed}, \
