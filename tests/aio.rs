@@ -935,6 +935,55 @@ on_async_backends! {
         assert!(times.len() == 300 && times.iter().all(|&t| t == 1), "{times:?}");
     }
 
+    /// Candidates the claim passed over are told apart: locked by another
+    /// session, or gone (done since the page was read). A boxed query's order
+    /// is refused before any SQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn skipped_candidates_are_locked_or_gone_and_a_boxed_order_is_refused() {
+        use diesel::connection::SimpleConnection;
+        let (db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        insert_pending(&mut conn, 4).await;
+        let mut holder = blocking(&db.url);
+        holder
+            .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 2 FOR UPDATE")
+            .unwrap();
+        let report = pending()
+            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
+                async move {
+                    if order.id == 1 {
+                        // Order 3 is emailed by "someone else", in this transaction.
+                        diesel::update(orders::table.find(3))
+                            .set(orders::email_sent.eq(true))
+                            .execute(conn)
+                            .await?;
+                    }
+                    send_email(conn, &order, 0).await?;
+                    Ok::<_, diesel_claim::Error>(())
+                }
+                .scope_boxed()
+            })
+            .await
+            .unwrap();
+        holder.batch_execute("COMMIT").unwrap();
+        assert_eq!(
+            (report.processed, report.locked, report.gone, report.skipped),
+            (2, 1, 1, 2),
+            "{report:?}"
+        );
+
+        let boxed = diesel_claim::rebuild(|| pending().order(orders::id.desc()).into_boxed());
+        let refused = boxed
+            .claim_each(&mut *conn, |_, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
+            .await;
+        assert!(
+            matches!(&refused, Err(diesel_claim::Error::InvalidArgument(m)) if m.contains("box the filter")),
+            "{refused:?}"
+        );
+    }
+
     /// A query with its own `LIMIT` or `DISTINCT` is refused before any SQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn limit_and_distinct_are_refused() {
