@@ -252,6 +252,20 @@ pub fn is_deadlock(error: &diesel::result::Error) -> bool {
     classify(error) == Some(ErrorClass::Deadlock)
 }
 
+/// Whether `error` is PostgreSQL's serialization failure of a row that a
+/// concurrent transaction moved to another partition of a partitioned table
+/// ("tuple to be locked was already moved to another partition due to
+/// concurrent update", and its `updated`/`deleted` twins): the row has left
+/// the partition it was read in, so a fresh statement no longer sees it there.
+pub(crate) fn moved_to_another_partition(error: &diesel::result::Error) -> bool {
+    let diesel::result::Error::DatabaseError(DatabaseErrorKind::SerializationFailure, info) = error
+    else {
+        return false;
+    };
+    let message = info.message();
+    message.starts_with("tuple to be ") && message.contains("already moved to another partition")
+}
+
 /// Whether `error` is a serialization failure (SQLSTATE `40001`).
 pub fn is_serialization_failure(error: &diesel::result::Error) -> bool {
     classify(error) == Some(ErrorClass::SerializationFailure)
@@ -306,6 +320,21 @@ mod tests {
             Error::from(diesel::result::Error::NotFound),
             Error::NotFound
         ));
+        let serialization = |message: &str| {
+            diesel::result::Error::DatabaseError(
+                DatabaseErrorKind::SerializationFailure,
+                Box::new(message.to_owned()),
+            )
+        };
+        for verb in ["locked", "updated", "deleted"] {
+            let moved = serialization(&format!(
+                "tuple to be {verb} was already moved to another partition due to concurrent \
+                 update"
+            ));
+            assert!(moved_to_another_partition(&moved) && is_serialization_failure(&moved));
+        }
+        let plain = serialization("could not serialize access due to concurrent update");
+        assert!(!moved_to_another_partition(&plain));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
 use crate::reusable::{Rebuild, Reusable};
 use crate::sql::{lock_target, IdShape, InList, KeyShape, Locked, SelectWhere};
-use crate::transaction::locking_transaction;
+use crate::transaction::{again_if_moved, locking_read, locking_transaction};
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
@@ -262,13 +262,20 @@ impl<Q> LockBuilder<Q> {
     {
         let clause = self.clause(self.query.locked_table())?;
         let skip_locked = clause.skip_locked;
-        locking_transaction(conn, self.lock.fails_at_once(OnLocked::Wait), |conn| {
-            let rows = self.query.rows(conn, Some(clause)).map_err(Error::from)?;
-            if skip_locked {
-                let all = self.query.rows(conn, None).map_err(Error::from)?;
-                none_left_out(&rows, &all)?;
-            }
-            f(conn, rows)
+        let nowait = self.lock.fails_at_once(OnLocked::Wait);
+        // `f` runs once, after the locking read, which is all a moved row can
+        // make run again.
+        let mut f = Some(f);
+        again_if_moved(|moved| {
+            locking_transaction(conn, nowait, |conn| {
+                let rows = locking_read(self.query.rows(conn, Some(clause.clone())), moved)?;
+                if skip_locked {
+                    let all = self.query.rows(conn, None).map_err(Error::from)?;
+                    none_left_out(&rows, &all)?;
+                }
+                let f = f.take().expect("a lock's closure runs once");
+                f(conn, rows)
+            })
         })
     }
 }

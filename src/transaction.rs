@@ -9,7 +9,42 @@ use diesel::connection::{
 use diesel::QueryResult;
 
 use crate::backend::{strategy::Strategy, ClaimBackend};
+use crate::error::moved_to_another_partition;
 use crate::Error;
+
+/// How often a transaction is run again, at most, after its locking read met
+/// a row moved to another partition (see [`locking_read`]). Each time is
+/// another transaction's commit that moved a row out of the read's range.
+pub(crate) const MOVED_ROW_RETRIES: u32 = 100;
+
+/// A locking read's result, recording in `moved` whether it failed on a row a
+/// concurrent transaction moved to another partition (PostgreSQL, SQLSTATE
+/// `40001`). The read's transaction is then worth running again: the row no
+/// longer matches in the partition it was read in, and a fresh read passes it
+/// over, as it passes over any row that stopped matching. Nothing of the
+/// caller's has run yet, as the locking read comes first.
+pub(crate) fn locking_read<T>(read: QueryResult<T>, moved: &mut bool) -> Result<T, Error> {
+    read.map_err(|error| {
+        *moved = moved_to_another_partition(&error);
+        Error::from(error)
+    })
+}
+
+/// Runs `attempt` (a transaction whose locking read goes through
+/// [`locking_read`]) again while it fails on a moved row, up to
+/// [`MOVED_ROW_RETRIES`] times.
+pub(crate) fn again_if_moved<T, E>(
+    mut attempt: impl FnMut(&mut bool) -> Result<T, E>,
+) -> Result<T, E> {
+    for _ in 0..MOVED_ROW_RETRIES {
+        let mut moved = false;
+        match attempt(&mut moved) {
+            Err(_) if moved => continue,
+            done => return done,
+        }
+    }
+    attempt(&mut false)
+}
 
 /// How deep a transaction manager's nesting is (0: no transaction open). A
 /// manager left in its error state (a rollback failed) is an error.

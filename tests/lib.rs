@@ -20,6 +20,9 @@ mod compile_fail;
 mod lease;
 mod lock;
 mod migrations;
+// Partitioned tables: PostgreSQL and MariaDB.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod partitions;
 // The torture suite covers PostgreSQL and SQLite.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod torture;

@@ -19,6 +19,7 @@ use crate::claim::position_of;
 use crate::claim::query::ClaimStatements;
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Locked, Position};
+use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
 use crate::{ClaimBuilder, ClaimReport, Error};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
@@ -197,30 +198,39 @@ where
                 claim.still_matching(keys);
             }
             Step::Batch(range, limit) => {
-                let (taking, handler) = (&mut claim, &mut handler);
-                let processed = locking_transaction(conn, |conn| {
-                    async move {
-                        let rows = query
-                            .rows(conn, range.clone(), limit, &taking.clause)
-                            .await
-                            .map_err(Error::from)?;
-                        let rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
-                        if let Some(range) = taking.locked_check(range) {
-                            let keys = query
-                                .keys(conn, range, i64::MAX)
-                                .await
-                                .map_err(Error::from)?;
-                            taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                // A take that meets a row moved to another partition runs again
+                // (see `crate::transaction::locking_read`).
+                let mut attempts = 0;
+                let processed = loop {
+                    let mut moved = false;
+                    let (moved_read, range) = (&mut moved, range.clone());
+                    let (taking, handler) = (&mut claim, &mut handler);
+                    let batch = locking_transaction(conn, |conn| {
+                        async move {
+                            let rows = query.rows(conn, range.clone(), limit, &taking.clause).await;
+                            let rows = locking_read(rows, moved_read)?;
+                            let rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
+                            if let Some(range) = taking.locked_check(range) {
+                                let keys = query
+                                    .keys(conn, range, i64::MAX)
+                                    .await
+                                    .map_err(Error::from)?;
+                                taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                            }
+                            let processed = rows.len();
+                            if processed > 0 {
+                                handler.handle(conn, rows).await?;
+                            }
+                            Ok::<_, E>(processed)
                         }
-                        let processed = rows.len();
-                        if processed > 0 {
-                            handler.handle(conn, rows).await?;
-                        }
-                        Ok::<_, E>(processed)
+                        .scope_boxed()
+                    })
+                    .await;
+                    match batch {
+                        Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
+                        done => break done?,
                     }
-                    .scope_boxed()
-                })
-                .await?;
+                };
                 claim.processed(processed);
             }
             Step::Done(report) => return Ok(report),

@@ -16,6 +16,7 @@ use super::Async;
 use crate::lock::{fresh_row, none_left_out, the_one_row, FreshRow};
 use crate::locking::LockClause;
 use crate::sql::{IdShape, KeyShape};
+use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
 
 /// The shape of a model's key, from its `Identifiable::Id`.
 type Shape<M> = <<&'static M as Identifiable>::Id as IdShape>::Shape;
@@ -174,18 +175,32 @@ impl<Q> LockBuilder<Q, Async> {
             let clause = self.clause(self.query.locked_table())?;
             let skip_locked = clause.skip_locked;
             let query = &self.query;
-            locking_transaction(conn, |conn| {
-                async move {
-                    let rows = query.rows(conn, Some(clause)).await.map_err(Error::from)?;
-                    if skip_locked {
-                        let all = query.rows(conn, None).await.map_err(Error::from)?;
-                        none_left_out(&rows, &all)?;
+            // `f` runs once, after the locking read, which is all a moved row
+            // can make run again (see `crate::transaction::locking_read`).
+            let mut f = Some(f);
+            let mut attempts = 0;
+            loop {
+                let mut moved = false;
+                let (moved_read, f) = (&mut moved, &mut f);
+                let clause = clause.clone();
+                let locked = locking_transaction(conn, |conn| {
+                    async move {
+                        let rows = locking_read(query.rows(conn, Some(clause)).await, moved_read)?;
+                        if skip_locked {
+                            let all = query.rows(conn, None).await.map_err(Error::from)?;
+                            none_left_out(&rows, &all)?;
+                        }
+                        let f = f.take().expect("a lock's closure runs once");
+                        f(conn, rows).await
                     }
-                    f(conn, rows).await
+                    .scope_boxed()
+                })
+                .await;
+                match locked {
+                    Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
+                    done => return done,
                 }
-                .scope_boxed()
-            })
-            .await
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use diesel::query_builder::Query;
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
 use crate::sql::{KeyRange, Position};
-use crate::transaction::{locking_transaction, transaction_depth};
+use crate::transaction::{again_if_moved, locking_read, locking_transaction, transaction_depth};
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;
@@ -447,16 +447,19 @@ where
                 claim.still_matching(keys);
             }
             Step::Batch(range, limit) if claim.taking == Taking::MarkAndCommit => {
-                let rows = if claim.one_statement_mark {
-                    take(conn, range, limit, &claim.clause).map_err(Error::from)?
-                } else {
-                    // SQLite: a lone `UPDATE` would read first and then fail to
-                    // take the write lock if another writer got in between.
-                    // MySQL: the mark is three statements.
-                    locking_transaction(conn, claim.nowait, |conn| {
-                        take(conn, range, limit, &claim.clause).map_err(Error::from)
-                    })?
-                };
+                let rows = again_if_moved(|moved| {
+                    let mut take = |conn: &mut C| {
+                        locking_read(take(conn, range.clone(), limit, &claim.clause), moved)
+                    };
+                    if claim.one_statement_mark {
+                        take(conn)
+                    } else {
+                        // SQLite: a lone `UPDATE` would read first and then fail
+                        // to take the write lock if another writer got in
+                        // between. MySQL: the mark is three statements.
+                        locking_transaction(conn, claim.nowait, take)
+                    }
+                })?;
                 let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
                 let processed = rows.len();
                 if processed > 0 {
@@ -465,19 +468,21 @@ where
                 claim.processed(processed);
             }
             Step::Batch(range, limit) => {
-                let processed = locking_transaction(conn, claim.nowait, |conn| {
-                    let rows =
-                        take(conn, range.clone(), limit, &claim.clause).map_err(Error::from)?;
-                    let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
-                    if let Some(range) = claim.locked_check(range) {
-                        let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
-                        claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
-                    }
-                    let processed = rows.len();
-                    if processed > 0 {
-                        f(conn, rows)?;
-                    }
-                    Ok::<_, E>(processed)
+                let processed = again_if_moved(|moved| {
+                    locking_transaction(conn, claim.nowait, |conn| {
+                        let rows = take(conn, range.clone(), limit, &claim.clause);
+                        let rows = locking_read(rows, moved)?;
+                        let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
+                        if let Some(range) = claim.locked_check(range.clone()) {
+                            let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                            claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                        }
+                        let processed = rows.len();
+                        if processed > 0 {
+                            f(conn, rows)?;
+                        }
+                        Ok::<_, E>(processed)
+                    })
                 })?;
                 claim.processed(processed);
             }

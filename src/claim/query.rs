@@ -317,18 +317,30 @@ where
     dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
     V: AsChangeset<Target = R::Table> + Clone,
     V::Changeset: QueryFragment<C::Backend>,
+    PrimaryKey<R>: QueryFragment<C::Backend>,
     MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>: LoadQuery<'q, C, R>,
     MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C>,
     ReadByKeys<R, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, R>,
 {
     fn check_changes(changes: &V) -> Result<(), Error> {
-        if changes
-            .clone()
-            .as_changeset()
-            .is_noop(&C::Backend::default())?
-        {
+        let changeset = changes.clone().as_changeset();
+        if changeset.is_noop(&C::Backend::default())? {
             return Err(Error::InvalidArgument(
                 "the mark is empty: it must change what the query's filter tests".to_owned(),
+            ));
+        }
+        // A claim follows its rows by their keys (and MySQL reads marked rows
+        // back by them): a mark of a key column would hand over rows the claim
+        // cannot place, or, on MySQL, none.
+        let changeset = rendered::render::<C::Backend>(&changeset)?;
+        let key = rendered::render::<C::Backend>(&R::table().primary_key())?;
+        if rendered::assigns_key::<C::Backend>(&changeset, &key)? {
+            return Err(Error::InvalidArgument(
+                "a mark cannot change a column of the claimed table's primary key, by which \
+                 the claim follows its rows (a table partitioned by state has the state in \
+                 its key): set that column in the closure instead, or declare the key as the \
+                 table's own id in `table!`"
+                    .to_owned(),
             ));
         }
         Ok(())

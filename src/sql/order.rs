@@ -449,6 +449,7 @@ macro_rules! claim_order {
     )+};
 }
 
+/// Tuples by name, for the macro's `Name<Terms…>` pattern.
 type Pair<A, B> = (A, B);
 type Triple<A, B, C> = (A, B, C);
 

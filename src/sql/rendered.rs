@@ -42,6 +42,22 @@ pub fn assigns<DB: ClaimBackend>(changeset: &str, name: &str) -> QueryResult<boo
     Ok(changeset.starts_with(&assignment) || changeset.contains(&format!(", {assignment}")))
 }
 
+/// Whether a rendered changeset assigns any column of a rendered primary key
+/// (`"t"."id"`, or `"t"."a", "t"."b"`).
+pub fn assigns_key<DB: ClaimBackend>(changeset: &str, key: &str) -> QueryResult<bool> {
+    for column in split_top_level(key, ", ") {
+        let name = last_identifier(column).ok_or_else(|| {
+            diesel::result::Error::QueryBuilderError(
+                format!("cannot find the column name in `{column}`").into(),
+            )
+        })?;
+        if assigns::<DB>(changeset, &name)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Refuses what a claim cannot honour in a rendered query, before any SQL:
 /// `DISTINCT`, a `LIMIT` or `OFFSET` of its own, which the claim's statements
 /// would replace with theirs, and an `ORDER BY` when the claim orders by key
