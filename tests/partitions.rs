@@ -66,7 +66,7 @@ fn pending() -> diesel::dsl::Filter<tasks::table, diesel::dsl::Eq<tasks::done, b
     tasks::table.filter(tasks::done.eq(false))
 }
 
-const ROWS: i32 = 1_500;
+const ROWS: i32 = 3_000;
 const WORKERS: usize = 6;
 
 /// Expands the tests for each backend with partitioned tables, in modules
@@ -287,6 +287,33 @@ on_partitioned_backends! {
                 Ok::<_, Error>(task.id)
             });
         assert_eq!(stayed.unwrap(), 2);
+    }
+
+    /// The async `with_lock` on a row its holder moves away: `NotFound`.
+    #[cfg(feature = "async")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_async_lock_on_a_row_moved_away_is_not_found() {
+        use diesel_async::AsyncConnection;
+        use scoped_futures::ScopedFutureExt;
+
+        let (db, pool) = queue(Partitioning::ByState, 1, 1);
+        let mut mover = pool.get().unwrap();
+        mover
+            .batch_execute("BEGIN; UPDATE tasks SET done = TRUE WHERE id = 1")
+            .unwrap();
+        let committer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            mover.batch_execute("COMMIT").unwrap();
+        });
+        let mut conn = AsyncConn::establish(&db.url).await.unwrap();
+        let moved = diesel_claim::aio::LockDsl::with_lock(
+            pending().filter(tasks::id.eq(1)),
+            &mut conn,
+            |_: &mut AsyncConn, task: Task| async move { Ok::<_, Error>(task.id) }.scope_boxed(),
+        )
+        .await;
+        committer.join().unwrap();
+        assert!(matches!(moved, Err(Error::NotFound)), "{moved:?}");
     }
 
     /// The async claim on a queue partitioned by state: tasks drain it, per
