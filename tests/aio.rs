@@ -77,6 +77,30 @@ on_async_backends! {
     const TASKS: usize = 32;
     const ORDERS: usize = 5_000;
 
+    /// Runs `work` in `tasks` spawned tasks, each with a pooled connection of
+    /// its own, and sums the rows they report processed.
+    async fn processed_by_tasks<F, Fut>(pool: &Pool, tasks: usize, work: F) -> u64
+    where
+        F: Fn(bb8::PooledConnection<'static, Conn>) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: std::future::Future<Output = u64> + Send + 'static,
+    {
+        let work = Arc::new(work);
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (pool, work) = (pool.clone(), Arc::clone(&work));
+                tokio::spawn(async move { work(pool.get_owned().await.unwrap()).await })
+            })
+            .collect();
+        let mut processed = 0;
+        for handle in handles {
+            processed += handle.await.unwrap();
+        }
+        processed
+    }
+
     async fn insert_pending(conn: &mut Conn, count: usize) {
         for chunk in vec![(orders::shipped.eq(true),); count].chunks(1000) {
             diesel::insert_into(orders::table)
@@ -827,11 +851,7 @@ on_async_backends! {
             .execute(&mut pool.get().await.unwrap())
             .await
             .unwrap();
-        let tasks: Vec<_> = (0..8)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let mut conn = pool.get_owned().await.unwrap();
+        let processed = processed_by_tasks(&pool, 8, |mut conn| async move {
                     order_lines::table
                         .filter(order_lines::packed.eq(false))
                         .build_claim()
@@ -852,13 +872,8 @@ on_async_backends! {
                         .await
                         .unwrap()
                         .processed
-                })
-            })
-            .collect();
-        let mut processed = 0;
-        for task in tasks {
-            processed += task.await.unwrap();
-        }
+        })
+        .await;
         assert_eq!(processed, 120);
         let times: Vec<i32> = order_lines::table
             .select(order_lines::times_packed)
@@ -905,11 +920,7 @@ on_async_backends! {
 
         diesel::delete(jobs::table).execute(&mut *pool.get().await.unwrap()).await.unwrap();
         insert_jobs(&mut blocking(&db.url), 300);
-        let tasks: Vec<_> = (0..6)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let mut conn = pool.get_owned().await.unwrap();
+        let processed = processed_by_tasks(&pool, 6, move |mut conn| async move {
                     queue()
                         .build_claim()
                         .batch(4)
@@ -919,13 +930,8 @@ on_async_backends! {
                         .await
                         .unwrap()
                         .processed
-                })
-            })
-            .collect();
-        let mut processed = 0;
-        for task in tasks {
-            processed += task.await.unwrap();
-        }
+        })
+        .await;
         assert_eq!(processed, 300);
         let times: Vec<i32> = jobs::table
             .select(jobs::times_done)

@@ -566,8 +566,6 @@ on_every_backend! {
         assert_eq!(email_figures(&mut conn), (10, 0, 0));
     }
 
-    /// A closure that forgets to clear the filter must not loop: each row once per
-    /// call, with or without draining.
     /// Candidates a call did not process are told apart: gone (no longer
     /// matching when the call came to them) or not reached (`max_rows`).
     #[test]
@@ -593,6 +591,8 @@ on_every_backend! {
         );
     }
 
+    /// A closure that forgets to clear the filter must not loop: each row once per
+    /// call, with or without draining.
     #[test]
     fn a_row_left_matching_is_processed_once_per_call() {
         let (_db, pool) = test_db(1);

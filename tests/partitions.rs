@@ -238,6 +238,19 @@ on_partitioned_backends! {
         }
     }
 
+    /// Moves task `id` to the done partition in a transaction of another
+    /// connection, which holds the row's lock for 300 ms before it commits.
+    fn move_away_soon(pool: &Pool, id: i32) -> std::thread::JoinHandle<()> {
+        let mut mover = pool.get().unwrap();
+        mover
+            .batch_execute(&format!("BEGIN; UPDATE tasks SET done = TRUE WHERE id = {id}"))
+            .unwrap();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            mover.batch_execute("COMMIT").unwrap();
+        })
+    }
+
     /// A mark that sets a column of the claimed table's key is refused before
     /// any SQL: the claim follows its rows by their keys (and MySQL reads
     /// marked rows back by them).
@@ -265,14 +278,7 @@ on_partitioned_backends! {
     fn a_lock_on_a_row_moved_away_is_not_found() {
         let (_db, pool) = queue(Partitioning::ByState, 2, 2);
         let mut conn = pool.get().unwrap();
-        let mut mover = pool.get().unwrap();
-        mover
-            .batch_execute("BEGIN; UPDATE tasks SET done = TRUE WHERE id = 1")
-            .unwrap();
-        let committer = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            mover.batch_execute("COMMIT").unwrap();
-        });
+        let committer = move_away_soon(&pool, 1);
         // Waits for the mover's lock, then meets the row gone from the
         // pending partition.
         let moved = pending()
@@ -297,14 +303,7 @@ on_partitioned_backends! {
         use scoped_futures::ScopedFutureExt;
 
         let (db, pool) = queue(Partitioning::ByState, 1, 1);
-        let mut mover = pool.get().unwrap();
-        mover
-            .batch_execute("BEGIN; UPDATE tasks SET done = TRUE WHERE id = 1")
-            .unwrap();
-        let committer = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            mover.batch_execute("COMMIT").unwrap();
-        });
+        let committer = move_away_soon(&pool, 1);
         let mut conn = AsyncConn::establish(&db.url).await.unwrap();
         let moved = diesel_claim::aio::LockDsl::with_lock(
             pending().filter(tasks::id.eq(1)),

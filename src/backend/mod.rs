@@ -173,7 +173,7 @@ pub(crate) mod mysql;
 
 /// A value of an order column, as the database sent it, to bind back with the
 /// column's type (each backend's file reads and writes it).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum OrderValue {
     /// PostgreSQL's binary format, MySQL's bind buffer, an SQLite blob.
     Bytes(Vec<u8>),
