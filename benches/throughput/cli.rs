@@ -91,6 +91,11 @@ pub struct Options {
         default_value_if("quick", "true", None)
     )]
     pub svg: Option<PathBuf>,
+    /// Also run B0, B2, B3d and B3 on a second database whose orders table is
+    /// partitioned by its pending flag (PostgreSQL, MySQL), each right after
+    /// the same mode on the plain table
+    #[arg(long)]
+    pub partitioned: bool,
     /// The isolation level of every MySQL connection
     #[arg(long, value_name = "LEVEL", value_enum, default_value_t = Isolation::ReadCommitted)]
     pub mysql_isolation: Isolation,
@@ -153,7 +158,9 @@ impl Options {
 
     /// Whether this drain mode is to run.
     pub fn runs_mode(&self, mode: Mode) -> bool {
-        self.runs(&mode.id_name()) && (!mode.is_sized() || self.batches.contains(&mode.batch))
+        self.runs(&mode.id_name())
+            && (!mode.is_sized() || self.batches.contains(&mode.batch))
+            && (!mode.partitioned || self.partitioned)
     }
 
     /// Whether the mode with this id (`B0`, `B3h`, `B5`, `IX`, …) is to run.

@@ -59,7 +59,9 @@ pub struct BenchDb<C: BenchConn> {
 }
 
 impl<C: BenchConn> BenchDb<C> {
-    pub fn create() -> Result<Self, String> {
+    /// A new database with the workload's tables, `orders` partitioned by its
+    /// pending flag if `partitioned`.
+    pub fn create(partitioned: bool) -> Result<Self, String> {
         let mut db = match C::BACKEND {
             BackendKind::Postgres | BackendKind::Mysql => {
                 let admin_url = server_url(C::BACKEND);
@@ -88,7 +90,9 @@ impl<C: BenchConn> BenchDb<C> {
                 }
             }
         };
-        db.setup(|conn: &mut C| conn.batch_execute(&schema::create_tables(C::BACKEND)))?;
+        db.setup(|conn: &mut C| {
+            conn.batch_execute(&schema::create_tables(C::BACKEND, partitioned))
+        })?;
         Ok(db)
     }
 

@@ -55,6 +55,11 @@ impl BackendKind {
         self != BackendKind::Sqlite
     }
 
+    /// Whether tables can be partitioned (SQLite has no partitions).
+    pub fn has_partitions(self) -> bool {
+        self != BackendKind::Sqlite
+    }
+
     /// Whether the server counts transactions per database (PostgreSQL's
     /// `pg_stat_database`); elsewhere the client counts them from the
     /// statements it sends.

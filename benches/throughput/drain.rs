@@ -1,5 +1,6 @@
-//! Draining the queue: the modes B0–B4, M1 and M2, the timed run of one mode,
-//! and the empty-queue check.
+//! Draining the queue: the modes B0–B4, M1, M2, O3 and O3h (and some of them
+//! on partitioned orders), the timed run of one mode, and the empty-queue
+//! check.
 
 use std::fmt;
 use std::sync::{Arc, Barrier};
@@ -45,23 +46,45 @@ pub enum ModeId {
 /// The batch sizes B3, B3d and B3h run at (unless `--batches` says otherwise).
 pub const BATCH_SIZES: [u32; 3] = [10, 100, 1000];
 
-/// A mode and its batch size (1 for the per-row modes).
+/// A mode, its batch size (1 for the per-row modes), and whether it drains
+/// the orders table partitioned by its pending flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mode {
     pub id: ModeId,
     pub batch: u32,
+    /// Runs on the database whose `orders` is partitioned by its pending flag
+    /// (see [`schema::create_tables`](crate::schema::create_tables)): each
+    /// processed row moves to the other partition.
+    pub partitioned: bool,
 }
+
+/// The crate modes that also run, with their twins, on partitioned orders
+/// (`--partitioned`).
+const PARTITIONED: [ModeId; 2] = [ModeId::B2, ModeId::B3];
 
 impl Mode {
     pub const fn new(id: ModeId, batch: u32) -> Self {
-        Mode { id, batch }
+        Mode {
+            id,
+            batch,
+            partitioned: false,
+        }
+    }
+
+    /// This mode on the partitioned orders.
+    pub const fn on_partitions(self) -> Self {
+        Mode {
+            partitioned: true,
+            ..self
+        }
     }
 
     /// Every mode, in the order they run: each crate mode right after its twin,
-    /// so that the two meet the same conditions on a noisy machine.
+    /// so that the two meet the same conditions on a noisy machine, and the
+    /// pair on partitioned orders right after the pair on the plain table.
     pub fn all() -> Vec<Mode> {
         use ModeId::*;
-        let mut modes = vec![
+        let mut plain = vec![
             Mode::new(B0, 1),
             Mode::new(B2, 1),
             Mode::new(B4, 1),
@@ -72,7 +95,14 @@ impl Mode {
             Mode::new(O3, 100),
         ];
         for n in BATCH_SIZES {
-            modes.extend([Mode::new(B3h, n), Mode::new(B3d, n), Mode::new(B3, n)]);
+            plain.extend([Mode::new(B3h, n), Mode::new(B3d, n), Mode::new(B3, n)]);
+        }
+        let mut modes = Vec::new();
+        for mode in plain {
+            modes.push(mode);
+            if let Some(twin) = mode.twin().filter(|_| PARTITIONED.contains(&mode.id)) {
+                modes.extend([twin.on_partitions(), mode.on_partitions()]);
+            }
         }
         modes
     }
@@ -89,13 +119,14 @@ impl Mode {
 
     /// The hand-written mode a crate mode is measured against.
     pub fn twin(self) -> Option<Mode> {
-        match self.id {
-            ModeId::B2 => Some(Mode::new(ModeId::B0, 1)),
-            ModeId::B3 => Some(Mode::new(ModeId::B3d, self.batch)),
-            ModeId::M1 | ModeId::M2 => Some(Mode::new(ModeId::B1, self.batch)),
-            ModeId::O3 => Some(Mode::new(ModeId::O3h, self.batch)),
-            _ => None,
-        }
+        let id = match self.id {
+            ModeId::B2 => ModeId::B0,
+            ModeId::B3 => ModeId::B3d,
+            ModeId::M1 | ModeId::M2 => ModeId::B1,
+            ModeId::O3 => ModeId::O3h,
+            _ => return None,
+        };
+        Some(Mode { id, ..self })
     }
 
     pub fn is_crate_mode(self) -> bool {
@@ -109,16 +140,21 @@ impl Mode {
     }
 
     pub fn runs_on(self, backend: BackendKind) -> bool {
-        self.id != ModeId::B4 || backend.has_row_locks()
+        (self.id != ModeId::B4 || backend.has_row_locks())
+            && (!self.partitioned || backend.has_partitions())
     }
 }
 
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.id {
-            ModeId::B0 | ModeId::B2 | ModeId::B4 => write!(f, "{:?}", self.id),
-            _ => write!(f, "{:?} n={}", self.id, self.batch),
+            ModeId::B0 | ModeId::B2 | ModeId::B4 => write!(f, "{:?}", self.id)?,
+            _ => write!(f, "{:?} n={}", self.id, self.batch)?,
         }
+        if self.partitioned {
+            f.write_str(" partitioned")?;
+        }
+        Ok(())
     }
 }
 
@@ -126,9 +162,10 @@ impl fmt::Display for Mode {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Drained {
     pub processed: u64,
-    /// Transactions (or crate calls) the server aborted as deadlock victims,
-    /// and that were run again.
-    pub deadlocks: u64,
+    /// Transactions (or crate calls) the server aborted, as deadlock victims
+    /// or (hand-written modes on partitions) for locking a row another worker
+    /// had just moved to the other partition, and that were run again.
+    pub aborted: u64,
     /// A crate call ended with a deadlock, taking its count of committed rows
     /// with it: `processed` is a lower bound.
     pub uncounted: bool,
@@ -148,9 +185,14 @@ pub fn drain<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<Drained, diesel_c
             // claims now and then with the closures' updates of the pending
             // flag's index). Such a crate call's report is lost with it, rows it
             // committed before included: the drain's count is then a lower
-            // bound, and the outbox is what is checked.
-            Err(diesel_claim::Error::Deadlock(_)) => {
-                drained.deadlocks += 1;
+            // bound, and the outbox is what is checked. On partitioned orders,
+            // a hand-written `FOR … SKIP LOCKED` that meets a row another worker
+            // has just processed, and so moved to the other partition, fails
+            // with a serialization failure (the crate passes such rows over).
+            Err(
+                diesel_claim::Error::Deadlock(_) | diesel_claim::Error::SerializationFailure(_),
+            ) => {
+                drained.aborted += 1;
                 drained.uncounted |= mode.is_crate_mode();
             }
             Err(error) => return Err(error),
@@ -312,7 +354,7 @@ pub struct DrainRun {
     pub processed: u64,
     pub statements: u64,
     pub commits: u64,
-    pub deadlocks: u64,
+    pub aborted: u64,
     /// Some crate call ended with a deadlock: `processed` is a lower bound.
     pub uncounted: bool,
     pub checks: Checks,
@@ -409,7 +451,7 @@ pub fn run_drain<C: BenchConn>(
         rows,
         elapsed: finished.saturating_duration_since(started),
         processed: outcomes.iter().map(|o| o.drained.processed).sum(),
-        deadlocks: outcomes.iter().map(|o| o.drained.deadlocks).sum(),
+        aborted: outcomes.iter().map(|o| o.drained.aborted).sum(),
         uncounted: outcomes.iter().any(|o| o.drained.uncounted),
         statements: counters.counts().statements,
         commits,

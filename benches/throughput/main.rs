@@ -127,9 +127,13 @@ fn bench(options: &Options) -> Result<(), String> {
 
 /// Runs everything asked for on one backend; returns the server's version.
 fn run_backend<C: BenchConn>(options: &Options, results: &mut Results) -> Result<String, String> {
-    let mut db = BenchDb::<C>::create()?;
+    let mut db = BenchDb::<C>::create(false)?;
     let version = db.setup(|conn| conn.load_text(&server_version_query(C::BACKEND)))?;
-    run_drains(&mut db, options, results)?;
+    let mut partitioned = match options.partitioned && C::BACKEND.has_partitions() {
+        true => Some(BenchDb::<C>::create(true)?),
+        false => None,
+    };
+    run_drains(&mut db, partitioned.as_mut(), options, results)?;
     if options.runs("B5") {
         run_contentions(&mut db, options, results)?;
     }
@@ -144,8 +148,10 @@ fn run_backend<C: BenchConn>(options: &Options, results: &mut Results) -> Result
     Ok(version)
 }
 
+/// Runs the drains; a mode on partitioned orders runs in `partitioned`.
 fn run_drains<C: BenchConn>(
     db: &mut BenchDb<C>,
+    mut partitioned: Option<&mut BenchDb<C>>,
     options: &Options,
     results: &mut Results,
 ) -> Result<(), String> {
@@ -153,9 +159,17 @@ fn run_drains<C: BenchConn>(
         .into_iter()
         .filter(|mode| mode.runs_on(C::BACKEND) && options.runs_mode(*mode))
         .collect();
-    if let Some(&first) = modes.first() {
-        // Not reported: the first mode measured should not pay for cold caches.
+    // Not reported: the first mode measured in each database should not pay
+    // for cold caches.
+    if let Some(&first) = modes.iter().find(|mode| !mode.partitioned) {
         run_drain(db, first, 1, options.rows, false)?;
+    }
+    if let Some((&first, partitioned)) = modes
+        .iter()
+        .find(|mode| mode.partitioned)
+        .zip(partitioned.as_deref_mut())
+    {
+        run_drain(partitioned, first, 1, options.rows, false)?;
     }
     // Every mode at every worker count, each crate mode right after its twin;
     // repetitions outermost, so that a twin and its crate mode run back to back,
@@ -172,6 +186,11 @@ fn run_drains<C: BenchConn>(
     for _ in 0..options.repeat {
         for drain in &mut drains {
             let (mode, workers) = (drain.mode, drain.workers);
+            let db = match (mode.partitioned, partitioned.as_deref_mut()) {
+                (true, Some(partitioned)) => partitioned,
+                (true, None) => unreachable!("partitioned modes run only with their database"),
+                (false, _) => &mut *db,
+            };
             let run = run_drain(db, mode, workers, options.rows, options.trace)?;
             eprintln!(
                 "{} {mode} W={workers}: {:.0} rows/s",
@@ -263,7 +282,7 @@ fn print_report(options: &Options, machine: &str, results: &Results) {
             "## Draining {} pending rows\n\n{}\n{}{}\n",
             options.rows,
             report::drain_table(results),
-            report::deadlock_lines(results),
+            report::aborted_lines(results),
             report::DRAIN_TABLE_NOTES
         );
     }

@@ -116,14 +116,9 @@ pub fn child<C: BenchConn>(url: &str, pending: i64, mode: &str) -> Result<(), St
     reset_orders(&mut conn, pending).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let processed = match mode {
-        MemoryMode::Batched => drain(
-            &mut conn,
-            Mode {
-                id: ModeId::B3,
-                batch: 1000,
-            },
-        )
-        .map(|drained| drained.processed),
+        MemoryMode::Batched => {
+            drain(&mut conn, Mode::new(ModeId::B3, 1000)).map(|drained| drained.processed)
+        }
         MemoryMode::PerRow => conn.claim_rows(Some(PER_ROW_CAP)),
     }
     .map_err(|e| e.to_string())?;

@@ -164,15 +164,16 @@ pub fn drain_table(results: &Results) -> String {
     markdown_table(&header, rows)
 }
 
-/// A line per drain whose transactions (or crate calls) deadlocked and ran again.
-pub fn deadlock_lines(results: &Results) -> String {
+/// A line per drain whose transactions (or crate calls) were aborted and ran again.
+pub fn aborted_lines(results: &Results) -> String {
     let mut out = String::new();
     for runs in &results.drains {
-        let deadlocks = runs.total(|run| run.deadlocks);
-        if deadlocks > 0 {
+        let aborted = runs.total(|run| run.aborted);
+        if aborted > 0 {
             let _ = writeln!(
                 out,
-                "- {} {} W={}: {deadlocks} deadlock victim(s) run again, in {} run(s)",
+                "- {} {} W={}: {aborted} aborted (deadlock victim, or a row moved to another \
+                 partition) and run again, in {} run(s)",
                 runs.backend.name(),
                 runs.mode,
                 runs.workers,
@@ -197,7 +198,10 @@ pub const DRAIN_TABLE_NOTES: &str = "\
   B3h is B3 without the double check's unlocked read: B3d/B3h is what that read
   costs. O3 claims in priority order (`ORDER BY priority DESC`, the key breaking
   ties); its twin O3h is the one-statement batch `… ORDER BY priority DESC, id
-  LIMIT n FOR … SKIP LOCKED`, without a double check.";
+  LIMIT n FOR … SKIP LOCKED`, without a double check.
+- partitioned (`--partitioned`): the same mode on an `orders` table partitioned by
+  its pending flag (`LIST`, two partitions, the flag in the primary key), so
+  that processing a row moves it to the other partition.";
 
 pub fn contention_table(runs: &[ContentionRun]) -> String {
     let header = [

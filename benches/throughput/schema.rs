@@ -61,7 +61,9 @@ pub const PENDING: &str = "shipped_at IS NOT NULL AND NOT shipped_email_sent";
 /// Payload of each order's `note`: the rows are not empty.
 const NOTE_LEN: usize = 40;
 
-pub fn create_tables(backend: BackendKind) -> String {
+/// The tables, with `orders` partitioned by its pending flag if `partitioned`
+/// (PostgreSQL and MySQL).
+pub fn create_tables(backend: BackendKind, partitioned: bool) -> String {
     let (key, timestamp, table_options) = match backend {
         // Autovacuum is off because every mode starts with an explicit VACUUM
         // ANALYZE: a vacuum starting halfway through one mode would skew it.
@@ -77,16 +79,33 @@ pub fn create_tables(backend: BackendKind) -> String {
             " ENGINE = InnoDB",
         ),
     };
-    format!(
-        "CREATE TABLE orders (
-            id {key},
-            shipped_at {timestamp},
-            shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
+    let orders_columns = "shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
             priority INTEGER NOT NULL,
             customer TEXT NOT NULL,
             total_cents BIGINT NOT NULL,
-            note TEXT NOT NULL
-        ){table_options};
+            note TEXT NOT NULL";
+    let orders = match (partitioned, backend) {
+        (false, _) => format!(
+            "CREATE TABLE orders (id {key}, shipped_at {timestamp}, {orders_columns}){table_options}"
+        ),
+        // The partitioning column must be in the primary key; the options go
+        // to the partitions, which hold the rows.
+        (true, BackendKind::Postgres) => format!(
+            "CREATE TABLE orders (id BIGSERIAL, shipped_at {timestamp}, {orders_columns},
+                PRIMARY KEY (id, shipped_email_sent)) PARTITION BY LIST (shipped_email_sent);
+            CREATE TABLE orders_unsent PARTITION OF orders FOR VALUES IN (FALSE){table_options};
+            CREATE TABLE orders_sent PARTITION OF orders FOR VALUES IN (TRUE){table_options}"
+        ),
+        (true, BackendKind::Mysql) => format!(
+            "CREATE TABLE orders (id BIGINT AUTO_INCREMENT, shipped_at {timestamp}, {orders_columns},
+                PRIMARY KEY (id, shipped_email_sent)){table_options}
+            PARTITION BY LIST (shipped_email_sent)
+                (PARTITION unsent VALUES IN (0), PARTITION sent VALUES IN (1))"
+        ),
+        (true, BackendKind::Sqlite) => unreachable!("SQLite has no partitions"),
+    };
+    format!(
+        "{orders};
         {index};
         {priority_index};
         -- No unique constraint on order_id: a row processed twice must show up

@@ -104,7 +104,7 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
     cargo(
         servers,
         ["bench", "--bench", "throughput", "--all-features"],
-        &["--", "--quick"].map(String::from),
+        &["--", "--quick", "--partitioned"].map(String::from),
     )?;
     // The worked examples: the README's command on SQLite, then every server.
     cargo(
