@@ -102,6 +102,12 @@ pub enum Error {
     #[error(transparent)]
     Database(diesel::result::Error),
 
+    /// A claim's closure panicked, and the claim was set to
+    /// [`keep_going`](crate::ClaimBuilder::keep_going): its rows were rolled
+    /// back and the call went on. Carries the panic's message.
+    #[error("the closure panicked: {0}")]
+    ClosurePanicked(String),
+
     /// Running the crate's embedded migrations failed.
     #[error("migration failed: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -184,11 +184,68 @@
 //! - **Errors and panics.** An `Err` from the closure rolls back that row (or
 //!   batch) and ends the call with it; rows committed before stay committed. A
 //!   panic rolls back, leaves no lock held and no transaction open, and resumes
-//!   unwinding.
+//!   unwinding. To go on past failing rows, and to learn what a failed call
+//!   committed, see [Rows that fail](#rows-that-fail).
 //! - **SQLite** has no row locks: each row's transaction is `BEGIN IMMEDIATE`,
 //!   which takes the database write lock before the re-check. Still at most once;
 //!   claimers queue (set a `busy_timeout`) rather than skip, and the lock options
 //!   have no effect there.
+//!
+//! ## Rows that fail
+//!
+//! [`each`](ClaimBuilder::each) returns the report or the first error. Its
+//! siblings [`each_outcome`](ClaimBuilder::each_outcome) and
+//! [`each_batch_outcome`](ClaimBuilder::each_batch_outcome) return a
+//! [`ClaimOutcome`](crate::ClaimOutcome): the report, counted up to where the
+//! call ended (also when an error ended it), and each failure with the keys of
+//! the rows it rolled back. With [`keep_going`](ClaimBuilder::keep_going) a
+//! failing row (an `Err` or a panic) is rolled back, counted in
+//! [`ClaimReport::failed`] and passed over, and the call goes on; a failing
+//! batch is retried row by row, so that one bad row holds back none of the
+//! others.
+//!
+//! ```
+//! # include!("doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+//! let outcome = pending.build_claim().batch(10).keep_going().each_outcome(
+//!     &mut conn,
+//!     |conn, order: Order| {
+//!         if order.id == 1 {
+//!             return Err(diesel_claim::Error::InvalidArgument("no address".into()));
+//!         }
+//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!         Ok(())
+//!     },
+//! );
+//! assert_eq!((outcome.report.processed, outcome.report.failed), (1, 1));
+//! for failure in &outcome.failed {
+//!     eprintln!("order {:?} failed: {}", failure.keys, failure.error);
+//! }
+//! assert!(outcome.stopped.is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ### Rows that keep failing
+//!
+//! A row whose closure fails stays pending: the next call tries it again, and
+//! a row that can never succeed (a malformed address) is tried on every call
+//! forever. Count the attempts in the row and take it out of the query after
+//! a few, into a state of its own for a person to look at (a dead letter):
+//!
+//! - an `attempts` column, in the filter: `.filter(orders::attempts.lt(5))`;
+//! - on failure, record the attempt *outside* the claim's rolled-back
+//!   transaction: after the call, for each of
+//!   [`ClaimOutcome::failed`](crate::ClaimOutcome::failed),
+//!   `UPDATE orders SET attempts = attempts + 1, last_error = … WHERE id = …`;
+//! - rows with `attempts >= 5` are the dead letters: list them, fix them, and
+//!   reset `attempts` to send them back.
+//!
+//! The repository's worked example (`examples/shop`) does exactly this.
 //!
 //! # MySQL and MariaDB
 //!

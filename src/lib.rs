@@ -28,7 +28,10 @@ mod versioned;
 pub enum Blocking {}
 
 pub use backend::ClaimBackend;
-pub use claim::{ClaimBuilder, ClaimDsl, ClaimQuery, ClaimReport, MarkQuery, MarkedClaim};
+pub use claim::{
+    ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, MarkQuery, MarkedClaim,
+    RowFailure,
+};
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres")]
 pub use lease::advisory;

@@ -293,6 +293,59 @@ on_async_backends! {
         assert_eq!(report.processed, 4);
     }
 
+    /// `keep_going`: a failing row (error or panic) is rolled back, reported
+    /// with its key and passed over, per row and in batches retried row by
+    /// row; without it, the outcome of a failed call says what it committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failing_rows_are_passed_over_or_end_the_call_with_its_outcome() {
+        for batch in [1, 4] {
+            let (_db, pool) = test_db(1).await;
+            let mut conn = pool.get().await.unwrap();
+            insert_pending(&mut conn, 10).await;
+            let outcome = pending()
+                .build_claim()
+                .batch(batch)
+                .keep_going()
+                .each_outcome(&mut *conn, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        match order.id {
+                            3 => Err(diesel_claim::Error::InvalidArgument("no address".to_owned())),
+                            7 => panic!("deliberate panic on row 7"),
+                            _ => Ok(()),
+                        }
+                    }
+                    .scope_boxed()
+                })
+                .await;
+            assert!(outcome.stopped.is_none(), "batch {batch}: {:?}", outcome.stopped);
+            let failed: Vec<&[i32]> = outcome.failed.iter().map(|f| &f.keys[..]).collect();
+            assert_eq!(failed, [&[3][..], &[7]], "batch {batch}");
+            assert!(matches!(
+                &outcome.failed[1].error,
+                diesel_claim::Error::ClosurePanicked(m) if m == "deliberate panic on row 7"
+            ));
+            assert_eq!((outcome.report.processed, outcome.report.failed), (8, 2), "batch {batch}");
+            assert_eq!(email_figures(&mut conn).await, (8, 0, 2), "batch {batch}");
+
+            let outcome = pending()
+                .build_claim()
+                .each_outcome(&mut *conn, |conn: &mut Conn, order: Order| {
+                    async move {
+                        send_email(conn, &order, 0).await?;
+                        Err(diesel_claim::Error::InvalidArgument(format!("row {}", order.id)))
+                    }
+                    .scope_boxed()
+                })
+                .await;
+            assert_eq!(outcome.report.processed, 0);
+            let stopped = outcome.stopped.expect("the error ended the call");
+            assert_eq!(stopped.keys, [3]);
+            assert!(matches!(stopped.error, diesel_claim::Error::InvalidArgument(m) if m == "row 3"));
+            assert_eq!(email_figures(&mut conn).await, (8, 0, 2), "batch {batch}");
+        }
+    }
+
     /// Bad input gets the blocking API's typed errors, before any SQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bad_input_is_refused() {

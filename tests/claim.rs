@@ -961,6 +961,172 @@ on_every_backend! {
         assert_eq!(report.processed, 6);
     }
 
+    /// After an error ends the call, its outcome says what the call committed
+    /// and which rows the failure rolled back: per row the row, batched the
+    /// batch; a call refused before any SQL names no row.
+    #[test]
+    fn the_outcome_of_a_failed_call_says_what_it_committed() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 10);
+        let failing_on = |failing: i32| {
+            move |conn: &mut Conn, order: Order| {
+                send_email(conn, &order, 0)?;
+                if order.id == failing {
+                    return Err(Error::InvalidArgument(format!("no address for {failing}")));
+                }
+                Ok(())
+            }
+        };
+        let outcome = pending().build_claim().each_outcome(&mut *conn, failing_on(3));
+        assert_eq!((outcome.report.processed, outcome.failed.len()), (2, 0));
+        let stopped = outcome.stopped.expect("the error ended the call");
+        assert_eq!(stopped.keys, [3]);
+        assert!(matches!(stopped.error, Error::InvalidArgument(m) if m == "no address for 3"));
+
+        // Batches of 4 from row 3: [3, 4, 5, 6] commits, [7, 8, 9, 10] fails.
+        let outcome = pending().build_claim().batch(4).each_outcome(&mut *conn, failing_on(9));
+        assert_eq!(outcome.report.processed, 4);
+        assert_eq!(outcome.stopped.expect("the error ended the call").keys, [7, 8, 9, 10]);
+        assert_eq!(email_figures(&mut conn), (6, 0, 4));
+
+        // `each` is the outcome's report or its error.
+        let result = pending().claim_each(&mut *conn, failing_on(8));
+        assert!(matches!(result, Err(Error::InvalidArgument(m)) if m == "no address for 8"));
+
+        let outcome = pending().build_claim().batch(0).each_outcome(&mut *conn, failing_on(0));
+        assert_eq!(outcome.report, ClaimReport::default());
+        let stopped = outcome.stopped.expect("refused");
+        assert!(stopped.keys.is_empty());
+        assert!(matches!(stopped.error, Error::InvalidArgument(_)), "{:?}", stopped.error);
+    }
+
+    /// The ways `keep_going_past_rows_3_and_7` claims: per row, batched (a
+    /// failing batch is retried row by row), marked, and marked and committed.
+    const KEEP_GOING_MODES: [Mode; 5] = [
+        Mode::EachRow(1),
+        Mode::EachRow(4),
+        Mode::EachBatch(4),
+        Mode::Mark(4),
+        Mode::MarkAndCommit(4),
+    ];
+
+    /// Drains the pending orders with `keep_going` in `mode`: the closure
+    /// writes each row's email, then fails on row 3 and panics on row 7.
+    /// Returns the outcome and how many times the closure saw each row.
+    fn keep_going_past_rows_3_and_7(
+        mode: Mode,
+        conn: &mut Conn,
+    ) -> (diesel_claim::ClaimOutcome<i32, Error>, std::collections::HashMap<i32, u32>) {
+        let mut seen = std::collections::HashMap::new();
+        let mut handle = |conn: &mut Conn, orders: Vec<Order>| -> Result<(), Error> {
+            for order in &orders {
+                *seen.entry(order.id).or_insert(0) += 1;
+                if order.email_sent {
+                    write_emails(conn, std::slice::from_ref(order), 0)?;
+                } else {
+                    send_email(conn, order, 0)?;
+                }
+                match order.id {
+                    3 => return Err(Error::InvalidArgument("no address".to_owned())),
+                    7 => panic!("deliberate panic on row 7"),
+                    _ => {}
+                }
+            }
+            Ok(())
+        };
+        let claim = pending().build_claim().keep_going().drain();
+        let done = orders::email_sent.eq(true);
+        let outcome = match mode {
+            Mode::EachRow(n) => claim.batch(n).each_outcome(conn, |conn, order| handle(conn, vec![order])),
+            Mode::EachBatch(n) => claim.batch(n).each_batch_outcome(conn, &mut handle),
+            Mode::Mark(n) => claim.batch(n).mark(done).each_batch_outcome(conn, &mut handle),
+            Mode::MarkAndCommit(n) => claim.batch(n).mark_and_commit(done).each_batch_outcome(conn, &mut handle),
+        };
+        (outcome, seen)
+    }
+
+    /// With `keep_going`, a failing row (an error or a panic) is rolled back,
+    /// reported with its key and error, and never tried again in the call;
+    /// every other row is processed. Without it, the first failure ends the
+    /// call (`the_outcome_of_a_failed_call_says_what_it_committed`).
+    #[test]
+    fn keep_going_passes_over_failing_rows() {
+        for mode in KEEP_GOING_MODES {
+            let (_db, pool) = test_db(1);
+            let mut conn = pool.get().unwrap();
+            insert_pending(&mut conn, 10);
+            let (outcome, seen) = keep_going_past_rows_3_and_7(mode, &mut conn);
+            assert!(outcome.stopped.is_none(), "{mode:?}: {:?}", outcome.stopped);
+            let failed: Vec<&[i32]> = outcome.failed.iter().map(|f| &f.keys[..]).collect();
+            let pending_ids: Vec<i32> = pending().select(orders::id).order(orders::id).load(&mut conn).unwrap();
+            if let Mode::MarkAndCommit(_) = mode {
+                // The marks commit before the closure runs: a failing batch
+                // stays marked, is recorded whole, and is not retried; the
+                // emails written before the failure stay written.
+                assert_eq!(failed, [&[1, 2, 3, 4][..], &[5, 6, 7, 8]], "{mode:?}");
+                assert_eq!((outcome.report.processed, outcome.report.failed), (2, 8), "{mode:?}");
+                assert_eq!((email_figures(&mut conn), pending_ids), ((8, 0, 0), vec![]), "{mode:?}");
+                continue;
+            }
+            assert_eq!(failed, [&[3][..], &[7]], "{mode:?}");
+            assert!(matches!(&outcome.failed[0].error, Error::InvalidArgument(m) if m == "no address"));
+            assert!(
+                matches!(&outcome.failed[1].error, Error::ClosurePanicked(m) if m == "deliberate panic on row 7"),
+                "{mode:?}: {:?}",
+                outcome.failed[1].error
+            );
+            let report = outcome.report;
+            assert_eq!((report.processed, report.failed, report.skipped), (8, 2, 0), "{mode:?}");
+            // The failing rows' writes are rolled back and they stay pending;
+            // every other row is emailed once.
+            assert_eq!((email_figures(&mut conn), pending_ids), ((8, 0, 2), vec![3, 7]), "{mode:?}");
+            // Tried once in their batch, and once alone after it failed; never
+            // again, though they still match (the claim drains).
+            let tries = if let Mode::EachRow(1) = mode { 1 } else { 2 };
+            assert_eq!((seen[&3], seen[&7]), (tries, tries), "{mode:?}: {seen:?}");
+        }
+    }
+
+    /// Workers that keep going past failing rows still process every other row
+    /// exactly once, retried batches included, and fail no row twice in a call.
+    #[test]
+    fn concurrent_workers_keep_going_past_failing_rows() {
+        let (_db, pool) = test_db(WORKERS as u32 + 1);
+        insert_pending(&mut pool.get().unwrap(), ORDERS);
+        let failing = |id: i32| id % 50 == 0;
+        let outcomes = on_workers(&pool, WORKERS, |conn, worker| {
+            pending()
+                .build_claim()
+                .batch(5)
+                .keep_going()
+                .each_outcome(conn, |conn, order: Order| {
+                    send_email(conn, &order, worker as i32)?;
+                    match failing(order.id) {
+                        true => Err(Error::InvalidArgument(format!("row {}", order.id))),
+                        false => Ok(()),
+                    }
+                })
+        });
+        let failing_rows = (1..=ORDERS as i32).filter(|&id| failing(id)).count();
+        let processed: u64 = outcomes.iter().map(|o| o.report.processed).sum();
+        // A row another call failed is pending again, so each call may fail
+        // it once in turn, but never twice.
+        let mut failed = std::collections::BTreeSet::new();
+        for outcome in &outcomes {
+            assert!(outcome.stopped.is_none(), "{:?}", outcome.stopped);
+            let mut in_call = std::collections::HashSet::new();
+            for failure in &outcome.failed {
+                assert!(in_call.insert(failure.keys[0]), "row {:?} failed twice in one call", failure.keys);
+                failed.insert(failure.keys[0]);
+            }
+        }
+        assert_eq!(processed, (ORDERS - failing_rows) as u64);
+        assert!(failed.iter().copied().eq((1..=ORDERS as i32).filter(|&id| failing(id))));
+        let (sent, duplicates, left) = email_figures(&mut pool.get().unwrap());
+        assert_eq!((sent, duplicates, left), ((ORDERS - failing_rows) as i64, 0, failing_rows as i64));
+    }
+
     /// `mark`: the closure's failure un-marks the batch. `mark_and_commit`: it
     /// cannot; the batch stays marked, and the error still reaches the caller.
     #[test]

@@ -30,6 +30,7 @@ const SCHEMA: &str = "
         shipped_at TIMESTAMP NULL,
         shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
         priority INTEGER NOT NULL DEFAULT 0,
+        email_attempts INTEGER NOT NULL DEFAULT 0,
         -- The claim reads pending orders by priority: an index in that order
         -- keeps InnoDB from sorting, which would lock every row it sorts.
         INDEX orders_pending (shipped_email_sent, priority DESC, id)

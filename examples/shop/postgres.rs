@@ -29,7 +29,8 @@ const SCHEMA: &str = "
         customer_email TEXT NOT NULL,
         shipped_at TIMESTAMP,
         shipped_email_sent BOOLEAN NOT NULL DEFAULT FALSE,
-        priority INTEGER NOT NULL DEFAULT 0
+        priority INTEGER NOT NULL DEFAULT 0,
+        email_attempts INTEGER NOT NULL DEFAULT 0
     );
     CREATE TABLE outbox (
         id SERIAL PRIMARY KEY,

@@ -15,6 +15,9 @@ diesel::table! {
         shipped_email_sent -> Bool,
         /// Express orders (1) are emailed before the others (0).
         priority -> Integer,
+        /// Failed attempts at the shipping email: at the limit, the order is a
+        /// dead letter, left out of the job for someone to look at.
+        email_attempts -> Integer,
     }
 }
 

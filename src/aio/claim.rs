@@ -3,24 +3,25 @@
 
 use std::future::Future;
 use std::hash::Hash;
+use std::panic::AssertUnwindSafe;
 
 use diesel::prelude::*;
 use diesel::query_builder::Query;
 use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, FutureExt};
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
 use super::backend::AsyncBackend;
 use super::transaction::{locking_transaction, transaction_depth};
 use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
-use crate::claim::position_of;
 use crate::claim::query::ClaimStatements;
+use crate::claim::{panic_message, position_of};
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Locked, Position};
 use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
-use crate::{ClaimBuilder, ClaimReport, Error};
+use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error, RowFailure};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
 /// connections: the async twin of [`crate::ClaimDsl`].
@@ -77,7 +78,7 @@ impl<Q> ClaimBuilder<Q, Async> {
         F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
         E: From<Error> + Send + 'a,
     {
-        self.run(conn, EachRow(f))
+        self.run(conn, EachRow(f)).map(ClaimOutcome::into_result)
     }
 
     /// Runs the claim, awaiting `f` once per claimed batch with its rows, in key
@@ -96,6 +97,42 @@ impl<Q> ClaimBuilder<Q, Async> {
         F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
         E: From<Error> + Send + 'a,
     {
+        self.run(conn, EachBatch(f)).map(ClaimOutcome::into_result)
+    }
+
+    /// Runs the claim as [`each`](ClaimBuilder#method.each-1) does, and returns
+    /// everything it did: see [`crate::ClaimBuilder::each_outcome`].
+    pub fn each_outcome<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = ClaimOutcome<Q::Key, E>> + Send + 'a
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        R: Send + 'a,
+        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachRow(f))
+    }
+
+    /// Runs the claim as [`each_batch`](ClaimBuilder#method.each_batch-1) does,
+    /// and returns everything it did: see [`crate::ClaimBuilder::each_outcome`].
+    pub fn each_batch_outcome<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = ClaimOutcome<Q::Key, E>> + Send + 'a
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        R: Send + 'a,
+        F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
         self.run(conn, EachBatch(f))
     }
 
@@ -103,7 +140,7 @@ impl<Q> ClaimBuilder<Q, Async> {
         self,
         conn: &'a mut C,
         handler: H,
-    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    ) -> impl Future<Output = ClaimOutcome<Q::Key, E>> + Send + 'a
     where
         Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
         C: AsyncConnection,
@@ -113,9 +150,13 @@ impl<Q> ClaimBuilder<Q, Async> {
         E: From<Error> + Send + 'a,
     {
         async move {
-            let depth = transaction_depth(conn)?;
-            let claim = self.start::<C::Backend, R, _>(Taking::Select, &self.query, depth)?;
-            drive(claim, &self.query, conn, handler).await
+            let claim = transaction_depth(conn).and_then(|depth| {
+                self.start::<C::Backend, R, _>(Taking::Select, &self.query, depth)
+            });
+            match claim {
+                Ok(claim) => drive(claim, &self.query, conn, handler).await,
+                Err(error) => ClaimOutcome::refused(error.into()),
+            }
         }
     }
 }
@@ -174,7 +215,7 @@ async fn drive<'a, Q, C, R, K, E, H>(
     query: &Q,
     conn: &mut C,
     mut handler: H,
-) -> Result<ClaimReport, E>
+) -> ClaimOutcome<K, E>
 where
     Q: ClaimQuery<'a, C, R, Key = K> + Sync,
     K: Clone + Eq + Hash + Send + Sync,
@@ -184,56 +225,170 @@ where
     H: Handler<C, R, E>,
     E: From<Error> + Send,
 {
+    let mut failed = Vec::new();
+    let steps = run_steps(&mut claim, query, conn, &mut handler, &mut failed);
+    let stopped = steps.await.err();
+    ClaimOutcome {
+        report: claim.report(),
+        failed,
+        stopped,
+    }
+}
+
+/// The loop of [`drive`], as in the blocking driver.
+async fn run_steps<'a, Q, C, R, K, E, H>(
+    claim: &mut Claim<Position<K>>,
+    query: &Q,
+    conn: &mut C,
+    handler: &mut H,
+    failed: &mut Vec<RowFailure<K, E>>,
+) -> Result<(), RowFailure<K, E>>
+where
+    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    K: Clone + Eq + Hash + Send + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: Send,
+    H: Handler<C, R, E>,
+    E: From<Error> + Send,
+{
+    let outside = |error| RowFailure::new(Vec::new(), E::from(error));
     loop {
-        match claim.next() {
+        let (range, limit) = match claim.next() {
             Step::Candidates(range, limit) => {
-                let keys = query.keys(conn, range, limit).await.map_err(Error::from)?;
-                claim.candidates(keys);
+                let keys = query.keys(conn, range, limit).await.map_err(Error::from);
+                claim.candidates(keys.map_err(outside)?);
+                continue;
             }
             Step::StillMatching(range) => {
-                let keys = query
-                    .keys(conn, range, i64::MAX)
-                    .await
-                    .map_err(Error::from)?;
-                claim.still_matching(keys);
+                let keys = query.keys(conn, range, i64::MAX).await.map_err(Error::from);
+                claim.still_matching(keys.map_err(outside)?);
+                continue;
             }
-            Step::Batch(range, limit) => {
-                // A take that meets a row moved to another partition runs again
-                // (see `crate::transaction::locking_read`).
-                let mut attempts = 0;
-                let processed = loop {
-                    let mut moved = false;
-                    let (moved_read, range) = (&mut moved, range.clone());
-                    let (taking, handler) = (&mut claim, &mut handler);
-                    let batch = locking_transaction(conn, |conn| {
-                        async move {
-                            let rows = query.rows(conn, range.clone(), limit, &taking.clause).await;
-                            let rows = locking_read(rows, moved_read)?;
-                            let rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
-                            if let Some(range) = taking.locked_check(range) {
-                                let keys = query
-                                    .keys(conn, range, i64::MAX)
-                                    .await
-                                    .map_err(Error::from)?;
-                                taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+            Step::Done => return Ok(()),
+            Step::Batch(range, limit) => (range, limit),
+        };
+        let mut failing = None;
+        let batch = take(
+            claim,
+            query,
+            conn,
+            handler,
+            Take::Batch(range, limit),
+            &mut failing,
+        );
+        let batch = batch.await;
+        match (batch, failing) {
+            (Ok(processed), _) => claim.processed(processed),
+            (Err(error), Some(keys)) if claim.keep_going => {
+                if keys.len() > 1 {
+                    // Which row failed is unknown: each is claimed again alone.
+                    for key in keys {
+                        let Some(range) = claim.only(&Position::of_key(key.clone())) else {
+                            claim.left_pending();
+                            continue;
+                        };
+                        let mut failing = None;
+                        let retry = Take::Alone(range);
+                        let retried = take(claim, query, conn, handler, retry, &mut failing).await;
+                        match (retried, failing) {
+                            (Ok(0), _) => claim.gone(),
+                            (Ok(processed), _) => claim.processed(processed),
+                            (Err(error), Some(_)) => {
+                                claim.failed(1);
+                                failed.push(RowFailure::new(vec![key], error));
                             }
-                            let processed = rows.len();
-                            if processed > 0 {
-                                handler.handle(conn, rows).await?;
-                            }
-                            Ok::<_, E>(processed)
+                            (Err(error), None) => return Err(RowFailure::new(Vec::new(), error)),
                         }
-                        .scope_boxed()
-                    })
-                    .await;
-                    match batch {
-                        Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
-                        done => break done?,
                     }
-                };
-                claim.processed(processed);
+                } else {
+                    claim.failed(keys.len());
+                    failed.push(RowFailure::new(keys, error));
+                }
             }
-            Step::Done(report) => return Ok(report),
+            (Err(error), keys) => return Err(RowFailure::new(keys.unwrap_or_default(), error)),
+        }
+    }
+}
+
+/// What [`take`] claims.
+enum Take<K> {
+    /// The claim's next batch: up to `limit` rows of the range.
+    Batch(KeyRange<K>, i64),
+    /// A row of a failed batch, again, alone (its range holds only it).
+    Alone(KeyRange<K>),
+}
+
+/// Claims rows in a transaction of their own and hands them to the handler; a
+/// take that meets a row moved to another partition runs again (see
+/// `crate::transaction::locking_read`). If the handler fails, `failing` holds
+/// the keys of the rows it was given.
+async fn take<'a, Q, C, R, K, E, H>(
+    claim: &mut Claim<Position<K>>,
+    query: &Q,
+    conn: &mut C,
+    handler: &mut H,
+    take: Take<Position<K>>,
+    failing: &mut Option<Vec<K>>,
+) -> Result<usize, E>
+where
+    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    K: Clone + Eq + Hash + Send + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: Send,
+    H: Handler<C, R, E>,
+    E: From<Error> + Send,
+{
+    let catch_panics = claim.keep_going;
+    let (range, limit, alone) = match take {
+        Take::Batch(range, limit) => (range, limit, false),
+        Take::Alone(range) => (range, 1, true),
+    };
+    let mut attempts = 0;
+    loop {
+        let mut moved = false;
+        *failing = None;
+        let (moved_read, range, failing) = (&mut moved, range.clone(), &mut *failing);
+        let (taking, handler) = (&mut *claim, &mut *handler);
+        let batch = locking_transaction(conn, |conn| {
+            async move {
+                let rows = query.rows(conn, range.clone(), limit, &taking.clause).await;
+                let mut rows = locking_read(rows, moved_read)?;
+                if !alone {
+                    rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
+                }
+                if let Some(range) = taking.locked_check(range).filter(|_| !alone) {
+                    let keys = query
+                        .keys(conn, range, i64::MAX)
+                        .await
+                        .map_err(Error::from)?;
+                    taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                }
+                let processed = rows.len();
+                if processed > 0 {
+                    let keys = rows.iter().map(Q::key).collect();
+                    let handled = handler.handle(conn, rows);
+                    let handled = if catch_panics {
+                        AssertUnwindSafe(handled)
+                            .catch_unwind()
+                            .await
+                            .unwrap_or_else(|payload| {
+                                Err(Error::ClosurePanicked(panic_message(&*payload)).into())
+                            })
+                    } else {
+                        handled.await
+                    };
+                    handled.inspect_err(|_| *failing = Some(keys))?;
+                }
+                Ok::<_, E>(processed)
+            }
+            .scope_boxed()
+        })
+        .await;
+        match batch {
+            Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
+            done => return done,
         }
     }
 }

@@ -60,6 +60,9 @@ pub(crate) struct Plan {
     pub(crate) max_rows: Option<u64>,
     /// The claim order is the key's, so a row's key is its position.
     pub(crate) ordered_by_key: bool,
+    /// A failing closure's rows are rolled back and passed over, and the call
+    /// goes on.
+    pub(crate) keep_going: bool,
 }
 
 /// One run of a claim, as a state machine: [`next`](Self::next) says what to
@@ -80,6 +83,9 @@ pub(crate) struct Claim<K> {
     /// `nowait` was asked for: a lock taken up front (SQLite's write lock) is
     /// not waited for either.
     pub(crate) nowait: bool,
+    /// See [`Plan::keep_going`].
+    pub(crate) keep_going: bool,
+    ordered_by_key: bool,
     batch: i64,
     /// Takes run past the end of their page: see [`Page::open_ended`].
     open_ended: bool,
@@ -111,7 +117,7 @@ pub(crate) enum Step<K> {
     /// [`Claim::processed`].
     Batch(KeyRange<K>, i64),
     /// The claim is over.
-    Done(ClaimReport),
+    Done,
 }
 
 enum State<K> {
@@ -165,6 +171,8 @@ impl<K> Claim<K> {
             one_statement_mark: plan.row_locks && plan.update_returning,
             fail_on_locked: plan.row_locks && plan.fail_on_locked,
             nowait: plan.fail_on_locked,
+            keep_going: plan.keep_going,
+            ordered_by_key: plan.ordered_by_key,
             batch: plan.batch,
             open_ended,
             page_size: plan.page_size.unwrap_or(if open_ended {
@@ -254,14 +262,11 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                 State::PassEnd => {
                     let claimed_nothing_new = self.report.processed == self.processed_before_pass;
                     if !self.drain || claimed_nothing_new || self.remaining == 0 {
-                        // Rows found locked in earlier passes were tried again.
-                        self.report.locked = self.locked;
-                        self.report.skipped = self.report.locked + self.report.gone;
-                        return Step::Done(self.report);
+                        return Step::Done;
                     }
                     self.state = State::Pass;
                 }
-                State::Done => return Step::Done(self.report),
+                State::Done => return Step::Done,
                 State::Scanning | State::Sorting(..) => {
                     unreachable!("a claim's driver skipped a read it was asked for")
                 }
@@ -352,6 +357,49 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     pub(crate) fn processed(&mut self, rows: usize) {
         self.report.processed += rows as u64;
         self.remaining -= rows as u64;
+    }
+
+    /// `rows` taken were rolled back by their closure's failure and are passed
+    /// over ([`Plan::keep_going`]).
+    pub(crate) fn failed(&mut self, rows: usize) {
+        self.report.failed += rows as u64;
+    }
+
+    /// A row of a failed batch, retried alone, was no longer there to take.
+    pub(crate) fn gone(&mut self) {
+        self.report.gone += 1;
+    }
+
+    /// A row of a failed batch could not be retried alone: it stays pending.
+    pub(crate) fn left_pending(&mut self) {
+        self.report.not_reached += 1;
+    }
+
+    /// The range holding only the row at `key`, of the page being claimed, for
+    /// a take that retries that row alone; `None` if its position in the claim
+    /// order is unknown (a row that was not a candidate, in an order other
+    /// than the key's).
+    pub(crate) fn only(&self, key: &K) -> Option<KeyRange<K>> {
+        let position = match &self.state {
+            State::Page(page, _) => page.position.get(key).map(|&index| &page.keys[index]),
+            _ => None,
+        };
+        let position = position.or(self.ordered_by_key.then_some(key))?;
+        Some(KeyRange {
+            lower: Lower::From(position.clone()),
+            through: Some(position.clone()),
+        })
+    }
+
+    /// What the claim has done so far; once it is done, its report.
+    pub(crate) fn report(&self) -> ClaimReport {
+        // Rows found locked in earlier passes were tried again.
+        let locked = self.locked;
+        ClaimReport {
+            locked,
+            skipped: locked + self.report.gone,
+            ..self.report
+        }
     }
 }
 
@@ -556,6 +604,7 @@ mod tests {
             drain,
             max_rows: None,
             ordered_by_key: true,
+            keep_going: false,
         })
     }
 

@@ -2,6 +2,7 @@
 
 use std::hash::Hash;
 use std::marker::PhantomData;
+use std::panic::{self, AssertUnwindSafe};
 
 use diesel::connection::LoadConnection;
 use diesel::prelude::*;
@@ -20,7 +21,7 @@ mod report;
 use engine::{Claim, Plan, Step, Taking};
 pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery};
-pub use report::ClaimReport;
+pub use report::{ClaimOutcome, ClaimReport, RowFailure};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries.
 ///
@@ -94,6 +95,7 @@ pub struct ClaimBuilder<Q, M = Blocking> {
     batch: i64,
     /// Runs inside the caller's transaction, each batch in a savepoint.
     nested: bool,
+    keep_going: bool,
     mode: PhantomData<M>,
 }
 
@@ -107,6 +109,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             page_size: None,
             batch: 1,
             nested: false,
+            keep_going: false,
             mode: PhantomData,
         }
     }
@@ -213,6 +216,32 @@ impl<Q, M> ClaimBuilder<Q, M> {
         self
     }
 
+    /// Goes on past a failing row: a closure that returns an error or panics
+    /// has its transaction rolled back (the row stays pending), the row is
+    /// counted in [`ClaimReport::failed`] and never tried again in this call,
+    /// and the call goes on with the next rows.
+    /// [`each_outcome`](Self::each_outcome) returns each failure with its key;
+    /// [`each`](Self::each) only counts them. A panic becomes
+    /// [`Error::ClosurePanicked`], converted into the closure's error type.
+    ///
+    /// With [`batch(n)`](Self::batch), a failing batch is rolled back whole
+    /// and its rows are then claimed again one at a time, each in a
+    /// transaction of its own, so that one bad row holds back none of the
+    /// others: the closure runs again for the rows it had handled before the
+    /// failure (work outside the database may be done twice), and each retried
+    /// row costs a transaction, as per-row claims do. A row another worker
+    /// took meanwhile counts as [`gone`](ClaimReport::gone). With
+    /// [`mark_and_commit`](Self::mark_and_commit) the marks are committed
+    /// before the closure runs: a failing batch is recorded, not retried.
+    ///
+    /// A row that fails on every attempt fails once per call: keep a count of
+    /// attempts in the row, and a dead-letter state, to stop retrying it
+    /// across calls (see the [guide](crate::guide#rows-that-keep-failing)).
+    pub fn keep_going(mut self) -> Self {
+        self.keep_going = true;
+        self
+    }
+
     /// Lets the claim run inside a transaction the caller has open, each batch
     /// in a savepoint of it: for tests that wrap each test in a transaction
     /// (`begin_test_transaction`) and roll it back.
@@ -267,6 +296,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             drain: self.drain,
             max_rows: self.max_rows,
             ordered_by_key: S::ORDERED_BY_KEY,
+            keep_going: self.keep_going,
         }))
     }
 }
@@ -282,7 +312,7 @@ impl<Q> ClaimBuilder<Q> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
-        self.each_batch(conn, per_row(f))
+        self.each_batch_outcome(conn, per_row(f)).into_result()
     }
 
     /// Runs the claim, calling `f` once per claimed batch with its rows, in the
@@ -296,13 +326,46 @@ impl<Q> ClaimBuilder<Q> {
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
     {
+        self.each_batch_outcome(conn, f).into_result()
+    }
+
+    /// Runs the claim as [`each`](Self::each) does, and returns everything it
+    /// did: the report, counted up to where the call ended (also when an error
+    /// ended it), the failures passed over with
+    /// [`keep_going`](Self::keep_going), and what ended the call early, with
+    /// the keys of the rows it rolled back.
+    pub fn each_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch_outcome(conn, per_row(f))
+    }
+
+    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
+    /// everything it did: see [`each_outcome`](Self::each_outcome).
+    pub fn each_batch_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
         let query = &self.query;
-        let depth = transaction_depth(conn).map_err(Error::from)?;
-        let claim = self.start::<C::Backend, R, _>(Taking::Select, query, depth)?;
+        let claim = transaction_depth(conn)
+            .map_err(Error::from)
+            .and_then(|depth| self.start::<C::Backend, R, _>(Taking::Select, query, depth));
         let select = |conn: &mut C, range, limit, clause: &LockClause| {
             query.rows(conn, range, limit, clause)
         };
-        drive(claim, query, conn, select, f)
+        match claim {
+            Ok(claim) => drive(claim, query, conn, select, f),
+            Err(error) => ClaimOutcome::refused(error.into()),
+        }
     }
 
     /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
@@ -382,7 +445,7 @@ impl<Q, V> MarkedClaim<Q, V> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
-        self.each_batch(conn, per_row(f))
+        self.each_batch_outcome(conn, per_row(f)).into_result()
     }
 
     /// Runs the claim, calling `f` once per claimed (and marked) batch, its rows
@@ -395,19 +458,48 @@ impl<Q, V> MarkedClaim<Q, V> {
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
     {
+        self.each_batch_outcome(conn, f).into_result()
+    }
+
+    /// Runs the claim as [`each`](Self::each) does, and returns everything it
+    /// did: see [`ClaimBuilder::each_outcome`].
+    pub fn each_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    where
+        Q: MarkQuery<'q, C, R, V>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch_outcome(conn, per_row(f))
+    }
+
+    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
+    /// everything it did: see [`ClaimBuilder::each_outcome`].
+    pub fn each_batch_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    where
+        Q: MarkQuery<'q, C, R, V>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
         let MarkedClaim {
             claim,
             changes,
             taking,
         } = self;
-        Q::check_changes(&changes)?;
         let query = &claim.query;
-        let depth = transaction_depth(conn).map_err(Error::from)?;
-        let run = claim.start::<C::Backend, R, _>(taking, query, depth)?;
+        let run = Q::check_changes(&changes)
+            .and_then(|()| transaction_depth(conn).map_err(Error::from))
+            .and_then(|depth| claim.start::<C::Backend, R, _>(taking, query, depth));
         let mark = |conn: &mut C, range, limit, clause: &LockClause| {
             query.mark(conn, range, limit, clause, &changes)
         };
-        drive(run, query, conn, mark, f)
+        match run {
+            Ok(run) => drive(run, query, conn, mark, f),
+            Err(error) => ClaimOutcome::refused(error.into()),
+        }
     }
 }
 
@@ -426,7 +518,7 @@ fn drive<'q, Q, C, R, K, T, E, F>(
     conn: &mut C,
     mut take: T,
     mut f: F,
-) -> Result<ClaimReport, E>
+) -> ClaimOutcome<K, E>
 where
     Q: ClaimQuery<'q, C, R, Key = K>,
     K: Clone + Eq + Hash,
@@ -436,16 +528,53 @@ where
     F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
     E: From<Error>,
 {
+    let mut failed = Vec::new();
+    let stopped = run_steps(&mut claim, query, conn, &mut take, &mut f, &mut failed).err();
+    ClaimOutcome {
+        report: claim.report(),
+        failed,
+        stopped,
+    }
+}
+
+/// The loop of [`drive`]: runs the claim's steps until it is done, recording
+/// the failures passed over; an error ends it.
+fn run_steps<'q, Q, C, R, K, T, E, F>(
+    claim: &mut Claim<Position<K>>,
+    query: &Q,
+    conn: &mut C,
+    take: &mut T,
+    f: &mut F,
+    failed: &mut Vec<RowFailure<K, E>>,
+) -> Result<(), RowFailure<K, E>>
+where
+    Q: ClaimQuery<'q, C, R, Key = K>,
+    K: Clone + Eq + Hash,
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+    E: From<Error>,
+{
+    let outside = |error| RowFailure::new(Vec::new(), E::from(error));
+    let catch_panics = claim.keep_going;
     loop {
-        match claim.next() {
+        // The keys of the rows handed to the closure, once it has failed.
+        let mut failing: Option<Vec<K>> = None;
+        let batch = match claim.next() {
             Step::Candidates(range, limit) => {
-                let keys = query.keys(conn, range, limit).map_err(Error::from)?;
+                let keys = query.keys(conn, range, limit).map_err(Error::from);
+                let keys = keys.map_err(outside)?;
                 claim.candidates(keys);
+                continue;
             }
             Step::StillMatching(range) => {
-                let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                let keys = query.keys(conn, range, i64::MAX).map_err(Error::from);
+                let keys = keys.map_err(outside)?;
                 claim.still_matching(keys);
+                continue;
             }
+            Step::Done => return Ok(()),
             Step::Batch(range, limit) if claim.taking == Taking::MarkAndCommit => {
                 let rows = again_if_moved(|moved| {
                     let mut take = |conn: &mut C| {
@@ -459,36 +588,127 @@ where
                         // between. MySQL: the mark is three statements.
                         locking_transaction(conn, claim.nowait, take)
                     }
-                })?;
-                let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
+                })
+                .and_then(|rows| claim.taken(rows, limit, position_of::<Q, _, _>))
+                .map_err(outside)?;
                 let processed = rows.len();
                 if processed > 0 {
-                    f(conn, rows)?;
+                    let keys = rows.iter().map(Q::key).collect();
+                    call(f, conn, rows, catch_panics).map_err(|e| (keys, e))
+                } else {
+                    Ok(())
                 }
-                claim.processed(processed);
+                .map(|()| processed)
+                .map_err(|(keys, error)| {
+                    failing = Some(keys);
+                    error
+                })
             }
-            Step::Batch(range, limit) => {
-                let processed = again_if_moved(|moved| {
-                    locking_transaction(conn, claim.nowait, |conn| {
-                        let rows = take(conn, range.clone(), limit, &claim.clause);
-                        let rows = locking_read(rows, moved)?;
-                        let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
-                        if let Some(range) = claim.locked_check(range.clone()) {
-                            let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
-                            claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
-                        }
-                        let processed = rows.len();
-                        if processed > 0 {
-                            f(conn, rows)?;
-                        }
-                        Ok::<_, E>(processed)
-                    })
-                })?;
-                claim.processed(processed);
+            Step::Batch(range, limit) => again_if_moved(|moved| {
+                failing = None;
+                locking_transaction(conn, claim.nowait, |conn| {
+                    let rows = take(conn, range.clone(), limit, &claim.clause);
+                    let rows = locking_read(rows, moved)?;
+                    let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
+                    if let Some(range) = claim.locked_check(range.clone()) {
+                        let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                        claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                    }
+                    let processed = rows.len();
+                    if processed > 0 {
+                        let keys = rows.iter().map(Q::key).collect();
+                        call(f, conn, rows, catch_panics).inspect_err(|_| failing = Some(keys))?;
+                    }
+                    Ok::<_, E>(processed)
+                })
+            }),
+        };
+        match (batch, failing) {
+            (Ok(processed), _) => claim.processed(processed),
+            (Err(error), Some(keys)) if claim.keep_going => {
+                if keys.len() > 1 && claim.taking != Taking::MarkAndCommit {
+                    // Which row failed is unknown: each is claimed again alone.
+                    for key in keys {
+                        retry_alone(claim, conn, take, f, failed, key)?;
+                    }
+                } else {
+                    claim.failed(keys.len());
+                    failed.push(RowFailure::new(keys, error));
+                }
             }
-            Step::Done(report) => return Ok(report),
+            (Err(error), keys) => return Err(RowFailure::new(keys.unwrap_or_default(), error)),
         }
     }
+}
+
+/// Claims the row at `key` of a failed batch again, alone, in a transaction of
+/// its own, and runs the closure for it ([`ClaimBuilder::keep_going`]).
+fn retry_alone<C, R, K, T, E, F>(
+    claim: &mut Claim<Position<K>>,
+    conn: &mut C,
+    take: &mut T,
+    f: &mut F,
+    failed: &mut Vec<RowFailure<K, E>>,
+    key: K,
+) -> Result<(), RowFailure<K, E>>
+where
+    K: Clone + Eq + Hash,
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+    E: From<Error>,
+{
+    let Some(range) = claim.only(&Position::of_key(key.clone())) else {
+        claim.left_pending();
+        return Ok(());
+    };
+    let mut closure_failed = false;
+    let retried = again_if_moved(|moved| {
+        closure_failed = false;
+        locking_transaction(conn, claim.nowait, |conn| {
+            let rows = locking_read(take(conn, range.clone(), 1, &claim.clause), moved)?;
+            let processed = rows.len();
+            if processed > 0 {
+                call(f, conn, rows, true).inspect_err(|_| closure_failed = true)?;
+            }
+            Ok::<_, E>(processed)
+        })
+    });
+    match retried {
+        Ok(0) => claim.gone(),
+        Ok(processed) => claim.processed(processed),
+        Err(error) if closure_failed => {
+            claim.failed(1);
+            failed.push(RowFailure::new(vec![key], error));
+        }
+        Err(error) => return Err(RowFailure::new(Vec::new(), error)),
+    }
+    Ok(())
+}
+
+/// Runs the closure on a batch; with `catch_panics`, a panic is its error
+/// ([`Error::ClosurePanicked`]).
+pub(crate) fn call<C, R, E: From<Error>>(
+    f: &mut impl FnMut(&mut C, Vec<R>) -> Result<(), E>,
+    conn: &mut C,
+    rows: Vec<R>,
+    catch_panics: bool,
+) -> Result<(), E> {
+    if !catch_panics {
+        return f(conn, rows);
+    }
+    panic::catch_unwind(AssertUnwindSafe(|| f(conn, rows)))
+        .unwrap_or_else(|payload| Err(Error::ClosurePanicked(panic_message(&*payload)).into()))
+}
+
+/// The message a panic was raised with.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// A claimed row's key, as the claim engine compares positions (by key).

@@ -18,10 +18,79 @@ pub struct ClaimReport {
     /// Candidates no longer matching the query when this call came to lock
     /// them: processed by another worker, or changed, since they were read.
     pub gone: u64,
+    /// Rows whose closure failed (returned an error, or panicked) and whose
+    /// transaction rolled back, with [`keep_going`](crate::ClaimBuilder::keep_going):
+    /// left pending, never tried again in the same call. (Without it, the first
+    /// failure ends the call.)
+    pub failed: u64,
     /// Candidates this call read and did not get to, because it had processed
     /// [`max_rows`](crate::ClaimBuilder::max_rows): left for the next call,
     /// not to others.
     pub not_reached: u64,
     /// Passes over the candidates (more than one only when draining).
     pub passes: u32,
+}
+
+/// Everything one claim call did, failures included: returned by
+/// [`each_outcome`](crate::ClaimBuilder::each_outcome) and its siblings, where
+/// [`each`](crate::ClaimBuilder::each) returns only the report or the error.
+///
+/// `K` is the claimed table's primary key (a tuple for a composite key), `E`
+/// the closure's error type.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ClaimOutcome<K, E> {
+    /// What the call committed, counted up to where it ended, early or not.
+    pub report: ClaimReport,
+    /// The rows rolled back and passed over, in the order they failed, with
+    /// [`keep_going`](crate::ClaimBuilder::keep_going).
+    pub failed: Vec<RowFailure<K, E>>,
+    /// What ended the call early, if anything did: a closure's failure (the
+    /// keys its transaction rolled back), or an error outside any closure (a
+    /// lost connection: no keys).
+    pub stopped: Option<RowFailure<K, E>>,
+}
+
+/// A failure in a claim call, and the rows it rolled back.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RowFailure<K, E> {
+    /// The keys of the rows whose transaction rolled back: the failing row's
+    /// alone when claiming per row, or when
+    /// [`keep_going`](crate::ClaimBuilder::keep_going) retried a failing batch
+    /// row by row; every row of the batch when a batch failed and the call
+    /// stopped. Empty when the error came from outside any closure.
+    pub keys: Vec<K>,
+    /// The error: the closure's own, or (for a panic, with `keep_going`)
+    /// [`Error::ClosurePanicked`](crate::Error::ClosurePanicked) converted into
+    /// it.
+    pub error: E,
+}
+
+impl<K, E> RowFailure<K, E> {
+    pub(crate) fn new(keys: Vec<K>, error: E) -> Self {
+        RowFailure { keys, error }
+    }
+}
+
+impl<K, E> ClaimOutcome<K, E> {
+    /// A call refused before it claimed anything.
+    pub(crate) fn refused(error: E) -> Self {
+        ClaimOutcome {
+            report: ClaimReport::default(),
+            failed: Vec::new(),
+            stopped: Some(RowFailure::new(Vec::new(), error)),
+        }
+    }
+
+    /// The report, or the error that ended the call: what
+    /// [`each`](crate::ClaimBuilder::each) returns. Failures passed over with
+    /// [`keep_going`](crate::ClaimBuilder::keep_going) are counted in the
+    /// report, their errors dropped.
+    pub fn into_result(self) -> Result<ClaimReport, E> {
+        match self.stopped {
+            Some(failure) => Err(failure.error),
+            None => Ok(self.report),
+        }
+    }
 }

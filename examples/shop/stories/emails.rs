@@ -24,6 +24,16 @@ const INSERT_CHUNK: usize = 1000;
 /// The email domain of the partner shop's customers (one order in ten).
 const PARTNER_DOMAIN: &str = "partner.example";
 
+/// Failed attempts after which an order's email is no longer tried: the order
+/// is a dead letter.
+const MAX_EMAIL_ATTEMPTS: i32 = 3;
+
+/// One order in fifty has an address the mail server refuses (no domain): its
+/// email fails on every attempt.
+fn undeliverable(n: u32) -> bool {
+    n % 50 == 7
+}
+
 pub fn run(
     pool: &Pool,
     options: &Options,
@@ -41,7 +51,7 @@ pub fn run(
 
     let progress = Progress::new(500, "emails sent", clock);
     let runs_from = last_email(&mut conn)?;
-    let first = send_emails_concurrently(pool, options, &progress, None)?;
+    let (first, _) = send_emails_concurrently(pool, options, &progress, None)?;
     check_express_first(&mut conn, runs_from, checks)?;
 
     // Nobody may have emailed an order that has not shipped yet.
@@ -66,16 +76,30 @@ pub fn run(
     // Customers of the partner shop are told first: the same job, with a
     // filter chosen at run time.
     let runs_from = last_email(&mut conn)?;
-    let partners = send_emails_concurrently(pool, options, &progress, Some(PARTNER_DOMAIN))?;
+    let (partners, _) = send_emails_concurrently(pool, options, &progress, Some(PARTNER_DOMAIN))?;
     clock.log(format_args!(
         "{partners} emails to {PARTNER_DOMAIN} customers first"
     ));
     check_express_first(&mut conn, runs_from, checks)?;
+    // The job runs again while orders fail: each run tries a failing order
+    // once per worker, until its attempts reach the limit.
     let runs_from = last_email(&mut conn)?;
-    let second = send_emails_concurrently(pool, options, &progress, None)?;
+    let (mut second, mut runs) = (0, 0);
+    loop {
+        let (sent, failed) = send_emails_concurrently(pool, options, &progress, None)?;
+        (second, runs) = (second + sent, runs + 1);
+        if failed == 0 {
+            break;
+        }
+    }
+    clock.log(format_args!(
+        "{runs} more runs, until the failing orders are dead letters"
+    ));
     check_express_first(&mut conn, runs_from, checks)?;
 
-    check_emails(&mut conn, first + partners + second, checks)
+    check_emails(&mut conn, first + partners + second, checks)?;
+    check_dead_letters(&mut conn, options.orders, checks)?;
+    Ok(())
 }
 
 /// The seed's `send_pending_order_shipped_emails()`, in Rust, for the customers
@@ -111,27 +135,58 @@ fn send_pending_order_shipped_emails(
         orders::table
             .filter(orders::shipped_at.is_not_null())
             .filter(orders::shipped_email_sent.eq(false))
+            .filter(orders::email_attempts.lt(MAX_EMAIL_ATTEMPTS))
             .filter(in_domain)
             .order(orders::priority.desc())
             .select(Order::as_select())
     });
 
-    orders_to_email.claim_each(conn, |conn, order: Order| {
-        // Runs in the order's own transaction: the email and the flag commit
-        // together, or (on an error, or a panic) not at all and the order stays
-        // pending for the next run.
-        send_shipped_email(conn, &order, worker)?;
-        // Clearing the filter is what makes the next claimer skip this order.
-        diesel::update(&order)
-            .set(orders::shipped_email_sent.eq(true))
+    // A failing order does not stop the job (`keep_going`): its transaction
+    // rolls back, it stays pending, and the others go on.
+    let outcome =
+        orders_to_email
+            .build_claim()
+            .keep_going()
+            .each_outcome(conn, |conn, order: Order| {
+                // Runs in the order's own transaction: the email and the flag commit
+                // together, or (on an error, or a panic) not at all and the order stays
+                // pending for the next run.
+                send_shipped_email(conn, &order, worker)?;
+                // Clearing the filter is what makes the next claimer skip this order.
+                diesel::update(&order)
+                    .set(orders::shipped_email_sent.eq(true))
+                    .execute(conn)?;
+                progress.tick();
+                Ok(())
+            });
+    // The attempt is counted outside the order's rolled-back transaction: at
+    // the limit, the query leaves the order out (a dead letter).
+    let failed: Vec<i32> = outcome
+        .failed
+        .iter()
+        .flat_map(|f| f.keys.iter().copied())
+        .collect();
+    if !failed.is_empty() {
+        diesel::update(orders::table.filter(orders::id.eq_any(&failed)))
+            .set(orders::email_attempts.eq(orders::email_attempts + 1))
             .execute(conn)?;
-        progress.tick();
-        Ok(())
-    })
+    }
+    outcome.into_result()
 }
 
-/// Hands the email to the "mail server": a row in the outbox.
-fn send_shipped_email(conn: &mut Conn, order: &Order, worker: i32) -> QueryResult<()> {
+/// Hands the email to the "mail server": a row in the outbox. An address
+/// without a domain is refused.
+fn send_shipped_email(
+    conn: &mut Conn,
+    order: &Order,
+    worker: i32,
+) -> Result<(), diesel_claim::Error> {
+    if !order.customer_email.contains('@') {
+        return Err(diesel_claim::Error::InvalidArgument(format!(
+            "undeliverable address {:?}",
+            order.customer_email
+        )));
+    }
     diesel::insert_into(outbox::table)
         .values((
             outbox::order_id.eq(order.id),
@@ -143,27 +198,30 @@ fn send_shipped_email(conn: &mut Conn, order: &Order, worker: i32) -> QueryResul
     Ok(())
 }
 
-/// Runs the email job on every worker at once; returns the emails sent.
+/// Runs the email job on every worker at once; returns the emails sent, and
+/// the orders whose email failed.
 fn send_emails_concurrently(
     pool: &Pool,
     options: &Options,
     progress: &Progress,
     domain: Option<&str>,
-) -> Result<u64, BoxError> {
+) -> Result<(u64, u64), BoxError> {
     let reports = run_workers(pool, options.workers, |conn, worker| {
         Ok(send_pending_order_shipped_emails(
             conn, worker, progress, domain,
         )?)
     })?;
     // Candidates another worker got to first: already emailed when this worker
-    // came to lock them (`gone`), or locked by it at the time (`locked`).
+    // came to lock them (`gone`), or locked by it at the time (`locked`); and
+    // orders whose email failed (`failed`), left pending.
     for (worker, report) in reports.iter().enumerate() {
         println!(
-            "          worker {worker}: processed {:>5}, gone {:>5}, locked {:>3}",
-            report.processed, report.gone, report.locked
+            "          worker {worker}: processed {:>5}, gone {:>5}, locked {:>3}, failed {:>2}",
+            report.processed, report.gone, report.locked, report.failed
         );
     }
-    Ok(reports.iter().map(|report| report.processed).sum())
+    let total = |count: fn(&ClaimReport) -> u64| reports.iter().map(count).sum();
+    Ok((total(|r| r.processed), total(|r| r.failed)))
 }
 
 /// Places `total` orders, the first `shipped` of them already shipped.
@@ -174,7 +232,10 @@ fn place_orders(conn: &mut Conn, total: u32, shipped: u32) -> QueryResult<()> {
         } else {
             "example.com"
         };
-        orders::customer_email.eq(format!("customer{n}@{domain}"))
+        orders::customer_email.eq(match undeliverable(n) {
+            true => format!("customer{n}"),
+            false => format!("customer{n}@{domain}"),
+        })
     };
     // One order in seven is an express order.
     let priority = |n: u32| orders::priority.eq(i32::from(n % 7 == 0));
@@ -234,6 +295,40 @@ fn check_express_first(conn: &mut Conn, after: i32, checks: &mut Checks) -> Quer
     Ok(())
 }
 
+/// Every order with an undeliverable address ends as a dead letter: tried
+/// [`MAX_EMAIL_ATTEMPTS`] times, never emailed, and no longer claimed; no
+/// other order is one.
+fn check_dead_letters(conn: &mut Conn, orders: u32, checks: &mut Checks) -> QueryResult<()> {
+    let undeliverable = (0..orders).filter(|&n| undeliverable(n)).count() as i64;
+    let dead: Vec<(String, i32, bool)> = orders::table
+        .filter(orders::email_attempts.gt(0))
+        .select((
+            orders::customer_email,
+            orders::email_attempts,
+            orders::shipped_email_sent,
+        ))
+        .load(conn)?;
+    let well_formed = dead
+        .iter()
+        .filter(|(email, ..)| email.contains('@'))
+        .count();
+    let below_limit = dead
+        .iter()
+        .filter(|(_, attempts, _)| *attempts < MAX_EMAIL_ATTEMPTS)
+        .count();
+    let sent = dead.iter().filter(|(.., sent)| *sent).count();
+    checks.check(
+        "undeliverable orders end as dead letters",
+        dead.len() as i64 == undeliverable && well_formed + below_limit + sent == 0,
+        format!(
+            "{undeliverable} undeliverable, {} dead letters ({well_formed} with a valid \
+             address, {below_limit} below {MAX_EMAIL_ATTEMPTS} attempts, {sent} emailed)",
+            dead.len()
+        ),
+    );
+    Ok(())
+}
+
 fn check_emails(conn: &mut Conn, processed: u64, checks: &mut Checks) -> Result<(), BoxError> {
     let shipped: i64 = orders::table
         .filter(orders::shipped_at.is_not_null())
@@ -247,6 +342,7 @@ fn check_emails(conn: &mut Conn, processed: u64, checks: &mut Checks) -> Result<
         .load(conn)?;
     let missing: i64 = orders::table
         .filter(orders::shipped_at.is_not_null())
+        .filter(orders::email_attempts.lt(MAX_EMAIL_ATTEMPTS))
         .filter(not(exists(
             outbox::table.filter(outbox::order_id.eq(orders::id)),
         )))
@@ -254,14 +350,20 @@ fn check_emails(conn: &mut Conn, processed: u64, checks: &mut Checks) -> Result<
         .get_result(conn)?;
     let unmarked: i64 = orders::table
         .filter(orders::shipped_email_sent.eq(false))
+        .filter(orders::email_attempts.lt(MAX_EMAIL_ATTEMPTS))
+        .count()
+        .get_result(conn)?;
+    let dead_letters: i64 = orders::table
+        .filter(orders::email_attempts.ge(MAX_EMAIL_ATTEMPTS))
         .count()
         .get_result(conn)?;
 
     checks.check(
         "emails sent once each",
-        missing == 0 && duplicated.is_empty() && emails == shipped,
+        missing == 0 && duplicated.is_empty() && emails == shipped - dead_letters,
         format!(
-            "{shipped} shipped, {emails} emails, {missing} missing, {} duplicated",
+            "{shipped} shipped, {emails} emails, {dead_letters} dead letters, {missing} missing, \
+             {} duplicated",
             duplicated.len()
         ),
     );
