@@ -166,8 +166,9 @@ pub struct Drained {
     /// or (hand-written modes on partitions) for locking a row another worker
     /// had just moved to the other partition, and that were run again.
     pub aborted: u64,
-    /// A crate call ended with a deadlock, taking its count of committed rows
-    /// with it: `processed` is a lower bound.
+    /// A crate call (or a B3d round of several transactions) was aborted,
+    /// taking its count of committed rows with it: `processed` is a lower
+    /// bound.
     pub uncounted: bool,
 }
 
@@ -184,8 +185,9 @@ pub fn drain<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<Drained, diesel_c
             // deadlock with the updates of the rows they wait for, and batched
             // claims now and then with the closures' updates of the pending
             // flag's index). Such a crate call's report is lost with it, rows it
-            // committed before included: the drain's count is then a lower
-            // bound, and the outbox is what is checked. On partitioned orders,
+            // committed before included, as is the count of a B3d round's
+            // earlier transactions: the drain's count is then a lower bound,
+            // and the outbox is what is checked. On partitioned orders,
             // a hand-written `FOR … SKIP LOCKED` that meets a row another worker
             // has just processed, and so moved to the other partition, fails
             // with a serialization failure (the crate passes such rows over).
@@ -193,7 +195,7 @@ pub fn drain<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<Drained, diesel_c
                 diesel_claim::Error::Deadlock(_) | diesel_claim::Error::SerializationFailure(_),
             ) => {
                 drained.aborted += 1;
-                drained.uncounted |= mode.is_crate_mode();
+                drained.uncounted |= mode.is_crate_mode() || mode.id == ModeId::B3d;
             }
             Err(error) => return Err(error),
         }
@@ -355,7 +357,7 @@ pub struct DrainRun {
     pub statements: u64,
     pub commits: u64,
     pub aborted: u64,
-    /// Some crate call ended with a deadlock: `processed` is a lower bound.
+    /// Some crate call, or B3d round, was aborted: `processed` is a lower bound.
     pub uncounted: bool,
     pub checks: Checks,
 }
