@@ -416,6 +416,38 @@
 //! Leases are taken, renewed and released outside transactions, so that others
 //! see them at once; [`Lease::acquire_within`] waits for a held lease up to a
 //! deadline. The lease table comes from the crate's [`migrations`].
+//!
+//! ## Leases that stay alive
+//!
+//! Work that may outlast any TTL worth choosing (a report that takes minutes
+//! or hours) holds the lease with [`with_lease_kept_alive`]: a short TTL, so
+//! that a crashed holder is replaced soon, renewed every third of it on a
+//! second connection while the closure runs, as etcd's `KeepAlive` and
+//! Redisson's watchdog do. The closure learns through
+//! [`KeptLease::is_lost`] or [`KeptLease::ensure_held`] when renewing failed
+//! for good (the lease is someone else's, or the database was unreachable
+//! for a whole TTL) and should stop. A process that stalls renews nothing, so
+//! the fencing token stays the guarantee.
+//!
+//! ```no_run
+//! # include!("doctest_setup.rs");
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let mut second = establish_connection(); // or `pool.get()?`
+//! let ttl = Duration::from_secs(10);
+//! let done = diesel_claim::with_lease_kept_alive(&mut conn, &mut second, "nightly-report", ttl, |conn, lease| {
+//!     for _step in 0..3 {
+//!         lease.ensure_held()?; // stop once another holder may be at work
+//!         // … a step of the work, its writes carrying `lease.token()` …
+//!     }
+//!     Ok::<_, diesel_claim::Error>(lease.token())
+//! })?;
+//! assert_eq!(done, Some(1));
+//! # Ok(())
+//! # }
+//! ```
 
 // What the guide's links name.
 #[cfg(feature = "postgres")]
@@ -423,6 +455,7 @@
 use crate::advisory;
 #[allow(unused_imports)]
 use crate::{
-    is_transient, migrations, retry, with_lease, ClaimBuilder, ClaimDsl, ClaimReport, Error, Lease,
-    LockBuilder, LockDsl, Transient, VersionedDsl, VersionedUpdate,
+    is_transient, migrations, retry, with_lease, with_lease_kept_alive, ClaimBuilder, ClaimDsl,
+    ClaimReport, Error, KeptLease, Lease, LockBuilder, LockDsl, Transient, VersionedDsl,
+    VersionedUpdate,
 };

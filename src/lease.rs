@@ -2,6 +2,8 @@
 //! expires by the database clock and fences stale holders with a token.
 
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -249,6 +251,162 @@ where
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, &lease)));
     let released = lease.release(conn);
     lease_outcome(outcome, released)
+}
+
+/// A lease kept alive while a closure runs, by [`with_lease_kept_alive`]: the
+/// closure asks it whether the lease is still held.
+#[derive(Debug)]
+pub struct KeptLease {
+    lease: Lease,
+    lost: AtomicBool,
+}
+
+impl KeptLease {
+    pub(crate) fn new(lease: Lease) -> Self {
+        KeptLease {
+            lease,
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// The leased name.
+    pub fn name(&self) -> &str {
+        self.lease.name()
+    }
+
+    /// The fencing token of this acquisition: pass it with the writes the lease
+    /// protects, which stays the guarantee (see [`Lease`]).
+    pub fn token(&self) -> i64 {
+        self.lease.token()
+    }
+
+    /// Whether renewing failed for good: someone else owns the lease now (or
+    /// may, once its TTL has run out), and the work should stop.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// [`Error::NotLeaseOwner`] once the lease [is lost](Self::is_lost): call
+    /// it between steps of the work, with `?`.
+    pub fn ensure_held(&self) -> Result<(), Error> {
+        match self.is_lost() {
+            true => self.lease.owned(None),
+            false => Ok(()),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    pub(crate) fn into_lease(self) -> Lease {
+        self.lease
+    }
+
+    /// How often the lease is renewed: three times per TTL, so that one failed
+    /// renewal (a network blip) still leaves time for the next.
+    pub(crate) fn period(ttl: Duration) -> Duration {
+        ttl / 3
+    }
+
+    /// Records what a renewal that started at `started` returned; whether the
+    /// renewing goes on. The lease is lost when it is no longer ours, or when
+    /// renewals have failed for a whole TTL since the last one that worked
+    /// (`renewed_at`), after which it may have expired.
+    pub(crate) fn renewed(
+        &self,
+        renewed: Result<(), Error>,
+        started: Instant,
+        renewed_at: &mut Instant,
+        ttl: Duration,
+    ) -> bool {
+        let lost = match renewed {
+            Ok(()) => {
+                *renewed_at = started;
+                false
+            }
+            Err(Error::NotLeaseOwner { .. }) => true,
+            Err(_) => renewed_at.elapsed() >= ttl,
+        };
+        if lost {
+            self.lost.store(true, Ordering::Release);
+        }
+        !lost
+    }
+}
+
+/// Runs `f` while holding the lease on `name`, renewed in the background so
+/// that it outlives its `ttl` for as long as `f` runs; `Ok(None)` at once if
+/// someone else holds it.
+///
+/// A thread renews the lease every third of its TTL on `renewer`, a second
+/// connection (a pooled one, say): `conn` stays `f`'s alone, free to run
+/// long statements and transactions. The renewing stops when `f` returns or
+/// panics, and the lease is then released on `conn`, as [`with_lease`] does,
+/// with the same outcomes.
+///
+/// When renewing fails for good — the lease is no longer ours, or renewals
+/// failed for a whole TTL (the database was unreachable) — `f` is told through
+/// [`KeptLease::is_lost`] and [`KeptLease::ensure_held`], and should stop:
+/// another holder may be at work. The fencing token stays the guarantee: a
+/// holder that stalls (a stopped process, a long pause) renews nothing, and
+/// its writes must be refused by token. On SQLite, a renewal waits for the
+/// database's write lock: keep `f`'s write transactions shorter than a third
+/// of the TTL.
+///
+/// ```text
+/// with_lease_kept_alive(&mut conn, &mut pool.get()?, "nightly-report", Duration::from_secs(30),
+///     |conn, lease| { for step in steps { lease.ensure_held()?; step.run(conn)?; } Ok(()) })
+/// ```
+pub fn with_lease_kept_alive<C, R, T, E, F>(
+    conn: &mut C,
+    renewer: &mut R,
+    name: &str,
+    ttl: Duration,
+    f: F,
+) -> Result<Option<T>, E>
+where
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+    R: LoadConnection + Send,
+    R::Backend: ClaimBackend,
+    F: FnOnce(&mut C, &KeptLease) -> Result<T, E>,
+    E: From<Error>,
+{
+    let Some(lease) = Lease::acquire(conn, name, ttl)? else {
+        return Ok(None);
+    };
+    let kept = KeptLease::new(lease);
+    let outcome = thread::scope(|scope| {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let kept = &kept;
+        let renewing = scope.spawn(move || keep_alive(renewer, kept, ttl, &stopped));
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, kept)));
+        drop(stop);
+        // Renewing never panics but through a bug in a connection: the lease
+        // is released below whatever happened to it.
+        let _ = renewing.join();
+        outcome
+    });
+    let released = kept.into_lease().release(conn);
+    lease_outcome(outcome, released)
+}
+
+/// Renews `kept` on `renewer` every third of `ttl` until `stop` is dropped or
+/// the lease is lost.
+fn keep_alive<R>(renewer: &mut R, kept: &KeptLease, ttl: Duration, stop: &mpsc::Receiver<()>)
+where
+    R: LoadConnection,
+    R::Backend: ClaimBackend,
+{
+    let mut renewed_at = Instant::now();
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(KeptLease::period(ttl)) {
+        let started = Instant::now();
+        let renewed = kept.lease().renew(renewer, ttl);
+        if !kept.renewed(renewed, started, &mut renewed_at, ttl) {
+            return;
+        }
+    }
 }
 
 /// What [`with_lease`] returns: `f`'s error, else the release's, else `f`'s value;

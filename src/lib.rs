@@ -35,7 +35,7 @@ pub use claim::{
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres")]
 pub use lease::advisory;
-pub use lease::{with_lease, Lease, MAX_NAME_LEN, MAX_TTL};
+pub use lease::{with_lease, with_lease_kept_alive, KeptLease, Lease, MAX_NAME_LEN, MAX_TTL};
 pub use lock::{FreshRow, LockBuilder, LockDsl, LockModelDsl, LockQuery};
 pub use locking::{LockStrength, OnLocked};
 pub use migrations::run_migrations;

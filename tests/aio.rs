@@ -11,7 +11,15 @@ use diesel_async::pooled_connection::bb8;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
-use diesel_claim::aio::{retry, with_lease, Lease};
+use diesel_claim::aio::{retry, with_lease, with_lease_kept_alive, Lease};
+
+diesel::table! {
+    #[sql_name = "diesel_claim_leases"]
+    leases (name) {
+        name -> Text,
+        token -> BigInt,
+    }
+}
 
 use testkit::fixtures::{
     accounts, insert_jobs, jobs, order_lines, orders, outbox, Account, Job, Order, OrderLine,
@@ -1173,6 +1181,56 @@ on_async_backends! {
             .load(conn)
             .await
             .unwrap()
+    }
+
+    /// `with_lease_kept_alive`: renewed beside the closure on a second
+    /// connection, the lease outlives four TTLs and nobody else takes it;
+    /// released afterwards. Taken from it (the token moved on), the closure
+    /// is told, and the call is `NotLeaseOwner`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_lease_outlives_its_ttl_and_tells_when_lost() {
+        let (_db, pool) = test_db(3).await;
+        let (mut conn, mut renewer, other) =
+            (pool.get().await.unwrap(), pool.get().await.unwrap(), pool.get().await.unwrap());
+        let other = tokio::sync::Mutex::new(other);
+        let ttl = Duration::from_millis(600);
+        let started = std::time::Instant::now();
+        let other_ref = &other;
+        let kept = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, |_: &mut Conn, lease| {
+            async move {
+                let mut taken_by_others = 0;
+                while started.elapsed() < 4 * ttl {
+                    tokio::time::sleep(ttl / 6).await;
+                    lease.ensure_held()?;
+                    let mut other = other_ref.lock().await;
+                    taken_by_others += u32::from(Lease::acquire(&mut **other, "report", ttl).await?.is_some());
+                }
+                Ok::<_, diesel_claim::Error>(taken_by_others)
+            }
+            .scope_boxed()
+        })
+        .await;
+        assert_eq!(kept.unwrap(), Some(0));
+
+        let lost = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, |_: &mut Conn, lease| {
+            async move {
+                let mut other = other_ref.lock().await;
+                diesel::update(leases::table.find("report"))
+                    .set(leases::token.eq(leases::token + 1))
+                    .execute(&mut **other)
+                    .await?;
+                let taken = std::time::Instant::now();
+                while !lease.is_lost() {
+                    assert!(taken.elapsed() < 4 * ttl, "the closure was never told");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                lease.ensure_held()?;
+                Ok::<_, diesel_claim::Error>(())
+            }
+            .scope_boxed()
+        })
+        .await;
+        assert!(matches!(lost, Err(diesel_claim::Error::NotLeaseOwner { token: 2, .. })), "{lost:?}");
     }
 
     /// 8 tasks contend for one name for 1.5 s: never two inside at once.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel_claim::{with_lease, Error, Lease, MAX_NAME_LEN, MAX_TTL};
+use diesel_claim::{with_lease, with_lease_kept_alive, Error, Lease, MAX_NAME_LEN, MAX_TTL};
 
 use testkit::fixtures::{accounts, customers, on_every_backend, orders, outbox};
 
@@ -540,6 +540,67 @@ on_every_backend! {
         ];
         assert!(counts.iter().all(Result::is_ok), "{counts:?}");
         assert_eq!(counts[0].as_ref().unwrap(), &(hostile.len() as i64 + 2));
+    }
+
+    /// The TTL of the kept-alive leases below, renewed every third of it: a
+    /// renewal may come up to two thirds of it late before the lease expires.
+    const KEPT_TTL: Duration = Duration::from_millis(600);
+
+    /// `with_lease_kept_alive`: while the closure runs four TTLs long, the
+    /// lease is renewed on the second connection and nobody else can take it;
+    /// it is released afterwards. (Without the renewing, another holder takes
+    /// it after one TTL, as `with_lease_outcomes` shows.)
+    #[test]
+    fn a_kept_lease_outlives_its_ttl_while_the_closure_runs() {
+        let (_db, pool) = test_db(3);
+        let (mut pooled, mut renewer, mut other) = (pool.get().unwrap(), pool.get().unwrap(), pool.get().unwrap());
+        let (conn, other): (&mut Conn, &mut Conn) = (&mut pooled, &mut other);
+        let started = Instant::now();
+        let kept = with_lease_kept_alive(conn, &mut *renewer, "report", KEPT_TTL, |_, lease| {
+            let mut taken_by_others = 0;
+            while started.elapsed() < 4 * KEPT_TTL {
+                thread::sleep(KEPT_TTL / 6);
+                lease.ensure_held()?;
+                taken_by_others += u32::from(acquire(other, "report", LONG).is_some());
+            }
+            Ok::<_, Error>((lease.token(), taken_by_others))
+        });
+        assert_eq!(kept.unwrap(), Some((1, 0)));
+        let next = acquire(other, "report", LONG).expect("released afterwards");
+        assert_eq!(next.token(), 2);
+        // Held elsewhere: the closure does not run.
+        let skipped = with_lease_kept_alive(conn, &mut *renewer, "report", KEPT_TTL, |_, _| Ok::<_, Error>(()));
+        assert!(matches!(skipped, Ok(None)), "{skipped:?}");
+        next.release(other).unwrap();
+    }
+
+    /// When the lease is taken from it (here the row's token moves on, as
+    /// when another holder takes an expired lease), the next renewal fails
+    /// and the closure is told at once: `is_lost`, `ensure_held` is
+    /// `NotLeaseOwner`, and so is the call.
+    #[test]
+    fn a_kept_lease_tells_the_closure_it_was_lost() {
+        let (_db, pool) = test_db(3);
+        let (mut pooled, mut renewer, mut other) = (pool.get().unwrap(), pool.get().unwrap(), pool.get().unwrap());
+        let (conn, other): (&mut Conn, &mut Conn) = (&mut pooled, &mut other);
+        let mut told_after = None;
+        let lost = with_lease_kept_alive(conn, &mut *renewer, "report", KEPT_TTL, |_, lease| {
+            assert!(!lease.is_lost());
+            diesel::update(diesel_claim_leases::table.find("report"))
+                .set(diesel_claim_leases::token.eq(diesel_claim_leases::token + 1))
+                .execute(other)?;
+            let taken = Instant::now();
+            while !lease.is_lost() {
+                assert!(taken.elapsed() < 4 * KEPT_TTL, "the closure was never told");
+                thread::sleep(Duration::from_millis(5));
+            }
+            told_after = Some(taken.elapsed());
+            lease.ensure_held()?;
+            Ok::<_, Error>("went on without the lease")
+        });
+        assert!(matches!(&lost, Err(Error::NotLeaseOwner { name, token: 1 }) if name == "report"), "{lost:?}");
+        // Told at the first renewal after the takeover.
+        assert!(told_after.unwrap() <= KEPT_TTL / 3 + Duration::from_millis(300), "{told_after:?}");
     }
 
     /// `with_lease`: skipped when held, releases after an error and after a

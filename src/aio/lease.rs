@@ -2,16 +2,19 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::pin::pin;
+use std::time::{Duration, Instant};
 
 use diesel_async::AsyncConnection;
+use futures_util::future::{self, Either};
 use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
+use tokio::sync::Notify;
 
 use super::backend::AsyncBackend;
 use super::transaction::transaction_depth;
 use crate::lease::{lease_outcome, Patience};
-use crate::Error;
+use crate::{Error, KeptLease};
 
 /// A lease held through a diesel-async connection: the async twin of
 /// [`crate::Lease`], with the same names, tokens and rules.
@@ -69,9 +72,7 @@ impl Lease {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
     {
-        let statement = self.0.renewing(ttl, transaction_depth(conn)?)?;
-        let renewed = C::Backend::run(conn, statement).await?;
-        self.0.owned(renewed)
+        renew(&self.0, conn, ttl).await
     }
 
     /// Ends the lease so others can take it at once: see [`crate::Lease::release`].
@@ -110,5 +111,78 @@ where
         let outcome = AssertUnwindSafe(f(&mut *conn, &lease)).catch_unwind().await;
         let released = lease.release(conn).await;
         lease_outcome(outcome, released)
+    }
+}
+
+/// Extends `lease` to `ttl` from now, on `conn`.
+async fn renew<C>(lease: &crate::Lease, conn: &mut C, ttl: Duration) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+{
+    let statement = lease.renewing(ttl, transaction_depth(conn)?)?;
+    let renewed = C::Backend::run(conn, statement).await?;
+    lease.owned(renewed)
+}
+
+/// Awaits `f` while holding the lease on `name`, renewed every third of its
+/// `ttl` on `renewer` for as long as `f` runs: see
+/// [`crate::with_lease_kept_alive`]. The renewing runs beside `f` in the same
+/// task, and stops between two renewals when `f` returns or panics; if the
+/// future is dropped, both stop and the lease is left to expire at its TTL.
+/// `f` is `|conn, lease| async move { … }.scope_boxed()`.
+pub fn with_lease_kept_alive<'a, C, R, T, E, F>(
+    conn: &'a mut C,
+    renewer: &'a mut R,
+    name: &'a str,
+    ttl: Duration,
+    f: F,
+) -> impl Future<Output = Result<Option<T>, E>> + Send + 'a
+where
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: AsyncConnection,
+    R::Backend: AsyncBackend,
+    T: Send + 'a,
+    F: for<'c> FnOnce(&'c mut C, &'c KeptLease) -> ScopedBoxFuture<'a, 'c, Result<T, E>>
+        + Send
+        + 'a,
+    E: From<Error> + Send + 'a,
+{
+    async move {
+        let Some(lease) = Lease::acquire(conn, name, ttl).await? else {
+            return Ok(None);
+        };
+        let kept = KeptLease::new(lease.0);
+        let stop = Notify::new();
+        let work = async {
+            let outcome = AssertUnwindSafe(f(&mut *conn, &kept)).catch_unwind().await;
+            stop.notify_one();
+            outcome
+        };
+        let (outcome, ()) = future::join(work, keep_alive(renewer, &kept, ttl, &stop)).await;
+        let released = Lease(kept.into_lease()).release(conn).await;
+        lease_outcome(outcome, released)
+    }
+}
+
+/// Renews `kept` on `renewer` every third of `ttl` until `stop` is notified
+/// or the lease is lost.
+async fn keep_alive<R>(renewer: &mut R, kept: &KeptLease, ttl: Duration, stop: &Notify)
+where
+    R: AsyncConnection,
+    R::Backend: AsyncBackend,
+{
+    let mut renewed_at = Instant::now();
+    loop {
+        let pause = pin!(tokio::time::sleep(KeptLease::period(ttl)));
+        if let Either::Right(_) = future::select(pause, pin!(stop.notified())).await {
+            return;
+        }
+        let started = Instant::now();
+        let renewed = renew(kept.lease(), renewer, ttl).await;
+        if !kept.renewed(renewed, started, &mut renewed_at, ttl) {
+            return;
+        }
     }
 }

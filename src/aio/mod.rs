@@ -103,7 +103,7 @@ mod versioned;
 
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
-pub use lease::{with_lease, Lease};
+pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use versioned::{retry, VersionedDsl};
 

@@ -1,11 +1,12 @@
 //! Lease scenarios on every backend: mutual exclusion (16), TTL (17), owner
-//! check (18), fencing (19), unique name (20); and the lease worker processes.
+//! check (18), fencing (19), unique name (20), kept-alive leases (23); and the
+//! lease worker processes.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel_claim::{Error, Lease};
+use diesel_claim::{with_lease_kept_alive, Error, Lease};
 
 use super::procs::{self, Fields};
 use super::tables::{fenced, occupancy, reservations};
@@ -90,6 +91,142 @@ on_suite_backends! {
         };
         procs::report("outcome", Fields::default().set("written", written).set("released", released));
         Figures::default()
+    }
+
+    /// Worker: holds lease `name` with `with_lease_kept_alive` (TTL `ttl_ms`,
+    /// renewed on a second connection) for `work_ms`, saying `leased token=…`
+    /// first; stops early when told the lease is lost. A step that finds it
+    /// slept far past its due time (the process was stopped) writes to the
+    /// fenced resource with its token at once. Says `outcome result=… lost=…
+    /// stalled_write=…` (`none` when it never stalled).
+    pub fn kept_holder_worker(args: &Fields) -> Figures {
+        let pool = Conn::pool(args.text("url"), 2);
+        let (mut conn, mut renewer) = (pool.get().unwrap(), pool.get().unwrap());
+        let ttl = Duration::from_millis(args.number("ttl_ms"));
+        let work = Duration::from_millis(args.number("work_ms"));
+        let (mut lost, mut stalled_write) = (false, None);
+        let held = with_lease_kept_alive(&mut *conn, &mut *renewer, args.text("name"), ttl, |conn: &mut Conn, lease| {
+            procs::report("leased", Fields::default().set("token", lease.token()));
+            let started = Instant::now();
+            while started.elapsed() < work && !lease.is_lost() {
+                let step = Instant::now();
+                thread::sleep(Duration::from_millis(20));
+                if step.elapsed() > ttl / 2 {
+                    stalled_write = Some(fenced_write(conn, lease.token(), "stalled")?);
+                }
+            }
+            lost = lease.is_lost();
+            Ok::<_, Error>(())
+        });
+        let result = match held {
+            Ok(Some(())) => "ok".to_owned(),
+            Ok(None) => "held".to_owned(),
+            Err(error) => error_kind(&error),
+        };
+        let stalled_write = stalled_write.map_or("none".to_owned(), |written| written.to_string());
+        let mut outcome = Fields::default();
+        outcome.set("result", result).set("lost", lost).set("stalled_write", stalled_write);
+        procs::report("outcome", &outcome);
+        Figures::default()
+    }
+
+    /// Scenario 23: `with_lease_kept_alive` in a worker process, TTL short.
+    /// Alive, it keeps the lease four TTLs long against a client trying to
+    /// take it; SIGKILLed, the lease is free a TTL after its last renewal,
+    /// by the database clock; SIGSTOPped past its TTL, a successor takes the
+    /// lease and writes, and once resumed the stalled holder's fenced write
+    /// is rejected, it is told the lease is lost, and its call fails with
+    /// `NotLeaseOwner`.
+    pub fn kept_lease(ctx: &Ctx) -> Figures {
+        let (_db, url, pool) = lease_database();
+        let mut conn = pool.get().unwrap();
+        let conn: &mut Conn = &mut conn;
+        let ttl = short_ttl(ctx.scale);
+        let mut figures = Figures::new(2, 2);
+        let (mut taken_while_alive, mut slowest_takeover) = (0, Duration::ZERO);
+        for round in 0..ctx.repeats() {
+            let name = format!("torture:kept:{round}");
+            let args = |work: Duration| {
+                [
+                    ("url", url.clone()),
+                    ("name", name.clone()),
+                    ("ttl_ms", ttl.as_millis().to_string()),
+                    ("work_ms", work.as_millis().to_string()),
+                ]
+            };
+
+            // Alive: held for four TTLs, never taken meanwhile, released after.
+            let mut holder = ctx.spawn("kept-holder", &args(4 * ttl));
+            holder.expect("leased");
+            let leased = Instant::now();
+            while leased.elapsed() < 3 * ttl {
+                if let Some(taken) = Lease::acquire(conn, &name, LONG).unwrap() {
+                    taken_while_alive += 1;
+                    taken.release(conn).unwrap();
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            let outcome = holder.expect("outcome");
+            holder.finish();
+            figures.check(outcome.text("result") == "ok" && outcome.text("lost") == "false",
+                format!("{name}: a live holder ended with {outcome:?}"));
+            match Lease::acquire(conn, &name, LONG).unwrap() {
+                Some(after) => after.release(conn).unwrap(),
+                None => figures.check(false, format!("{name}: not released after the work")),
+            }
+
+            // SIGKILLed: free within a TTL of its last renewal, not before two
+            // thirds of one (renewals come every third).
+            let mut holder = ctx.spawn("kept-holder", &args(LONG * 100));
+            holder.expect("leased");
+            thread::sleep(ttl);
+            holder.kill();
+            let killed = Instant::now();
+            let taken = procs::time_until(ttl + Duration::from_secs(10), || {
+                Lease::acquire(conn, &name, LONG).unwrap().is_some_and(|lease| lease.release(conn).is_ok())
+            });
+            let delay = killed.elapsed();
+            figures.check(taken.is_some(), format!("{name}: not free 10 s after the kill"));
+            figures.check(delay + Duration::from_millis(250) >= ttl * 2 / 3, format!("{name}: taken {delay:?} after the kill, TTL {ttl:?}"));
+            slowest_takeover = slowest_takeover.max(delay);
+
+            // SIGSTOPped past its TTL: a successor takes over and writes; the
+            // stalled holder, resumed, is refused and told.
+            let mut holder = ctx.spawn("kept-holder", &args(LONG * 100));
+            holder.expect("leased");
+            // Halfway between two renewals (every third of the TTL from when
+            // it said `leased`): a process stopped inside a write would hold
+            // SQLite's write lock, and the successor could not take over.
+            thread::sleep(ttl / 2);
+            holder.stop();
+            let mut successor = None;
+            procs::time_until(ttl + Duration::from_secs(10), || {
+                successor = Lease::acquire(conn, &name, LONG).unwrap();
+                successor.is_some()
+            });
+            let Some(successor) = successor else {
+                figures.check(false, format!("{name}: never free while its holder was stopped"));
+                holder.resume();
+                continue;
+            };
+            figures.check(fenced_write(conn, successor.token(), "successor").unwrap(), "the successor's write was rejected");
+            holder.resume();
+            let outcome = holder.expect("outcome");
+            holder.finish();
+            figures.check(outcome.text("stalled_write") == "false", format!("{name}: stalled write {}", outcome.text("stalled_write")));
+            figures.check(outcome.text("lost") == "true", format!("{name}: the resumed holder was not told it lost the lease"));
+            figures.check(outcome.text("result") == "NotLeaseOwner", format!("{name}: resumed holder's call ended {}", outcome.text("result")));
+            let writer: String = fenced::table.find(1).select(fenced::writer).first(conn).unwrap();
+            figures.check(writer == "successor", format!("{name}: the fenced resource was last written by {writer}"));
+            successor.release(conn).unwrap();
+            figures.ops += 3;
+        }
+        figures.check(taken_while_alive == 0, format!("kept leases taken while their holder was alive: {taken_while_alive}"));
+        figures.note(format!(
+            "TTL {ttl:?}; taken from live holders over 4 TTLs: {taken_while_alive}; free after a kill within {} ms",
+            slowest_takeover.as_millis()
+        ));
+        figures
     }
 
     /// Scenario 16: clients in several processes take and release one name for

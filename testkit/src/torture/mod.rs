@@ -429,6 +429,7 @@ macro_rules! shared_scenarios {
             19 "lease-fencing" leases::fencing,
             20 "unique-name" leases::unique_name,
             21 "bad-input" bad_input::bad_input,
+            23 "kept-lease" leases::kept_lease,
         )
     };
     ($backend:ident: $($number:literal $name:literal $module:ident::$function:ident,)*) => {
@@ -631,6 +632,7 @@ pub fn worker_main(args: &[String]) -> i32 {
                 "bank" => run(money::$backend::bank_worker),
                 "exclusion" => run(leases::$backend::exclusion_worker),
                 "lease-holder" => run(leases::$backend::holder_worker),
+                "kept-holder" => run(leases::$backend::kept_holder_worker),
                 _ => {
                     eprintln!("unknown worker kind {kind:?}");
                     return 2;
