@@ -28,9 +28,11 @@ mod versioned;
 pub enum Blocking {}
 
 pub use backend::ClaimBackend;
+#[cfg(feature = "postgres")]
+pub use claim::notify;
 pub use claim::{
-    ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, MarkQuery, MarkedClaim,
-    RowFailure,
+    ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, MarkQuery,
+    MarkedClaim, RowFailure, StopHandle, WaitForRows,
 };
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres")]

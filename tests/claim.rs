@@ -1127,6 +1127,109 @@ on_every_backend! {
         assert_eq!((sent, duplicates, left), ((ORDERS - failing_rows) as i64, 0, failing_rows as i64));
     }
 
+    /// Runs a worker on its own thread and connection, emailing every order
+    /// it claims; returns the thread, which yields the worker's result.
+    fn spawn_worker(
+        pool: &Pool,
+        stop: &diesel_claim::StopHandle,
+        batch: u32,
+        on_row: impl Fn(&Order) + Send + 'static,
+    ) -> thread::JoinHandle<Result<ClaimReport, Error>> {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut conn = pool.get().unwrap();
+            pending()
+                .build_claim()
+                .batch(batch)
+                .worker(&stop)
+                .poll_interval(Duration::from_millis(2), Duration::from_millis(20))
+                .run(&mut *conn, |conn, order: Order| {
+                    on_row(&order);
+                    Ok(send_email(conn, &order, 0)?)
+                })
+        })
+    }
+
+    /// Waits up to 10 s for no order to be pending.
+    fn until_none_pending(pool: &Pool) {
+        let started = std::time::Instant::now();
+        while pending().count().get_result::<i64>(&mut pool.get().unwrap()).unwrap() > 0 {
+            assert!(started.elapsed() < Duration::from_secs(10), "rows left pending");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A worker claims what is pending, waits, picks up rows inserted while it
+    /// waits, and stops when told: its report counts every row.
+    #[test]
+    fn a_worker_claims_new_rows_until_stopped() {
+        let (_db, pool) = test_db(3);
+        insert_pending(&mut pool.get().unwrap(), 20);
+        let stop = diesel_claim::StopHandle::new();
+        let worker = spawn_worker(&pool, &stop, 1, |_| ());
+        for _ in 0..3 {
+            until_none_pending(&pool);
+            // The worker is idle, polling; new rows come in.
+            thread::sleep(Duration::from_millis(50));
+            insert_pending(&mut pool.get().unwrap(), 10);
+        }
+        until_none_pending(&pool);
+        assert!(!worker.is_finished(), "the worker stopped by itself");
+        stop.stop();
+        let report = worker.join().unwrap().unwrap();
+        assert_eq!(report.processed, 50);
+        assert_eq!(email_figures(&mut pool.get().unwrap()), (50, 0, 0));
+    }
+
+    /// Stopping finishes the batch in hand, commits it, and claims nothing
+    /// more.
+    #[test]
+    fn stopping_a_worker_finishes_the_batch_in_hand() {
+        let (_db, pool) = test_db(2);
+        insert_pending(&mut pool.get().unwrap(), 30);
+        let stop = diesel_claim::StopHandle::new();
+        let stopper = stop.clone();
+        let worker = spawn_worker(&pool, &stop, 10, move |order| {
+            if order.id == 15 {
+                stopper.stop();
+            }
+        });
+        let report = worker.join().unwrap().unwrap();
+        assert_eq!(report.processed, 20, "the second batch was finished and committed");
+        assert_eq!(email_figures(&mut pool.get().unwrap()), (20, 0, 10));
+    }
+
+    /// A closure's error ends the worker with it, unless the claim keeps
+    /// going; bad options are refused before any SQL.
+    #[test]
+    fn worker_errors_and_bad_options() {
+        let (_db, pool) = test_db(2);
+        insert_pending(&mut pool.get().unwrap(), 3);
+        let mut conn = pool.get().unwrap();
+        let stop = diesel_claim::StopHandle::new();
+        let failed = pending().build_claim().worker(&stop).run(&mut *conn, |_, order: Order| {
+            Err(Error::InvalidArgument(format!("row {}", order.id)))
+        });
+        assert!(matches!(&failed, Err(Error::InvalidArgument(m)) if m == "row 1"), "{failed:?}");
+
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let never = |_: &mut _, _: Order| Ok::<_, Error>(());
+        let worker = || pending().build_claim().worker(&stop);
+        for (what, refused) in [
+            ("a zero interval", worker().poll_interval(Duration::ZERO, Duration::from_secs(1)).run(&mut *conn, never)),
+            ("min above max", worker().poll_interval(Duration::from_secs(2), Duration::from_secs(1)).run(&mut *conn, never)),
+            ("an empty channel", worker().listen("").run(&mut *conn, never)),
+        ] {
+            assert!(matches!(refused, Err(Error::InvalidArgument(_))), "{what}: {refused:?}");
+        }
+        if BACKEND != "pg" {
+            let refused = worker().listen("orders").run(&mut *conn, never);
+            assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("PostgreSQL")), "{refused:?}");
+        }
+        assert!(log.entries().is_empty(), "{:#?}", log.entries());
+    }
+
     /// `mark`: the closure's failure un-marks the batch. `mark_and_commit`: it
     /// cannot; the batch stays marked, and the error still reaches the caller.
     #[test]
@@ -1514,8 +1617,74 @@ on_every_backend! {
 mod pg_only {
     use diesel::connection::SimpleConnection;
 
-    use super::pg::{insert_pending, test_db, Conn};
+    use super::pg::{insert_pending, send_email, test_db, Conn};
     use super::*;
+
+    /// A listening worker polls only every 10 s, yet claims a row within
+    /// milliseconds of the commit that notified it (without the wake-up it
+    /// would wait out its poll).
+    #[test]
+    fn a_listening_worker_wakes_up_on_notify() {
+        let (_db, pool) = test_db(3);
+        let stop = diesel_claim::StopHandle::new();
+        let claimed_at = Arc::new(Mutex::new(Vec::new()));
+        let worker = {
+            let (pool, stop, claimed_at) = (pool.clone(), stop.clone(), claimed_at.clone());
+            thread::spawn(move || {
+                let mut conn = pool.get().unwrap();
+                pending()
+                    .build_claim()
+                    .worker(&stop)
+                    .poll_interval(Duration::from_secs(10), Duration::from_secs(10))
+                    .listen("orders pending")
+                    .run(&mut *conn, |conn, order: Order| {
+                        claimed_at.lock().unwrap().push(std::time::Instant::now());
+                        Ok::<_, Error>(send_email(conn, &order, 0)?)
+                    })
+            })
+        };
+        // Let the worker find nothing and start its 10 s wait.
+        thread::sleep(Duration::from_millis(200));
+        let mut conn = pool.get().unwrap();
+        let mut latencies = Vec::new();
+        for round in 1..=3 {
+            let committed = conn
+                .transaction(|conn| {
+                    diesel::insert_into(orders::table)
+                        .values(orders::shipped.eq(true))
+                        .execute(conn)?;
+                    diesel_claim::notify(conn, "orders pending")
+                })
+                .map(|()| std::time::Instant::now())
+                .unwrap();
+            let started = std::time::Instant::now();
+            while claimed_at.lock().unwrap().len() < round {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "round {round}: not woken up"
+                );
+                thread::sleep(Duration::from_millis(1));
+            }
+            let claimed = claimed_at.lock().unwrap()[round - 1];
+            latencies.push(claimed.saturating_duration_since(committed));
+            thread::sleep(Duration::from_millis(50));
+        }
+        stop.stop();
+        let report = worker.join().unwrap().unwrap();
+        eprintln!("pickup latencies: {latencies:?}");
+        assert_eq!(report.processed, 3);
+        assert!(
+            latencies.iter().all(|l| *l < Duration::from_secs(1)),
+            "{latencies:?}"
+        );
+        // The pooled connection went back without its LISTEN.
+        let listening: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "(SELECT count(*) FROM pg_listening_channels())",
+        ))
+        .get_result(&mut *pool.get().unwrap())
+        .unwrap();
+        assert_eq!(listening, 0);
+    }
 
     /// Even `FOR SHARE` and `FOR KEY SHARE` holders never block a skip-locked claim.
     #[test]

@@ -10,7 +10,7 @@ use std::hash::Hash;
 use super::report::ClaimReport;
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Lower};
-use crate::Error;
+use crate::{Error, StopHandle};
 
 /// Rows read per page of the unlocked candidate scan, unless batches are large.
 const DEFAULT_PAGE_SIZE: i64 = 1000;
@@ -63,6 +63,8 @@ pub(crate) struct Plan {
     /// A failing closure's rows are rolled back and passed over, and the call
     /// goes on.
     pub(crate) keep_going: bool,
+    /// Once triggered, the claim ends before its next statement.
+    pub(crate) stop: Option<StopHandle>,
 }
 
 /// One run of a claim, as a state machine: [`next`](Self::next) says what to
@@ -86,6 +88,7 @@ pub(crate) struct Claim<K> {
     /// See [`Plan::keep_going`].
     pub(crate) keep_going: bool,
     ordered_by_key: bool,
+    stop: Option<StopHandle>,
     batch: i64,
     /// Takes run past the end of their page: see [`Page::open_ended`].
     open_ended: bool,
@@ -173,6 +176,7 @@ impl<K> Claim<K> {
             nowait: plan.fail_on_locked,
             keep_going: plan.keep_going,
             ordered_by_key: plan.ordered_by_key,
+            stop: plan.stop,
             batch: plan.batch,
             open_ended,
             page_size: plan.page_size.unwrap_or(if open_ended {
@@ -202,6 +206,10 @@ impl<K> Claim<K> {
 impl<K: Clone + Eq + Hash> Claim<K> {
     /// What to do next.
     pub(crate) fn next(&mut self) -> Step<K> {
+        if self.stop.as_ref().is_some_and(StopHandle::is_stopped) {
+            // Between two statements: the last batch has committed.
+            return Step::Done;
+        }
         loop {
             match std::mem::replace(&mut self.state, State::Done) {
                 State::Pass => {
@@ -605,6 +613,7 @@ mod tests {
             max_rows: None,
             ordered_by_key: true,
             keep_going: false,
+            stop: None,
         })
     }
 

@@ -17,11 +17,15 @@ use crate::{Blocking, Error, LockStrength, OnLocked};
 pub(crate) mod engine;
 pub(crate) mod query;
 mod report;
+mod worker;
 
 use engine::{Claim, Plan, Step, Taking};
 pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
+#[cfg(feature = "postgres")]
+pub use worker::notify;
+pub use worker::{ClaimWorker, StopHandle, WaitForRows};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries.
 ///
@@ -96,6 +100,7 @@ pub struct ClaimBuilder<Q, M = Blocking> {
     /// Runs inside the caller's transaction, each batch in a savepoint.
     nested: bool,
     keep_going: bool,
+    stop: Option<StopHandle>,
     mode: PhantomData<M>,
 }
 
@@ -110,6 +115,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             batch: 1,
             nested: false,
             keep_going: false,
+            stop: None,
             mode: PhantomData,
         }
     }
@@ -242,6 +248,20 @@ impl<Q, M> ClaimBuilder<Q, M> {
         self
     }
 
+    /// Ends the call once `stop` is [triggered](StopHandle::stop), before its
+    /// next statement: the row or batch in hand is finished and committed
+    /// first. The report counts what was done.
+    pub fn stop_on(mut self, stop: &StopHandle) -> Self {
+        self.stop = Some(stop.clone());
+        self
+    }
+
+    /// Turns the claim into a worker that runs it over and over, waiting when
+    /// nothing is pending, until `stop` is triggered: see [`ClaimWorker`].
+    pub fn worker(self, stop: &StopHandle) -> ClaimWorker<Q, M> {
+        ClaimWorker::new(self.stop_on(stop), stop.clone())
+    }
+
     /// Lets the claim run inside a transaction the caller has open, each batch
     /// in a savepoint of it: for tests that wrap each test in a transaction
     /// (`begin_test_transaction`) and roll it back.
@@ -297,6 +317,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             max_rows: self.max_rows,
             ordered_by_key: S::ORDERED_BY_KEY,
             keep_going: self.keep_going,
+            stop: self.stop.clone(),
         }))
     }
 }
@@ -348,6 +369,18 @@ impl<Q> ClaimBuilder<Q> {
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
     /// everything it did: see [`each_outcome`](Self::each_outcome).
     pub fn each_batch_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    where
+        Q: ClaimQuery<'q, C, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.run(conn, f)
+    }
+
+    /// One run of the claim, as [`each_batch_outcome`](Self::each_batch_outcome).
+    pub(crate) fn run<'q, C, R, E, F>(&self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
     where
         Q: ClaimQuery<'q, C, R>,
         C: LoadConnection,
@@ -504,7 +537,7 @@ impl<Q, V> MarkedClaim<Q, V> {
 }
 
 /// A batch closure that calls `f` for each row of the batch, in order.
-fn per_row<C, R, E>(
+pub(crate) fn per_row<C, R, E>(
     mut f: impl FnMut(&mut C, R) -> Result<(), E>,
 ) -> impl FnMut(&mut C, Vec<R>) -> Result<(), E> {
     move |conn, rows| rows.into_iter().try_for_each(|row| f(&mut *conn, row))

@@ -31,6 +31,19 @@ pub struct ClaimReport {
     pub passes: u32,
 }
 
+impl ClaimReport {
+    /// Adds what another call did to this report (a worker's calls).
+    pub(crate) fn add(&mut self, other: &ClaimReport) {
+        self.processed += other.processed;
+        self.skipped += other.skipped;
+        self.locked += other.locked;
+        self.gone += other.gone;
+        self.failed += other.failed;
+        self.not_reached += other.not_reached;
+        self.passes += other.passes;
+    }
+}
+
 /// Everything one claim call did, failures included: returned by
 /// [`each_outcome`](crate::ClaimBuilder::each_outcome) and its siblings, where
 /// [`each`](crate::ClaimBuilder::each) returns only the report or the error.
