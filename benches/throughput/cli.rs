@@ -12,6 +12,9 @@ use crate::drain::{Mode, BATCH_SIZES};
 /// The id `--only` knows the index-effect measurement by.
 pub const INDEX_EFFECT: &str = "IX";
 
+/// The id `--only` knows the pickup-latency measurement by.
+pub const PICKUP: &str = "PL";
+
 /// Hidden option: run one memory measurement and print `VmHWM` (see
 /// `memory.rs`): `--memory-child BACKEND URL ROWS MODE`.
 pub const MEMORY_CHILD: &str = "memory-child";
@@ -62,7 +65,7 @@ pub struct Options {
     // Qualified, so that clap takes one value (a backend or all), not a list.
     pub backends: std::vec::Vec<BackendKind>,
     /// Run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4 O3 O3h, B5 (contention), IX (the
-    /// index effect)
+    /// index effect), PL (the worker loop's pickup latency)
     #[arg(long, value_name = "MODE,...", value_delimiter = ',')]
     only: Vec<String>,
     /// Batch sizes of B3, B3d and B3h

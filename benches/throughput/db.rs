@@ -254,6 +254,16 @@ pub trait BenchConn: Connection + Send + Sized + 'static {
     fn claim_rows(&mut self, max_rows: Option<u64>) -> Result<u64, diesel_claim::Error>;
     /// B3: batches of `n`, one transaction each.
     fn claim_batches(&mut self, n: u32) -> Result<u64, diesel_claim::Error>;
+    /// PL: the crate's worker, per row, until `stop`: polling every `min` up
+    /// to `max` while idle, woken on `channel` if given; `picked(id)` as each
+    /// row's closure starts.
+    fn run_worker(
+        &mut self,
+        stop: &diesel_claim::StopHandle,
+        poll: (std::time::Duration, std::time::Duration),
+        channel: Option<&str>,
+        picked: &mut dyn FnMut(i64),
+    ) -> Result<u64, diesel_claim::Error>;
     /// O3: B3 in priority order.
     fn claim_batches_by_priority(&mut self, n: u32) -> Result<u64, diesel_claim::Error>;
     /// M1 and M2: batches of `n` claimed and marked by one `UPDATE … RETURNING`;
@@ -408,6 +418,30 @@ macro_rules! impl_bench_conn {
                     .values(rows)
                     .execute(self)
                     .map(drop)
+            }
+
+            fn run_worker(
+                &mut self,
+                stop: &diesel_claim::StopHandle,
+                (min, max): (std::time::Duration, std::time::Duration),
+                channel: Option<&str>,
+                picked: &mut dyn FnMut(i64),
+            ) -> Result<u64, diesel_claim::Error> {
+                use diesel_claim::prelude::*;
+                let worker = pending!($db)
+                    .build_claim()
+                    .worker(stop)
+                    .poll_interval(min, max);
+                let worker = match channel {
+                    Some(channel) => worker.listen(channel),
+                    None => worker,
+                };
+                let report = worker.run(self, |conn, order: Order| {
+                    picked(order.id);
+                    conn.process_row(order.id)?;
+                    Ok::<_, diesel_claim::Error>(())
+                })?;
+                Ok(report.processed)
             }
 
             fn claim_rows(&mut self, max_rows: Option<u64>) -> Result<u64, diesel_claim::Error> {

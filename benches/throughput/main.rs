@@ -26,7 +26,8 @@
 //! connection does, per backend), `database` (the benchmark's own database),
 //! `counting` (statements and transactions sent), `drain` (the modes and a
 //! timed drain), `contention` (B5), `index_effect` (claiming with and without
-//! the partial index), `memory` (peak RSS, in child processes), `report`
+//! the partial index), `memory` (peak RSS, in child processes), `pickup` (the
+//! worker loop's pickup latency), `report`
 //! (medians, tables and bars) and `svg` (the plot).
 
 // Throwaway databases, shared with the tests and examples.
@@ -40,6 +41,7 @@ mod db;
 mod drain;
 mod index_effect;
 mod memory;
+mod pickup;
 mod report;
 mod schema;
 mod svg;
@@ -138,6 +140,10 @@ fn run_backend<C: BenchConn>(options: &Options, results: &mut Results) -> Result
         run_contentions(&mut db, options, results)?;
     }
     results.empty_queue.push(check_empty_queue(&mut db)?);
+    if options.runs(cli::PICKUP) {
+        let rows = if options.quick { 10 } else { 200 };
+        results.pickup.extend(pickup::measure(&mut db, rows)?);
+    }
     if options.runs(cli::INDEX_EFFECT) && index_effect::applies(C::BACKEND) {
         results.index_effect.push(index_effect::measure(&mut db)?);
     }
@@ -304,6 +310,13 @@ fn print_report(options: &Options, machine: &str, results: &Results) {
             "## The partial index's effect\n\n{}\n{}\n",
             report::index_effect_table(&results.index_effect),
             report::index_effect_plans(&results.index_effect)
+        );
+    }
+    if !results.pickup.is_empty() {
+        println!(
+            "## PL: pickup latency of the worker loop\n\n{}\n{}",
+            report::pickup_table(&results.pickup),
+            report::PICKUP_NOTES
         );
     }
     if !results.memory.is_empty() {

@@ -8,6 +8,7 @@ use crate::db::BackendKind;
 use crate::drain::{DrainRun, EmptyQueueCheck, Mode};
 use crate::index_effect::{IndexEffect, IndexRun};
 use crate::memory::{MemoryMode, MemoryRun};
+use crate::pickup::{PickupRun, WakeUp, POLL};
 
 /// Every figure one run measured.
 #[derive(Debug, Default)]
@@ -18,6 +19,7 @@ pub struct Results {
     pub empty_queue: Vec<EmptyQueueCheck>,
     pub memory: Vec<MemoryRun>,
     pub index_effect: Vec<IndexEffect>,
+    pub pickup: Vec<PickupRun>,
 }
 
 /// Every run of one backend, mode and worker count (`--repeat` of them).
@@ -319,6 +321,36 @@ pub fn index_effect_plans(effects: &[IndexEffect]) -> String {
     out
 }
 
+pub fn pickup_table(runs: &[PickupRun]) -> String {
+    let header = [
+        ("backend", Text),
+        ("wake-up", Text),
+        ("rows", Number),
+        ("median", Number),
+        ("p99", Number),
+        ("max", Number),
+    ];
+    let ms = |latency: std::time::Duration| format!("{:.2} ms", latency.as_secs_f64() * 1e3);
+    let rows = runs.iter().map(|run| {
+        vec![
+            run.backend.name().to_owned(),
+            run.wake_up.name().to_owned(),
+            run.latencies.len().to_string(),
+            ms(run.quantile(0.5)),
+            ms(run.quantile(0.99)),
+            ms(run.max()),
+        ]
+    });
+    markdown_table(&header, rows)
+}
+
+pub const PICKUP_NOTES: &str = "\
+- latency: from the producer's `COMMIT` returning to the worker's closure starting, one
+  row at a time, the queue empty for 20–200 ms between rows; the worker per row
+  (`build_claim().worker(&stop)`), polling every 5 ms after rows were found, doubling up
+  to every 50 ms while idle; with LISTEN, the producer sends `pg_notify` in the row's
+  transaction.";
+
 pub fn memory_table(runs: &[MemoryRun]) -> String {
     let header = [
         ("backend", Text),
@@ -461,6 +493,28 @@ pub fn bars(results: &Results) -> Vec<Bar> {
                 at_most: true,
             });
         }
+    }
+    for run in &results.pickup {
+        let ms = |latency: std::time::Duration| latency.as_secs_f64() * 1e3;
+        let (what, value, limit) = match run.wake_up {
+            WakeUp::Listen => (
+                "p99 pickup with LISTEN ≤ 10 ms",
+                ms(run.quantile(0.99)),
+                10.0,
+            ),
+            // The longest wait, then one claim.
+            WakeUp::Polling => (
+                "max pickup polling ≤ the poll's maximum interval + 10 ms",
+                ms(run.max()),
+                ms(POLL.1) + 10.0,
+            ),
+        };
+        bars.push(Bar {
+            what: format!("{} {what}", run.backend.name()),
+            value,
+            limit,
+            at_most: true,
+        });
     }
     bars
 }

@@ -4,7 +4,9 @@
 //! 1. **Shipping emails** (`claim_each`): workers claim shipped orders and send
 //!    each confirmation email exactly once; an outbox table stands in for the
 //!    mail server. An order whose email fails does not stop the job
-//!    (`keep_going`); after three failed attempts it is a dead letter.
+//!    (`keep_going`); after three failed attempts it is a dead letter. A
+//!    warehouse worker (`worker(&stop)`) ships orders as they come in,
+//!    woken by `LISTEN` on PostgreSQL, and is stopped gracefully.
 //! 2. **Bank accounts** (`with_lock`, then `update_versioned` + `retry`):
 //!    concurrent deposits and withdrawals never lose money and never overdraw.
 //! 3. **Sign-ups** (`with_lease`): concurrent requests for the same user name

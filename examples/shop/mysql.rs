@@ -19,6 +19,14 @@ pub type Conn = PooledConnection<ConnectionManager<MysqlConnection>>;
 /// The pool the workers take their connections from.
 pub type Pool = r2d2::Pool<ConnectionManager<MysqlConnection>>;
 
+/// MySQL has no notifications: the warehouse worker polls.
+pub const NEW_ORDERS_CHANNEL: Option<&str> = None;
+
+/// Nothing to send: the warehouse worker polls.
+pub fn notify_new_orders(_: &mut Conn) -> Result<(), diesel_claim::Error> {
+    Ok(())
+}
+
 /// The stories, compiled for MySQL (see the note in `main.rs`).
 #[path = "stories/mod.rs"]
 mod stories;

@@ -19,6 +19,14 @@ pub type Conn = PooledConnection<ConnectionManager<PgConnection>>;
 /// The pool the workers take their connections from.
 pub type Pool = r2d2::Pool<ConnectionManager<PgConnection>>;
 
+/// The channel the warehouse worker listens on for new orders.
+pub const NEW_ORDERS_CHANNEL: Option<&str> = Some("orders_placed");
+
+/// Tells the warehouse worker that orders were placed.
+pub fn notify_new_orders(conn: &mut Conn) -> Result<(), diesel_claim::Error> {
+    diesel_claim::notify(conn, "orders_placed")
+}
+
 /// The stories, compiled for PostgreSQL (see the note in `main.rs`).
 #[path = "stories/mod.rs"]
 mod stories;

@@ -18,6 +18,14 @@ pub type Conn = PooledConnection<ConnectionManager<SqliteConnection>>;
 /// The pool the workers take their connections from.
 pub type Pool = r2d2::Pool<ConnectionManager<SqliteConnection>>;
 
+/// SQLite has no notifications: the warehouse worker polls.
+pub const NEW_ORDERS_CHANNEL: Option<&str> = None;
+
+/// Nothing to send: the warehouse worker polls.
+pub fn notify_new_orders(_: &mut Conn) -> Result<(), diesel_claim::Error> {
+    Ok(())
+}
+
 /// The stories, compiled for SQLite (see the note in `main.rs`).
 #[path = "stories/mod.rs"]
 mod stories;

@@ -9,10 +9,13 @@
 use diesel::dsl::{count_star, exists, not, now};
 use diesel::prelude::*;
 use diesel::sql_types::Bool;
-use diesel_claim::prelude::*;
-use diesel_claim::ClaimReport;
+use std::thread;
+use std::time::{Duration, Instant};
 
-use super::{run_workers, Conn, Pool};
+use diesel_claim::prelude::*;
+use diesel_claim::{ClaimReport, StopHandle};
+
+use super::{notify_new_orders, run_workers, Conn, Pool, NEW_ORDERS_CHANNEL};
 
 type Backend = <Conn as Connection>::Backend;
 use crate::schema::{orders, outbox, Order};
@@ -27,6 +30,9 @@ const PARTNER_DOMAIN: &str = "partner.example";
 /// Failed attempts after which an order's email is no longer tried: the order
 /// is a dead letter.
 const MAX_EMAIL_ATTEMPTS: i32 = 3;
+
+/// Orders placed while the warehouse worker runs, in rounds of 20.
+const LATE_ORDERS: u32 = 100;
 
 /// One order in fifty has an address the mail server refuses (no domain): its
 /// email fails on every attempt.
@@ -43,7 +49,7 @@ pub fn run(
     println!("Part 1: shipping emails with claim_each");
     let mut conn = pool.get()?;
     let shipped = options.orders / 2;
-    place_orders(&mut conn, options.orders, shipped)?;
+    place_orders(&mut conn, 0..options.orders, shipped)?;
     clock.log(format_args!(
         "{} orders placed, {shipped} of them shipped",
         options.orders
@@ -69,10 +75,10 @@ pub fn run(
         ),
     );
 
-    let rest = diesel::update(orders::table.filter(orders::shipped_at.is_null()))
-        .set(orders::shipped_at.eq(now))
-        .execute(&mut conn)?;
-    clock.log(format_args!("the warehouse ships the other {rest} orders"));
+    let shipped_by_worker = run_the_warehouse(pool, options.orders, clock, checks)?;
+    clock.log(format_args!(
+        "a warehouse worker shipped the other {shipped_by_worker} orders as they came, then stopped"
+    ));
     // Customers of the partner shop are told first: the same job, with a
     // filter chosen at run time.
     let runs_from = last_email(&mut conn)?;
@@ -98,7 +104,7 @@ pub fn run(
     check_express_first(&mut conn, runs_from, checks)?;
 
     check_emails(&mut conn, first + partners + second, checks)?;
-    check_dead_letters(&mut conn, options.orders, checks)?;
+    check_dead_letters(&mut conn, options.orders + LATE_ORDERS, checks)?;
     Ok(())
 }
 
@@ -224,8 +230,90 @@ fn send_emails_concurrently(
     Ok((total(|r| r.processed), total(|r| r.failed)))
 }
 
-/// Places `total` orders, the first `shipped` of them already shipped.
-fn place_orders(conn: &mut Conn, total: u32, shipped: u32) -> QueryResult<()> {
+/// The warehouse: a worker claims unshipped orders and ships them, and waits
+/// for more when none are left (woken by a notification on PostgreSQL,
+/// polling elsewhere), while late orders come in; once all are shipped it is
+/// told to stop, finishes the batch in hand and reports. Returns the orders it
+/// shipped.
+fn run_the_warehouse(
+    pool: &Pool,
+    placed: u32,
+    clock: Clock,
+    checks: &mut Checks,
+) -> Result<u64, BoxError> {
+    let unshipped = || orders::table.filter(orders::shipped_at.is_null());
+    let mut conn = pool.get()?;
+    let waiting: i64 = unshipped().count().get_result(&mut conn)?;
+    let stop = StopHandle::new();
+    let report = thread::scope(|scope| {
+        let warehouse = scope.spawn(|| -> Result<ClaimReport, BoxError> {
+            let mut conn = pool.get()?;
+            let worker = unshipped()
+                .select(Order::as_select())
+                .build_claim()
+                .batch(50)
+                .worker(&stop)
+                .poll_interval(Duration::from_millis(5), Duration::from_millis(200));
+            let worker = match NEW_ORDERS_CHANNEL {
+                Some(channel) => worker.listen(channel),
+                None => worker,
+            };
+            Ok(worker.run(&mut conn, |conn, order: Order| {
+                diesel::update(&order)
+                    .set(orders::shipped_at.eq(now))
+                    .execute(conn)?;
+                Ok::<_, diesel_claim::Error>(())
+            })?)
+        });
+        // Stopped on any way out, an error included, so the worker ends.
+        let _stop = StopOnDrop(&stop);
+        for round in 0..LATE_ORDERS / 20 {
+            thread::sleep(Duration::from_millis(30));
+            place_orders(&mut conn, placed + round * 20..placed + (round + 1) * 20, 0)?;
+            notify_new_orders(&mut conn)?;
+        }
+        let started = Instant::now();
+        while unshipped().count().get_result::<i64>(&mut conn)? > 0 {
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err("orders still unshipped after 30 s".into());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        stop.stop();
+        warehouse
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })?;
+    let left: i64 = unshipped().count().get_result(&mut conn)?;
+    let expected = waiting as u64 + u64::from(LATE_ORDERS);
+    checks.check(
+        "the warehouse worker shipped every order, then stopped",
+        left == 0 && report.processed == expected,
+        format!(
+            "{} shipped of {waiting} waiting + {LATE_ORDERS} late, {left} left",
+            report.processed
+        ),
+    );
+    clock.log(format_args!(
+        "{LATE_ORDERS} late orders placed while the warehouse worked"
+    ));
+    Ok(report.processed)
+}
+
+/// Triggers a stop handle when dropped.
+struct StopOnDrop<'a>(&'a StopHandle);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// Places the orders numbered `numbers`, the first `shipped` of them already
+/// shipped.
+fn place_orders(conn: &mut Conn, numbers: std::ops::Range<u32>, shipped: u32) -> QueryResult<()> {
+    let shipped = numbers.start + shipped;
+    let total = numbers.end;
     let email = |n: u32| {
         let domain = if n % 10 == 0 {
             PARTNER_DOMAIN
@@ -240,7 +328,7 @@ fn place_orders(conn: &mut Conn, total: u32, shipped: u32) -> QueryResult<()> {
     // One order in seven is an express order.
     let priority = |n: u32| orders::priority.eq(i32::from(n % 7 == 0));
     conn.transaction(|conn| {
-        let shipped_orders: Vec<_> = (0..shipped)
+        let shipped_orders: Vec<_> = (numbers.start..shipped)
             .map(|n| (email(n), priority(n), orders::shipped_at.eq(now)))
             .collect();
         for chunk in shipped_orders.chunks(INSERT_CHUNK) {

@@ -5,7 +5,7 @@ use std::thread;
 
 use crate::{BoxError, Checks, Clock, Options};
 
-pub use super::{Conn, Pool};
+pub use super::{notify_new_orders, Conn, Pool, NEW_ORDERS_CHANNEL};
 
 mod bank;
 mod emails;
