@@ -280,7 +280,9 @@
 //! closure ends the worker unless the claim [keeps going](ClaimBuilder::keep_going);
 //! a failing row is then tried again at the next poll, not sooner. The worker
 //! holds its connection (and, listening, its session) for as long as it runs:
-//! give it a connection of its own.
+//! give it a connection of its own. The async twin (`diesel_claim::aio`) runs
+//! the same loop as a future, waiting with tokio timers and, on PostgreSQL,
+//! on diesel-async's notification stream.
 //!
 //! # MySQL and MariaDB
 //!

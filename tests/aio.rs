@@ -46,6 +46,8 @@ macro_rules! on_async_backends {
             use super::*;
             pub type Conn = $conn;
             pub type Db = $db;
+            /// The module's name: `pg` or `mysql`.
+            pub const BACKEND: &str = stringify!($module);
             pub type Pool = bb8::Pool<Conn>;
 
             pub async fn test_db(size: u32) -> (testkit::$test_db, Pool) {
@@ -351,6 +353,62 @@ on_async_backends! {
             assert_eq!(stopped.keys, [3]);
             assert!(matches!(stopped.error, diesel_claim::Error::InvalidArgument(m) if m == "row 3"));
             assert_eq!(email_figures(&mut conn).await, (8, 0, 2), "batch {batch}");
+        }
+    }
+
+    /// The worker loop, as a task: it claims rows inserted while it waits
+    /// and stops when told, its report counting every row. On PostgreSQL a
+    /// listening worker polling every 10 s is woken by the notification
+    /// within a second; elsewhere listening is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_task_claims_new_rows_until_stopped() {
+        let (_db, pool) = test_db(3).await;
+        let stop = diesel_claim::StopHandle::new();
+        let listening = BACKEND == "pg";
+        let worker = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut conn = pool.get_owned().await.unwrap();
+                let worker = pending().build_claim().worker(&stop);
+                let worker = match listening {
+                    true => worker
+                        .poll_interval(Duration::from_secs(10), Duration::from_secs(10))
+                        .listen("orders"),
+                    false => worker.poll_interval(Duration::from_millis(2), Duration::from_millis(20)),
+                };
+                worker
+                    .run(&mut *conn, |conn: &mut Conn, order: Order| {
+                        async move { Ok::<_, diesel_claim::Error>(send_email(conn, &order, 0).await?) }
+                            .scope_boxed()
+                    })
+                    .await
+            })
+        };
+        let mut conn = pool.get().await.unwrap();
+        for round in 1..=3 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            insert_pending(&mut conn, 5).await;
+            if listening {
+                diesel::sql_query("SELECT pg_notify('orders', '')").execute(&mut *conn).await.unwrap();
+            }
+            let inserted = std::time::Instant::now();
+            while email_figures(&mut conn).await.2 > 0 {
+                assert!(inserted.elapsed() < Duration::from_secs(1), "round {round}: rows left waiting");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        stop.stop();
+        let report = worker.await.unwrap().unwrap();
+        assert_eq!(report.processed, 15);
+        assert_eq!(email_figures(&mut conn).await, (15, 0, 0));
+        if !listening {
+            let refused = pending()
+                .build_claim()
+                .worker(&stop)
+                .listen("orders")
+                .run(&mut *conn, |_: &mut Conn, _: Order| async { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+                .await;
+            assert!(matches!(refused, Err(diesel_claim::Error::InvalidArgument(_))), "{refused:?}");
         }
     }
 

@@ -150,26 +150,43 @@ impl<Q> ClaimBuilder<Q, Async> {
         E: From<Error> + Send + 'a,
     {
         async move {
-            let claim = transaction_depth(conn).and_then(|depth| {
-                self.start::<C::Backend, R, _>(Taking::Select, &self.query, depth)
-            });
-            match claim {
-                Ok(claim) => drive(claim, &self.query, conn, handler).await,
-                Err(error) => ClaimOutcome::refused(error.into()),
-            }
+            let mut handler = handler;
+            self.once(conn, &mut handler).await
+        }
+    }
+
+    /// One run of the claim, handing the rows to `handler`.
+    pub(super) async fn once<'a, C, R, E, H>(
+        &self,
+        conn: &mut C,
+        handler: &mut H,
+    ) -> ClaimOutcome<Q::Key, E>
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        R: Send + 'a,
+        H: Handler<C, R, E> + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        let claim = transaction_depth(conn)
+            .and_then(|depth| self.start::<C::Backend, R, _>(Taking::Select, &self.query, depth));
+        match claim {
+            Ok(claim) => drive(claim, &self.query, conn, handler).await,
+            Err(error) => ClaimOutcome::refused(error.into()),
         }
     }
 }
 
 /// What a claim does with the rows of a batch, in the batch's transaction.
-trait Handler<C, R, E>: Send {
+pub(super) trait Handler<C, R, E>: Send {
     fn handle<'c>(&'c mut self, conn: &'c mut C, rows: Vec<R>) -> BoxFuture<'c, Result<(), E>>
     where
         R: 'c;
 }
 
 /// Calls the closure for each row of the batch, in order.
-struct EachRow<F>(F);
+pub(super) struct EachRow<F>(pub(super) F);
 
 /// Calls the closure once with the whole batch.
 struct EachBatch<F>(F);
@@ -214,7 +231,7 @@ async fn drive<'a, Q, C, R, K, E, H>(
     mut claim: Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
-    mut handler: H,
+    handler: &mut H,
 ) -> ClaimOutcome<K, E>
 where
     Q: ClaimQuery<'a, C, R, Key = K> + Sync,
@@ -226,7 +243,7 @@ where
     E: From<Error> + Send,
 {
     let mut failed = Vec::new();
-    let steps = run_steps(&mut claim, query, conn, &mut handler, &mut failed);
+    let steps = run_steps(&mut claim, query, conn, handler, &mut failed);
     let stopped = steps.await.err();
     ClaimOutcome {
         report: claim.report(),

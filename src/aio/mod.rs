@@ -60,7 +60,8 @@
 //! ```
 //!
 //! What is here: [`ClaimDsl::claim_each`] and the claim builder's `each` and
-//! `each_batch` (per row and batched; not yet `mark`), [`LockDsl::with_lock`]
+//! `each_batch` (per row and batched; not yet `mark`), the worker loop
+//! ([`ClaimWorker::run`](crate::ClaimWorker#method.run-1)), [`LockDsl::with_lock`]
 //! and [`with_locks`](LockDsl::with_locks), [`VersionedDsl::update_versioned`]
 //! with [`retry`], and leases ([`Lease`], [`with_lease`]), on
 //! `AsyncPgConnection` and `AsyncMysqlConnection`, alone or from a bb8 or
@@ -100,12 +101,14 @@ mod lease;
 mod lock;
 mod transaction;
 mod versioned;
+mod worker;
 
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use versioned::{retry, VersionedDsl};
+pub use worker::WaitForRows;
 
 /// The mode of the builders the [`aio::prelude`](prelude)'s traits make: they run
 /// on a diesel-async connection, as futures.

@@ -240,20 +240,26 @@ fn wait_until(
 }
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-fn no_notifications(channel: &str) -> Result<(), Error> {
+pub(crate) fn no_notifications(channel: &str) -> Result<(), Error> {
     Err(Error::InvalidArgument(format!(
         "cannot listen on {channel:?}: LISTEN and NOTIFY are PostgreSQL's; poll instead"
     )))
 }
 
 /// A channel name PostgreSQL accepts: an identifier of at most 63 bytes.
-fn check_channel(channel: &str) -> Result<(), Error> {
+pub(crate) fn check_channel(channel: &str) -> Result<(), Error> {
     if channel.is_empty() || channel.len() > 63 || channel.contains('\0') {
         return Err(Error::InvalidArgument(format!(
             "a notification channel is 1 to 63 bytes without NUL, got {channel:?}"
         )));
     }
     Ok(())
+}
+
+/// `channel` as a quoted identifier, for `LISTEN` and `UNLISTEN`.
+#[cfg(feature = "postgres")]
+pub(crate) fn quoted(channel: &str) -> String {
+    format!("\"{}\"", channel.replace('"', "\"\""))
 }
 
 #[cfg(feature = "postgres")]
@@ -264,10 +270,6 @@ mod pg {
     use diesel::PgConnection;
 
     use super::*;
-
-    fn quoted(channel: &str) -> String {
-        format!("\"{}\"", channel.replace('"', "\"\""))
-    }
 
     impl WaitForRows for PgConnection {
         fn listen(&mut self, channel: &str) -> Result<(), Error> {

@@ -1,0 +1,193 @@
+//! The worker loop on a diesel-async connection: the blocking
+//! [`ClaimWorker`]'s twin, waiting with tokio timers and, on PostgreSQL,
+//! diesel-async's notification stream.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use diesel_async::AsyncConnection;
+use scoped_futures::ScopedBoxFuture;
+
+use super::backend::AsyncBackend;
+use super::claim::{ClaimQuery, EachRow};
+use super::Async;
+use crate::{ClaimReport, ClaimWorker, Error, StopHandle};
+
+/// How often a waiting worker looks at its stop handle.
+const STOP_CHECK_EVERY: Duration = Duration::from_millis(5);
+
+impl<Q> ClaimWorker<Q, Async> {
+    /// Runs the worker until stopped, awaiting `f` for every claimed row:
+    /// see the blocking [`ClaimWorker`]. Idle, it waits with tokio timers;
+    /// listening (PostgreSQL), it wakes when diesel-async receives the
+    /// notification.
+    pub fn run<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        C: WaitForRows,
+        C::Backend: AsyncBackend,
+        R: Send + 'a,
+        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        async move {
+            self.check()?;
+            if let Some(channel) = &self.channel {
+                conn.listen(channel).await?;
+            }
+            let mut handler = EachRow(f);
+            let mut total = ClaimReport::default();
+            let mut pause = self.min_poll;
+            let worked = loop {
+                if self.stop.is_stopped() {
+                    break Ok(total);
+                }
+                let outcome = self.claim.once(conn, &mut handler).await;
+                total.add(&outcome.report);
+                if let Some(failure) = outcome.stopped {
+                    break Err(failure.error);
+                }
+                if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
+                    match conn.wait_for_rows(wait, &self.stop).await {
+                        Ok(true) => pause = self.min_poll,
+                        Ok(false) => {}
+                        Err(error) => break Err(error.into()),
+                    }
+                }
+            };
+            if let Some(channel) = &self.channel {
+                // A pooled connection goes back to the pool without it.
+                let unlistened = conn.unlisten(channel).await;
+                if worked.is_ok() {
+                    unlistened?;
+                }
+            }
+            worked
+        }
+    }
+}
+
+/// How a diesel-async connection waits for new rows between a worker's
+/// claims: the async twin of [`crate::WaitForRows`], implemented for
+/// `AsyncPgConnection` (which listens) and `AsyncMysqlConnection` (which
+/// sleeps). Pass a pooled connection dereferenced (`&mut *pooled`).
+pub trait WaitForRows: AsyncConnection {
+    /// Starts listening on `channel`: PostgreSQL `LISTEN`; elsewhere
+    /// [`Error::InvalidArgument`].
+    fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Stops listening on `channel`.
+    fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Waits up to `timeout`, less if `stop` is triggered or (when listening)
+    /// a notification arrives; whether one did. Notifications that arrived
+    /// before count too.
+    fn wait_for_rows(
+        &mut self,
+        timeout: Duration,
+        stop: &StopHandle,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+}
+
+/// Sleeps up to `timeout` in short steps, until `stop` is triggered.
+#[cfg(feature = "mysql")]
+async fn sleep_until_stopped(timeout: Duration, stop: &StopHandle) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stop.is_stopped() {
+            return;
+        }
+        tokio::time::sleep(left.min(STOP_CHECK_EVERY)).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use std::pin::pin;
+
+    use futures_util::future::{self, Either};
+    use futures_util::{FutureExt, StreamExt};
+
+    use super::*;
+    use crate::claim::worker::{check_channel, quoted};
+
+    impl WaitForRows for diesel_async::AsyncPgConnection {
+        fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+            let sql = format!("LISTEN {}", quoted(channel));
+            async move {
+                check_channel(channel)?;
+                Ok(diesel_async::SimpleAsyncConnection::batch_execute(self, &sql).await?)
+            }
+        }
+
+        fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+            let sql = format!("UNLISTEN {}", quoted(channel));
+            async move {
+                check_channel(channel)?;
+                Ok(diesel_async::SimpleAsyncConnection::batch_execute(self, &sql).await?)
+            }
+        }
+
+        fn wait_for_rows(
+            &mut self,
+            timeout: Duration,
+            stop: &StopHandle,
+        ) -> impl Future<Output = Result<bool, Error>> + Send {
+            async move {
+                let deadline = Instant::now() + timeout;
+                let mut notifications = pin!(self.notifications_stream());
+                let mut notified = false;
+                // Every notification waiting: one claim serves them all.
+                while let Some(Some(notification)) = notifications.next().now_or_never() {
+                    notification?;
+                    notified = true;
+                }
+                while !notified {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() || stop.is_stopped() {
+                        break;
+                    }
+                    let pause = pin!(tokio::time::sleep(left.min(STOP_CHECK_EVERY)));
+                    match future::select(notifications.next(), pause).await {
+                        Either::Left((Some(notification), _)) => {
+                            notification?;
+                            notified = true;
+                        }
+                        // The connection's task has ended: the next claim will
+                        // say why.
+                        Either::Left((None, _)) => break,
+                        Either::Right(_) => {}
+                    }
+                }
+                Ok(notified)
+            }
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl WaitForRows for diesel_async::AsyncMysqlConnection {
+    fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        futures_util::future::ready(crate::claim::worker::no_notifications(channel))
+    }
+
+    fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        futures_util::future::ready(crate::claim::worker::no_notifications(channel))
+    }
+
+    fn wait_for_rows(
+        &mut self,
+        timeout: Duration,
+        stop: &StopHandle,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        async move {
+            sleep_until_stopped(timeout, stop).await;
+            Ok(false)
+        }
+    }
+}
