@@ -116,21 +116,24 @@ mod pg {
     use super::*;
     use crate::claim::worker::{check_channel, quoted};
 
+    /// Runs `LISTEN` or `UNLISTEN` (`verb`) on `channel`.
+    async fn listening(
+        conn: &mut diesel_async::AsyncPgConnection,
+        verb: &str,
+        channel: &str,
+    ) -> Result<(), Error> {
+        check_channel(channel)?;
+        let sql = format!("{verb} {}", quoted(channel));
+        Ok(diesel_async::SimpleAsyncConnection::batch_execute(conn, &sql).await?)
+    }
+
     impl WaitForRows for diesel_async::AsyncPgConnection {
         fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-            let sql = format!("LISTEN {}", quoted(channel));
-            async move {
-                check_channel(channel)?;
-                Ok(diesel_async::SimpleAsyncConnection::batch_execute(self, &sql).await?)
-            }
+            listening(self, "LISTEN", channel)
         }
 
         fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-            let sql = format!("UNLISTEN {}", quoted(channel));
-            async move {
-                check_channel(channel)?;
-                Ok(diesel_async::SimpleAsyncConnection::batch_execute(self, &sql).await?)
-            }
+            listening(self, "UNLISTEN", channel)
         }
 
         fn wait_for_rows(
