@@ -18,6 +18,11 @@ use crate::Error;
 /// A claim given it ([`ClaimBuilder::stop_on`]) ends before its next
 /// statement, once the row or batch in hand has committed; a
 /// [`ClaimWorker`] also stops waiting for new rows.
+///
+/// A handle made from a flag is triggered when the flag is set, by whatever
+/// sets it: with the `signal-hook` crate,
+/// `signal_hook::flag::register(SIGTERM, flag.clone())` and
+/// `StopHandle::from(flag)` stop the workers on `SIGTERM`.
 #[derive(Debug, Clone, Default)]
 pub struct StopHandle(Arc<AtomicBool>);
 
@@ -35,6 +40,13 @@ impl StopHandle {
     /// Whether [`stop`](Self::stop) was called on this handle or a clone.
     pub fn is_stopped(&self) -> bool {
         self.0.load(Ordering::Acquire)
+    }
+}
+
+impl From<Arc<AtomicBool>> for StopHandle {
+    /// A handle triggered when `flag` is set.
+    fn from(flag: Arc<AtomicBool>) -> Self {
+        StopHandle(flag)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Claiming scenarios on every backend: drain (1), double check (2), worker
-//! killed (4), closure error and panic (6); and the worker processes they start.
+//! killed (4), closure error and panic (6), the worker loop (24); and the
+//! worker processes they start.
 //!
 //! "Sending an email" inserts an outbox row, which has no UNIQUE constraint:
 //! a row processed twice shows up as two outbox rows.
@@ -25,6 +26,9 @@ pub fn pending() -> _ {
         .filter(orders::shipped.eq(true))
         .filter(orders::email_sent.eq(false))
 }
+
+/// The channel the worker loops listen on (PostgreSQL).
+const CHANNEL: &str = "torture_orders";
 
 /// Inserts `count` pending orders, with ids `1..=count`, in one statement.
 fn insert_orders(conn: &mut impl SimpleConnection, count: usize) {
@@ -162,6 +166,99 @@ on_suite_backends! {
         });
         let mut figures = Figures::default();
         figures.check(false, format!("the claim ended without being killed: {claimed:?}"));
+        figures
+    }
+
+    /// Worker: `threads` threads each run the claim as a worker loop
+    /// (batches of 10, polling every 2 ms up to every 50 ms, and on
+    /// PostgreSQL listening on `torture_orders`) until SIGTERM, which they
+    /// handle by stopping gracefully; says `ready` once the handler is in.
+    pub fn loop_worker(args: &Fields) -> Figures {
+        let threads = args.number("threads") as usize;
+        let first = args.number("first") as i32;
+        let pool = Conn::pool(args.text("url"), threads as u32);
+        let terminated = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, terminated.clone())
+            .expect("cannot handle SIGTERM");
+        let stop = diesel_claim::StopHandle::from(terminated);
+        procs::report("ready", &Fields::default());
+        in_threads(threads, |index| {
+            let worker = first + index as i32;
+            let mut figures = Figures::default();
+            let mut conn = pool.get().unwrap();
+            let claim = pending()
+                .build_claim()
+                .batch(10)
+                .worker(&stop)
+                .poll_interval(Duration::from_millis(2), Duration::from_millis(50));
+            let claim = if ROW_LOCKS { claim.listen(CHANNEL) } else { claim };
+            match claim.run(&mut *conn, |conn, order: Order| email(conn, &order, worker)) {
+                Ok(report) => figures.ops += report.processed,
+                Err(error) => figures.check(false, format!("worker {worker}: {error}")),
+            }
+            figures
+        })
+    }
+
+    /// Scenario 24: worker loops in several processes keep up with a
+    /// producer, while one process is SIGKILLed (and replaced) and another
+    /// SIGSTOPped for a while; then all are sent SIGTERM, and each finishes its
+    /// batch and reports. Every row is emailed exactly once.
+    pub fn worker_loop(ctx: &Ctx) -> Figures {
+        let rows = ctx.rows();
+        let (_db, url, pool) = database(2, 0);
+        let (threads, processes) = ctx.workers();
+        let mut figures = Figures::new(threads, processes);
+        let share = (threads / processes).max(1);
+        let spawn = |first: usize| {
+            let args = [("url", url.clone()), ("threads", share.to_string()), ("first", first.to_string())];
+            let mut worker = ctx.spawn("loop", &args);
+            worker.expect("ready");
+            worker
+        };
+        let mut workers: Vec<_> = (0..processes).map(|p| spawn(1 + p * share)).collect();
+        let mut conn = pool.get().unwrap();
+        let chunk = 20;
+        let (mut placed, mut faults) = (0, 0);
+        while placed < rows {
+            let count = chunk.min(rows - placed);
+            insert_orders(&mut *conn, count);
+            if ROW_LOCKS {
+                diesel::sql_query(format!("SELECT pg_notify('{CHANNEL}', '')")).execute(&mut *conn).unwrap();
+            }
+            placed += count;
+            thread::sleep(Duration::from_millis(5));
+            if faults == 0 && placed >= rows / 3 {
+                // SIGKILLed mid-work: its batch rolls back, a new process
+                // takes its place, its report is lost.
+                let killed = workers.remove(0);
+                killed.kill();
+                figures.count_error("killed");
+                workers.push(spawn(1 + processes * share));
+                faults += 1;
+            } else if faults == 1 && placed >= 2 * rows / 3 && processes > 1 {
+                let stalled = &workers[0];
+                stalled.stop();
+                thread::sleep(Duration::from_millis(300));
+                stalled.resume();
+                faults += 1;
+            }
+        }
+        let drained = procs::time_until(Duration::from_secs(60), || {
+            pending().count().get_result::<i64>(&mut *conn).is_ok_and(|left| left == 0)
+        });
+        figures.check(drained.is_some(), "rows still pending 60 s after the last was placed");
+        for worker in &workers {
+            worker.terminate();
+        }
+        for worker in workers {
+            figures.absorb(&worker.finish());
+        }
+        figures.note(format!(
+            "{rows} rows placed in chunks of {chunk}; 1 worker process SIGKILLed and replaced, 1 SIGSTOPped for 300 ms; the rest stopped by SIGTERM; pending rows gone {:.0?} after the last was placed",
+            drained.unwrap_or_default()
+        ));
+        check_emails(&mut conn, &mut figures, rows as u64);
         figures
     }
 

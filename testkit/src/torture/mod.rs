@@ -430,6 +430,7 @@ macro_rules! shared_scenarios {
             20 "unique-name" leases::unique_name,
             21 "bad-input" bad_input::bad_input,
             23 "kept-lease" leases::kept_lease,
+            24 "worker-loop" claiming::worker_loop,
         )
     };
     ($backend:ident: $($number:literal $name:literal $module:ident::$function:ident,)*) => {
@@ -629,6 +630,7 @@ pub fn worker_main(args: &[String]) -> i32 {
             match kind.as_str() {
                 "drain" => run(claiming::$backend::drain_worker),
                 "hold" => run(claiming::$backend::hold_worker),
+                "loop" => run(claiming::$backend::loop_worker),
                 "bank" => run(money::$backend::bank_worker),
                 "exclusion" => run(leases::$backend::exclusion_worker),
                 "lease-holder" => run(leases::$backend::holder_worker),

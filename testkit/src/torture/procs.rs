@@ -114,6 +114,11 @@ impl Worker {
         self.signal("-CONT");
     }
 
+    /// SIGTERM: the worker is asked to stop gracefully.
+    pub fn terminate(&self) {
+        self.signal("-TERM");
+    }
+
     fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.pid().to_string()])
