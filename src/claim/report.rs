@@ -25,7 +25,10 @@ pub struct ClaimReport {
     pub failed: u64,
     /// Candidates this call read and did not get to, because it had processed
     /// [`max_rows`](crate::ClaimBuilder::max_rows): left for the next call,
-    /// not to others.
+    /// not to others. (Also, rarely, a row of a failed batch that
+    /// [`keep_going`](crate::ClaimBuilder::keep_going) could not claim again
+    /// alone: one inserted since its page was read, in a claim ordered by
+    /// other columns than the key.)
     pub not_reached: u64,
     /// Passes over the candidates (more than one only when draining).
     pub passes: u32,
