@@ -3,7 +3,7 @@
 //! diesel-async's notification stream.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel_async::AsyncConnection;
 use scoped_futures::ScopedBoxFuture;
@@ -11,6 +11,7 @@ use scoped_futures::ScopedBoxFuture;
 use super::backend::AsyncBackend;
 use super::claim::{ClaimQuery, EachRow};
 use super::Async;
+use crate::claim::worker::Wait;
 use crate::{ClaimReport, ClaimWorker, Error, StopHandle};
 
 /// How often a waiting worker looks at its stop handle.
@@ -96,13 +97,9 @@ pub trait WaitForRows: AsyncConnection {
 /// Sleeps up to `timeout` in short steps, until `stop` is triggered.
 #[cfg(feature = "mysql")]
 async fn sleep_until_stopped(timeout: Duration, stop: &StopHandle) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stop.is_stopped() {
-            return;
-        }
-        tokio::time::sleep(left.min(STOP_CHECK_EVERY)).await;
+    let wait = Wait::new(timeout, stop);
+    while let Some(pause) = wait.next_step(STOP_CHECK_EVERY) {
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -142,7 +139,7 @@ mod pg {
             stop: &StopHandle,
         ) -> impl Future<Output = Result<bool, Error>> + Send {
             async move {
-                let deadline = Instant::now() + timeout;
+                let wait = Wait::new(timeout, stop);
                 let mut notifications = pin!(self.notifications_stream());
                 let mut notified = false;
                 // Every notification waiting: one claim serves them all.
@@ -151,11 +148,10 @@ mod pg {
                     notified = true;
                 }
                 while !notified {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || stop.is_stopped() {
+                    let Some(pause) = wait.next_step(STOP_CHECK_EVERY) else {
                         break;
-                    }
-                    let pause = pin!(tokio::time::sleep(left.min(STOP_CHECK_EVERY)));
+                    };
+                    let pause = pin!(tokio::time::sleep(pause));
                     match future::select(notifications.next(), pause).await {
                         Either::Left((Some(notification), _)) => {
                             notification?;

@@ -625,17 +625,14 @@ where
                 .and_then(|rows| claim.taken(rows, limit, position_of::<Q, _, _>))
                 .map_err(outside)?;
                 let processed = rows.len();
-                if processed > 0 {
-                    let keys = rows.iter().map(Q::key).collect();
-                    call(f, conn, rows, catch_panics).map_err(|e| (keys, e))
-                } else {
-                    Ok(())
-                }
-                .map(|()| processed)
-                .map_err(|(keys, error)| {
-                    failing = Some(keys);
-                    error
-                })
+                let called = match processed {
+                    0 => Ok(()),
+                    _ => {
+                        let keys = rows.iter().map(Q::key).collect();
+                        call(f, conn, rows, catch_panics).inspect_err(|_| failing = Some(keys))
+                    }
+                };
+                called.map(|()| processed)
             }
             Step::Batch(range, limit) => again_if_moved(|moved| {
                 failing = None;

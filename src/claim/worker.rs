@@ -230,6 +230,33 @@ pub trait WaitForRows: LoadConnection {
 /// at its socket for notifications: a read, no round trip).
 const WAKE_UP_EVERY: Duration = Duration::from_millis(1);
 
+/// A worker's wait between claims, in both APIs: until a deadline, cut short
+/// by its stop handle.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) struct Wait<'a> {
+    deadline: std::time::Instant,
+    stop: &'a StopHandle,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+impl<'a> Wait<'a> {
+    pub(crate) fn new(timeout: Duration, stop: &'a StopHandle) -> Self {
+        Wait {
+            deadline: std::time::Instant::now() + timeout,
+            stop,
+        }
+    }
+
+    /// How long to sleep before looking again, at most `step`; `None` once
+    /// the wait is over or stopped.
+    pub(crate) fn next_step(&self, step: Duration) -> Option<Duration> {
+        let left = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        (!left.is_zero() && !self.stop.is_stopped()).then(|| left.min(step))
+    }
+}
+
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 /// Sleeps up to `timeout` in short steps, until `stop` is triggered or
 /// `notified` says so; whether it did.
@@ -238,16 +265,15 @@ fn wait_until(
     stop: &StopHandle,
     mut notified: impl FnMut() -> Result<bool, Error>,
 ) -> Result<bool, Error> {
-    let deadline = std::time::Instant::now() + timeout;
+    let wait = Wait::new(timeout, stop);
     loop {
         if notified()? {
             return Ok(true);
         }
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() || stop.is_stopped() {
+        let Some(pause) = wait.next_step(WAKE_UP_EVERY) else {
             return Ok(false);
-        }
-        std::thread::sleep(left.min(WAKE_UP_EVERY));
+        };
+        std::thread::sleep(pause);
     }
 }
 
