@@ -14,6 +14,25 @@ diesel::table! {
     }
 }
 
+/// The type of a claim stamp column on the backend the build enables.
+#[cfg(feature = "postgres")]
+pub type ClaimStamp = diesel::sql_types::Timestamptz;
+#[cfg(all(feature = "mysql", not(feature = "postgres")))]
+pub type ClaimStamp = diesel::sql_types::Datetime;
+#[cfg(all(feature = "sqlite", not(any(feature = "postgres", feature = "mysql"))))]
+pub type ClaimStamp = diesel::sql_types::Timestamp;
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::ClaimStamp;
+
+    invoices (id) {
+        id -> Integer,
+        sent -> Bool,
+        claimed_until -> Nullable<ClaimStamp>,
+    }
+}
+
 diesel::table! {
     accounts (id) {
         id -> Integer,
@@ -31,6 +50,13 @@ pub struct Order {
 }
 
 #[derive(Debug, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = invoices)]
+pub struct Invoice {
+    pub id: i32,
+    pub sent: bool,
+}
+
+#[derive(Debug, Queryable, Selectable, Identifiable)]
 #[diesel(table_name = accounts)]
 pub struct Account {
     pub id: i32,
@@ -40,7 +66,8 @@ pub struct Account {
 
 const DOCTEST_ROWS: &str = "
     INSERT INTO orders (shipped, email_sent) VALUES (TRUE, FALSE), (TRUE, FALSE), (FALSE, FALSE);
-    INSERT INTO accounts (balance, version) VALUES (100, 0), (50, 0);";
+    INSERT INTO accounts (balance, version) VALUES (100, 0), (50, 0);
+    INSERT INTO invoices (sent) VALUES (FALSE), (FALSE), (TRUE);";
 
 #[cfg(feature = "postgres")]
 fn establish_connection() -> PgConnection {
@@ -50,7 +77,8 @@ fn establish_connection() -> PgConnection {
     conn.batch_execute(
         "SET search_path TO pg_temp;
          CREATE TABLE orders (id SERIAL PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
-         CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);",
+         CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
+         CREATE TABLE invoices (id SERIAL PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMPTZ);",
     )
     .unwrap();
     conn.batch_execute(DOCTEST_ROWS).unwrap();
@@ -67,6 +95,7 @@ fn establish_connection() -> MysqlConnection {
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
          CREATE TEMPORARY TABLE orders (id INTEGER AUTO_INCREMENT PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE accounts (id INTEGER AUTO_INCREMENT PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL) ENGINE = InnoDB;
+         CREATE TEMPORARY TABLE invoices (id INTEGER AUTO_INCREMENT PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until DATETIME(6)) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE diesel_claim_leases (name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, expires_at BIGINT NOT NULL) ENGINE = InnoDB;",
     )
     .unwrap();
@@ -79,7 +108,8 @@ fn establish_connection() -> SqliteConnection {
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
     conn.batch_execute(
         "CREATE TABLE orders (id INTEGER PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
-         CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);",
+         CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
+         CREATE TABLE invoices (id INTEGER PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMP);",
     )
     .unwrap();
     conn.batch_execute(DOCTEST_ROWS).unwrap();

@@ -78,6 +78,21 @@ pub enum Error {
         token: i64,
     },
 
+    /// A [visibility-timeout claim](crate::ClaimBuilder::visibility_timeout)'s
+    /// write was refused, and nothing was written: the row no longer carries
+    /// the claim's stamp. The claim ran out and another worker claimed the
+    /// row since (or the application cleared the stamp); the work done under
+    /// this claim must not be committed.
+    #[error(
+        "claim lost on {table}: the row's claim ran out and the row was claimed again (or its \
+         stamp was cleared)"
+    )]
+    ClaimLost {
+        /// The table of the row, as its name is written (`orders`,
+        /// `"shop"."orders"`).
+        table: String,
+    },
+
     /// An argument was rejected before any SQL was sent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -31,8 +31,8 @@ pub use backend::ClaimBackend;
 #[cfg(feature = "postgres")]
 pub use claim::notify;
 pub use claim::{
-    ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, MarkQuery,
-    MarkedClaim, RowFailure, StopHandle, WaitForRows,
+    ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, Claimed, MarkQuery,
+    MarkedClaim, RowFailure, StampQuery, StampedRow, StopHandle, TimedClaim, WaitForRows,
 };
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres")]

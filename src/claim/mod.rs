@@ -17,12 +17,14 @@ use crate::{Blocking, Error, LockStrength, OnLocked};
 pub(crate) mod engine;
 pub(crate) mod query;
 mod report;
+mod timed;
 pub(crate) mod worker;
 
 use engine::{Claim, Plan, Step, Taking};
 pub(crate) use query::ClaimStatements;
-pub use query::{ClaimQuery, MarkQuery};
+pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
+pub use timed::{Claimed, StampedRow, TimedClaim};
 #[cfg(feature = "postgres")]
 pub use worker::notify;
 pub use worker::{ClaimWorker, StopHandle, WaitForRows};
@@ -292,8 +294,8 @@ impl<Q, M> ClaimBuilder<Q, M> {
             .resolve(OnLocked::Skip, || query.claimed_table())?;
         if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
             return Err(Error::InvalidArgument(
-                "nowait cannot be combined with mark_and_commit: the mark commits before a \
-                 locked row could roll it back"
+                "nowait cannot be combined with mark_and_commit or visibility_timeout: their \
+                 claims commit before a locked row could roll them back"
                     .to_owned(),
             ));
         }
@@ -591,50 +593,23 @@ where
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
     let catch_panics = claim.keep_going;
-    loop {
+    while let Some((range, limit)) = next_batch(claim, query, conn).map_err(outside)? {
         // The keys of the rows handed to the closure, once it has failed.
         let mut failing: Option<Vec<K>> = None;
-        let batch = match claim.next() {
-            Step::Candidates(range, limit) => {
-                let keys = query.keys(conn, range, limit).map_err(Error::from);
-                let keys = keys.map_err(outside)?;
-                claim.candidates(keys);
-                continue;
-            }
-            Step::StillMatching(range) => {
-                let keys = query.keys(conn, range, i64::MAX).map_err(Error::from);
-                let keys = keys.map_err(outside)?;
-                claim.still_matching(keys);
-                continue;
-            }
-            Step::Done => return Ok(()),
-            Step::Batch(range, limit) if claim.taking == Taking::MarkAndCommit => {
-                let rows = again_if_moved(|moved| {
-                    let mut take = |conn: &mut C| {
-                        locking_read(take(conn, range.clone(), limit, &claim.clause), moved)
-                    };
-                    if claim.one_statement_mark {
-                        take(conn)
-                    } else {
-                        // SQLite: a lone `UPDATE` would read first and then fail
-                        // to take the write lock if another writer got in
-                        // between. MySQL: the mark is three statements.
-                        locking_transaction(conn, claim.nowait, take)
-                    }
-                })
-                .and_then(|rows| claim.taken(rows, limit, position_of::<Q, _, _>))
+        let batch = if claim.taking == Taking::MarkAndCommit {
+            let rows = take_and_commit(claim, conn, take, range, limit, position_of::<Q, _, _>)
                 .map_err(outside)?;
-                let processed = rows.len();
-                let called = match processed {
-                    0 => Ok(()),
-                    _ => {
-                        let keys = rows.iter().map(Q::key).collect();
-                        call(f, conn, rows, catch_panics).inspect_err(|_| failing = Some(keys))
-                    }
-                };
-                called.map(|()| processed)
-            }
-            Step::Batch(range, limit) => again_if_moved(|moved| {
+            let processed = rows.len();
+            let called = match processed {
+                0 => Ok(()),
+                _ => {
+                    let keys = rows.iter().map(Q::key).collect();
+                    call(|| f(conn, rows), catch_panics).inspect_err(|_| failing = Some(keys))
+                }
+            };
+            called.map(|()| processed)
+        } else {
+            again_if_moved(|moved| {
                 failing = None;
                 locking_transaction(conn, claim.nowait, |conn| {
                     let rows = take(conn, range.clone(), limit, &claim.clause);
@@ -647,11 +622,12 @@ where
                     let processed = rows.len();
                     if processed > 0 {
                         let keys = rows.iter().map(Q::key).collect();
-                        call(f, conn, rows, catch_panics).inspect_err(|_| failing = Some(keys))?;
+                        call(|| f(conn, rows), catch_panics)
+                            .inspect_err(|_| failing = Some(keys))?;
                     }
                     Ok::<_, E>(processed)
                 })
-            }),
+            })
         };
         match (batch, failing) {
             (Ok(processed), _) => claim.processed(processed),
@@ -669,6 +645,64 @@ where
             (Err(error), keys) => return Err(RowFailure::new(keys.unwrap_or_default(), error)),
         }
     }
+    Ok(())
+}
+
+/// Carries out the claim's unlocked reads until it asks for a batch: the
+/// batch's range and row limit, or `None` once the claim is done.
+pub(crate) fn next_batch<'q, Q, C, R, K>(
+    claim: &mut Claim<Position<K>>,
+    query: &Q,
+    conn: &mut C,
+) -> Result<Option<(KeyRange<Position<K>>, i64)>, Error>
+where
+    Q: ClaimQuery<'q, C, R, Key = K>,
+    K: Clone + Eq + Hash,
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+{
+    loop {
+        match claim.next() {
+            Step::Candidates(range, limit) => claim.candidates(query.keys(conn, range, limit)?),
+            Step::StillMatching(range) => {
+                claim.still_matching(query.keys(conn, range, i64::MAX)?);
+            }
+            Step::Batch(range, limit) => return Ok(Some((range, limit))),
+            Step::Done => return Ok(None),
+        }
+    }
+}
+
+/// Claims a batch with a statement that commits on its own (or in a
+/// transaction of its own, where the backend needs one), before any closure
+/// runs: a mark that is committed, or a visibility-timeout stamp.
+pub(crate) fn take_and_commit<C, R, K, T>(
+    claim: &mut Claim<Position<K>>,
+    conn: &mut C,
+    take: &mut T,
+    range: KeyRange<Position<K>>,
+    limit: i64,
+    position_of: impl Fn(&R) -> Position<K>,
+) -> Result<Vec<R>, Error>
+where
+    K: Clone + Eq + Hash,
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
+{
+    let rows = again_if_moved(|moved| {
+        let mut take =
+            |conn: &mut C| locking_read(take(conn, range.clone(), limit, &claim.clause), moved);
+        if claim.one_statement_mark {
+            take(conn)
+        } else {
+            // SQLite: a lone `UPDATE` would read first and then fail to take
+            // the write lock if another writer got in between. MySQL: the
+            // mark is three statements.
+            locking_transaction(conn, claim.nowait, take)
+        }
+    })?;
+    claim.taken(rows, limit, position_of)
 }
 
 /// Claims the row at `key` of a failed batch again, alone, in a transaction of
@@ -700,7 +734,7 @@ where
             let rows = locking_read(take(conn, range.clone(), 1, &claim.clause), moved)?;
             let processed = rows.len();
             if processed > 0 {
-                call(f, conn, rows, true).inspect_err(|_| closure_failed = true)?;
+                call(|| f(conn, rows), true).inspect_err(|_| closure_failed = true)?;
             }
             Ok::<_, E>(processed)
         })
@@ -717,18 +751,16 @@ where
     Ok(())
 }
 
-/// Runs the closure on a batch; with `catch_panics`, a panic is its error
-/// ([`Error::ClosurePanicked`]).
-pub(crate) fn call<C, R, E: From<Error>>(
-    f: &mut impl FnMut(&mut C, Vec<R>) -> Result<(), E>,
-    conn: &mut C,
-    rows: Vec<R>,
+/// Runs the closure (on a batch, or a row); with `catch_panics`, a panic is
+/// its error ([`Error::ClosurePanicked`]).
+pub(crate) fn call<E: From<Error>>(
+    f: impl FnOnce() -> Result<(), E>,
     catch_panics: bool,
 ) -> Result<(), E> {
     if !catch_panics {
-        return f(conn, rows);
+        return f();
     }
-    panic::catch_unwind(AssertUnwindSafe(|| f(conn, rows)))
+    panic::catch_unwind(AssertUnwindSafe(f))
         .unwrap_or_else(|payload| Err(Error::ClosurePanicked(panic_message(&*payload)).into()))
 }
 

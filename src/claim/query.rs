@@ -19,6 +19,7 @@ use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
 use crate::reusable::Reusable;
+use crate::sql::stamp::{NewStamp, StampMicros, StampType};
 use crate::sql::{
     lock_target, rendered, ClaimOrder, IdShape, InList, InRange, KeyRange, KeyShape, KeysIn,
     Locked, OrderTerms, Position, Positioned, QueryOrder, Returning, SelectWhere, Update,
@@ -144,6 +145,32 @@ pub trait MarkQuery<'q, C: Connection, R, V>: ClaimQuery<'q, C, R> {
     ) -> QueryResult<Vec<R>>;
 }
 
+/// A query a [visibility-timeout claim](crate::ClaimBuilder::visibility_timeout)
+/// can take rows of type `R` from, on a connection `C`, stamping them in the
+/// column `Col`.
+///
+/// Implemented for the queries of [`ClaimQuery`] whose rows are also
+/// [`Selectable`](diesel::Selectable) from the claimed table, with a stamp
+/// column of that table.
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}` with a stamp in `{Col}`",
+    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
+            the stamp a nullable timestamp column of that table"
+)]
+pub trait StampQuery<'q, C: Connection, R, Col>: ClaimQuery<'q, C, R> {
+    /// Up to `limit` matching rows in `range`, locked by `lock`, stamped by
+    /// `stamp`, with the stamp written.
+    #[doc(hidden)]
+    fn stamp(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        lock: &LockClause,
+        stamp: &NewStamp<Col>,
+    ) -> QueryResult<Vec<(R, i64)>>;
+}
+
 pub(crate) type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
 /// `Q` within a range of positions, in the order `O`, whose key's columns are
 /// `W` (the primary key wrapped for the key predicates) and values `K`.
@@ -164,6 +191,12 @@ type MarkStatement<R, V, W, K, KQ, DB> = Returning<
 >;
 type MarkByKeys<R, V, W, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
 type ReadByKeys<R, W, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
+type Stamped<R, Col, DB> = (dsl::AsSelect<R, DB>, StampMicros<Col>);
+type StampStatement<R, Col, W, K, KQ, DB> =
+    Returning<Update<FromClause<R>, NewStamp<Col>, KeysIn<W, Locked<KQ>, K>>, Stamped<R, Col, DB>>;
+type StampByKeys<R, Col, W, K> = Update<FromClause<R>, NewStamp<Col>, InList<W, K>>;
+type ReadStampedByKeys<R, Col, W, K, DB> =
+    SelectWhere<Stamped<R, Col, DB>, FromClause<R>, InList<W, K>>;
 /// The shape of the claimed rows' key, from their `Identifiable::Id`.
 type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
 type Key<R> = <Shape<R> as KeyShape<R>>::Key;
@@ -397,6 +430,79 @@ where
         .execute(conn)?;
         SelectWhere {
             columns: R::as_select(),
+            from: R::table().from_clause(),
+            filter: by_keys(),
+        }
+        .load(conn)
+    }
+}
+
+impl<'q, Q, C, R, Col> StampQuery<'q, C, R, Col> for Q
+where
+    Q: ClaimQuery<'q, C, R>,
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable + Selectable<C::Backend>,
+    dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
+    Col: Column<Table = R::Table> + Copy,
+    Col::SqlType: StampType<C::Backend>,
+    StampStatement<R, Col, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>:
+        LoadQuery<'q, C, (R, i64)>,
+    StampByKeys<R, Col, Q::KeyColumns, Q::Key>: ExecuteDsl<C>,
+    ReadStampedByKeys<R, Col, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, (R, i64)>,
+{
+    fn stamp(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &LockClause,
+        stamp: &NewStamp<Col>,
+    ) -> QueryResult<Vec<(R, i64)>> {
+        let key = Q::key_columns();
+        let stamped = (R::as_select(), StampMicros(stamp.column));
+        if <C::Backend as Strategy>::UPDATE_RETURNING {
+            let claimed = KeysIn {
+                column: key,
+                subquery: Locked {
+                    query: self.locked_keys_query(range, limit),
+                    clause: Some(lock.clone()),
+                },
+                key: PhantomData,
+            };
+            return Returning {
+                statement: Update {
+                    from: R::table().from_clause(),
+                    changes: *stamp,
+                    filter: claimed,
+                },
+                columns: stamped,
+            }
+            .load(conn);
+        }
+        // Without `RETURNING` (MySQL): lock, stamp by key, and read the rows
+        // and their stamps back, in the caller's transaction.
+        let mut keys: Vec<Q::Key> = self
+            .rows(conn, range, limit, lock)?
+            .iter()
+            .map(Q::key)
+            .collect();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let by_keys = || InList {
+            column: key,
+            keys: keys.clone(),
+        };
+        Update {
+            from: R::table().from_clause(),
+            changes: *stamp,
+            filter: by_keys(),
+        }
+        .execute(conn)?;
+        SelectWhere {
+            columns: stamped,
             from: R::table().from_clause(),
             filter: by_keys(),
         }

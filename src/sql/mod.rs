@@ -8,9 +8,10 @@
 mod keys;
 pub(crate) mod order;
 pub mod rendered;
+pub mod stamp;
 mod statements;
 
-pub use keys::{IdShape, InList, InRange, KeyRange, KeyShape, KeysIn, Lower};
+pub use keys::{IdShape, InList, InRange, KeyColumns, KeyRange, KeyShape, KeysIn, Lower};
 pub use order::{ClaimOrder, OrderTerms, Position, Positioned, QueryOrder};
 pub use statements::{Returning, SelectWhere, Update, VersionProbe};
 

@@ -1,0 +1,370 @@
+//! The claim stamp of a visibility-timeout claim: a timestamp column of the
+//! caller's table that holds, while a row is claimed, when its claim runs
+//! out, by the database clock.
+//!
+//! Every stamp is written and compared by the database, never by a client's
+//! clock. A claim stamps a row only where its stamp is null or already past
+//! `now`, and stamps it `now + ttl` in the same statement, so a new stamp is
+//! always later than the one it replaces: a row's stamp tells its claims
+//! apart, and serves as the fencing token of the claim that wrote it. The
+//! crate reads a stamp as microseconds since the Unix epoch (SQLite keeps
+//! milliseconds), in SQL, so no date-time crate is needed to hold it.
+
+use std::marker::PhantomData;
+
+use diesel::backend::Backend;
+use diesel::expression::{is_aggregate, AppearsOnTable, Expression, ValidGrouping};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, Bool, HasSqlType};
+use diesel::{Column, QueryResult};
+
+/// A column type a visibility-timeout claim can keep its stamp in, on the
+/// backend `DB`: a nullable timestamp (null: not claimed).
+///
+/// - PostgreSQL: `timestamptz` or `timestamp` (kept in UTC);
+/// - MySQL and MariaDB: `DATETIME(6)` (kept in UTC; without the `(6)`,
+///   stamps lose their fractions of a second);
+/// - SQLite: `TIMESTAMP`, as text `YYYY-MM-DD HH:MM:SS.SSS` (UTC).
+#[diagnostic::on_unimplemented(
+    message = "a claim stamp cannot be kept in a column of type `{Self}` on `{DB}`",
+    note = "the stamp column must be a nullable timestamp: `Nullable<Timestamptz>` or \
+            `Nullable<Timestamp>` on PostgreSQL, `Nullable<Datetime>` (`DATETIME(6)`) on \
+            MySQL, `Nullable<Timestamp>` on SQLite"
+)]
+pub trait StampType<DB: Backend> {
+    /// The database clock now, as a value of the column's type.
+    fn walk_now(out: AstPass<'_, '_, DB>) -> QueryResult<()>;
+
+    /// The database clock `micros` microseconds from now, as a value of the
+    /// column's type.
+    fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
+
+    /// `column`'s value as microseconds since the Unix epoch.
+    fn walk_micros<'b>(
+        column: &'b dyn QueryFragment<DB>,
+        out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()>;
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use diesel::pg::Pg;
+    use diesel::sql_types::{Nullable, Timestamp, Timestamptz};
+
+    /// `statement_timestamp()` rather than `now()`: it moves on with each
+    /// statement, also inside a caller's transaction, yet is one value within
+    /// a statement, so the stamp a claim writes is later than the `now` it
+    /// compared the old stamp with.
+    fn walk_micros_pg<'b>(
+        column: &'b dyn QueryFragment<Pg>,
+        mut out: AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        // Exact: a timestamp is a count of microseconds.
+        out.push_sql("round(EXTRACT(EPOCH FROM ");
+        column.walk_ast(out.reborrow())?;
+        out.push_sql(") * 1000000)::int8");
+        Ok(())
+    }
+
+    fn walk_later_pg<'b>(
+        now: &'static str,
+        micros: &'b i64,
+        mut out: AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        out.push_sql("(");
+        out.push_sql(now);
+        out.push_sql(" + ");
+        out.push_bind_param::<BigInt, i64>(micros)?;
+        out.push_sql(" * INTERVAL '1 microsecond')");
+        Ok(())
+    }
+
+    const NOW_TZ: &str = "statement_timestamp()";
+    const NOW_UTC: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
+
+    impl StampType<Pg> for Nullable<Timestamptz> {
+        fn walk_now(mut out: AstPass<'_, '_, Pg>) -> QueryResult<()> {
+            out.push_sql(NOW_TZ);
+            Ok(())
+        }
+
+        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+            walk_later_pg(NOW_TZ, micros, out)
+        }
+
+        fn walk_micros<'b>(
+            column: &'b dyn QueryFragment<Pg>,
+            out: AstPass<'_, 'b, Pg>,
+        ) -> QueryResult<()> {
+            walk_micros_pg(column, out)
+        }
+    }
+
+    impl StampType<Pg> for Nullable<Timestamp> {
+        fn walk_now(mut out: AstPass<'_, '_, Pg>) -> QueryResult<()> {
+            out.push_sql(NOW_UTC);
+            Ok(())
+        }
+
+        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+            walk_later_pg(NOW_UTC, micros, out)
+        }
+
+        fn walk_micros<'b>(
+            column: &'b dyn QueryFragment<Pg>,
+            out: AstPass<'_, 'b, Pg>,
+        ) -> QueryResult<()> {
+            walk_micros_pg(column, out)
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use diesel::mysql::Mysql;
+    use diesel::sql_types::{Datetime, Nullable};
+
+    /// UTC, whatever the session's time zone. MySQL reads the clock once per
+    /// statement.
+    impl StampType<Mysql> for Nullable<Datetime> {
+        fn walk_now(mut out: AstPass<'_, '_, Mysql>) -> QueryResult<()> {
+            out.push_sql("UTC_TIMESTAMP(6)");
+            Ok(())
+        }
+
+        fn walk_later<'b>(micros: &'b i64, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+            out.push_sql("(UTC_TIMESTAMP(6) + INTERVAL ");
+            out.push_bind_param::<BigInt, i64>(micros)?;
+            out.push_sql(" MICROSECOND)");
+            Ok(())
+        }
+
+        fn walk_micros<'b>(
+            column: &'b dyn QueryFragment<Mysql>,
+            mut out: AstPass<'_, 'b, Mysql>,
+        ) -> QueryResult<()> {
+            out.push_sql("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', ");
+            column.walk_ast(out.reborrow())?;
+            out.push_sql(")");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use diesel::sql_types::{Nullable, Timestamp};
+    use diesel::sqlite::Sqlite;
+
+    /// Text in one fixed format, so that stamps compare as strings. SQLite
+    /// reads `'now'` once per statement.
+    const FORMAT: &str = "strftime('%Y-%m-%d %H:%M:%f', ";
+
+    impl StampType<Sqlite> for Nullable<Timestamp> {
+        fn walk_now(mut out: AstPass<'_, '_, Sqlite>) -> QueryResult<()> {
+            out.push_sql(FORMAT);
+            out.push_sql("'now')");
+            Ok(())
+        }
+
+        fn walk_later<'b>(micros: &'b i64, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+            out.push_sql(FORMAT);
+            out.push_sql("julianday('now') + ");
+            out.push_bind_param::<BigInt, i64>(micros)?;
+            out.push_sql(" / 86400000000.0)");
+            Ok(())
+        }
+
+        fn walk_micros<'b>(
+            column: &'b dyn QueryFragment<Sqlite>,
+            mut out: AstPass<'_, 'b, Sqlite>,
+        ) -> QueryResult<()> {
+            // `julianday` keeps whole milliseconds; its double is within a
+            // twentieth of one, so the rounding is exact.
+            out.push_sql("(CAST(ROUND((julianday(");
+            column.walk_ast(out.reborrow())?;
+            out.push_sql(") - 2440587.5) * 86400000.0) AS INTEGER) * 1000)");
+            Ok(())
+        }
+    }
+}
+
+/// `(<column> IS NULL OR <column> < <now>)`: the row is not claimed, or its
+/// claim has run out.
+#[derive(Debug, Clone, Copy)]
+pub struct StampPassed<Col>(pub Col);
+
+/// `<column>` as microseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct StampMicros<Col>(pub Col);
+
+/// `<column> = <now + micros>`: a new stamp, as an assignment.
+#[derive(Debug, Clone, Copy)]
+pub struct NewStamp<Col> {
+    pub column: Col,
+    pub micros: i64,
+}
+
+/// `<changes>, <column> = NULL` (just the latter when `changes` is empty):
+/// the claim's final write, which ends it.
+#[derive(Debug, Clone)]
+pub struct ThenUnstamp<Changes, Col> {
+    pub changes: Option<Changes>,
+    pub column: PhantomData<Col>,
+}
+
+/// `<key> = <value> AND <stamp micros> = <stamp>`: the claimed row, while it
+/// still carries this claim's stamp.
+#[derive(Debug, Clone)]
+pub struct StillStamped<KeyColumns, K, Col> {
+    pub key_columns: KeyColumns,
+    pub key: K,
+    pub column: Col,
+    pub stamp: i64,
+}
+
+impl<Col> Expression for StampPassed<Col> {
+    type SqlType = Bool;
+}
+
+impl<Col: AppearsOnTable<QS>, QS> AppearsOnTable<QS> for StampPassed<Col> {}
+
+impl<Col, GroupBy> ValidGrouping<GroupBy> for StampPassed<Col> {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<Col> QueryId for StampPassed<Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Col, DB> QueryFragment<DB> for StampPassed<Col>
+where
+    DB: Backend,
+    Col: Column + QueryFragment<DB>,
+    Col::SqlType: StampType<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("(");
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" IS NULL OR ");
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(" < ");
+        Col::SqlType::walk_now(out.reborrow())?;
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+impl<Col> Expression for StampMicros<Col> {
+    type SqlType = BigInt;
+}
+
+impl<Col: AppearsOnTable<QS>, QS> AppearsOnTable<QS> for StampMicros<Col> {}
+
+impl<Col, GroupBy> ValidGrouping<GroupBy> for StampMicros<Col> {
+    type IsAggregate = is_aggregate::Never;
+}
+
+impl<Col> QueryId for StampMicros<Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Col, DB> QueryFragment<DB> for StampMicros<Col>
+where
+    DB: Backend,
+    Col: Column + QueryFragment<DB>,
+    Col::SqlType: StampType<DB>,
+{
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        Col::SqlType::walk_micros(&self.0, out)
+    }
+}
+
+impl<Col> QueryId for NewStamp<Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Col, DB> QueryFragment<DB> for NewStamp<Col>
+where
+    DB: Backend,
+    Col: Column,
+    Col::SqlType: StampType<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" = ");
+        Col::SqlType::walk_later(&self.micros, out)
+    }
+}
+
+impl<Changes, Col> QueryId for ThenUnstamp<Changes, Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Changes, Col, DB> QueryFragment<DB> for ThenUnstamp<Changes, Col>
+where
+    DB: Backend,
+    Changes: QueryFragment<DB>,
+    Col: Column,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        if let Some(changes) = &self.changes {
+            changes.walk_ast(out.reborrow())?;
+            out.push_sql(", ");
+        }
+        out.push_identifier(Col::NAME)?;
+        out.push_sql(" = NULL");
+        Ok(())
+    }
+}
+
+impl<KeyColumns, K, Col> QueryId for StillStamped<KeyColumns, K, Col> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<KeyColumns, K, Col, DB> QueryFragment<DB> for StillStamped<KeyColumns, K, Col>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    i64: ToSql<BigInt, DB>,
+    KeyColumns: super::KeyColumns<K, DB>,
+    Col: Column + QueryFragment<DB>,
+    Col::SqlType: StampType<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.key_columns
+            .walk_compare(" = ", &self.key, out.reborrow())?;
+        out.push_sql(" AND ");
+        Col::SqlType::walk_micros(&self.column, out.reborrow())?;
+        out.push_sql(" = ");
+        out.push_bind_param::<BigInt, i64>(&self.stamp)
+    }
+}
+
+/// `1`: what a probe for a row selects.
+#[derive(Debug, Clone, Copy)]
+pub struct One;
+
+impl Expression for One {
+    type SqlType = BigInt;
+}
+
+impl QueryId for One {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<DB: Backend> QueryFragment<DB> for One {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("1");
+        Ok(())
+    }
+}
