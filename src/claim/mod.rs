@@ -648,13 +648,16 @@ where
     Ok(())
 }
 
+/// The range of a batch, and how many rows it may take.
+pub(crate) type NextBatch<K> = (KeyRange<Position<K>>, i64);
+
 /// Carries out the claim's unlocked reads until it asks for a batch: the
 /// batch's range and row limit, or `None` once the claim is done.
 pub(crate) fn next_batch<'q, Q, C, R, K>(
     claim: &mut Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
-) -> Result<Option<(KeyRange<Position<K>>, i64)>, Error>
+) -> Result<Option<NextBatch<K>>, Error>
 where
     Q: ClaimQuery<'q, C, R, Key = K>,
     K: Clone + Eq + Hash,
