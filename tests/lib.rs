@@ -24,6 +24,7 @@ mod migrations;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod partitions;
 // The torture suite covers PostgreSQL and SQLite.
+mod timed;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod torture;
 mod versioned;

@@ -27,7 +27,7 @@ use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::rendered;
 use crate::sql::stamp::{
-    NewStamp, One, StampMicros, StampPassed, StampType, StillStamped, ThenUnstamp,
+    CountRows, NewStamp, StampMicros, StampPassed, StampType, StillStamped, ThenUnstamp,
 };
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Position, Returning, SelectWhere, Update};
 use crate::transaction::transaction_depth;
@@ -603,16 +603,16 @@ where
         FromClause<R>: QueryFragment<C::Backend>,
     {
         let probe = SelectWhere {
-            columns: One,
+            columns: CountRows,
             from: R::table().from_clause(),
             filter: self.only_row(),
         };
-        match probe.get_result::<i64>(conn).optional() {
-            Ok(Some(_)) => match rendered::render::<C::Backend>(&R::table().from_clause()) {
+        match probe.get_result::<i64>(conn) {
+            Ok(1..) => match rendered::render::<C::Backend>(&R::table().from_clause()) {
                 Ok(table) => Error::ClaimLost { table },
                 Err(error) => Error::from(error),
             },
-            Ok(None) => Error::NotFound,
+            Ok(_) => Error::NotFound,
             Err(error) => Error::from(error),
         }
     }

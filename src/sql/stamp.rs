@@ -349,22 +349,22 @@ where
     }
 }
 
-/// `1`: what a probe for a row selects.
+/// `COUNT(*)`: what a probe for a row selects.
 #[derive(Debug, Clone, Copy)]
-pub struct One;
+pub struct CountRows;
 
-impl Expression for One {
+impl Expression for CountRows {
     type SqlType = BigInt;
 }
 
-impl QueryId for One {
+impl QueryId for CountRows {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<DB: Backend> QueryFragment<DB> for One {
+impl<DB: Backend> QueryFragment<DB> for CountRows {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("1");
+        out.push_sql("COUNT(*)");
         Ok(())
     }
 }

@@ -370,6 +370,9 @@ macro_rules! on_every_backend {
             pub const BACKEND: &str = stringify!($module);
             /// Makes the session give up waiting for a lock after a short while.
             pub const SHORT_LOCK_WAIT: &str = $crate::fixtures::short_lock_wait!($module);
+            /// The SQL type of a claim stamp column, and its column type.
+            pub type ClaimStamp = $crate::fixtures::claim_stamp!($module);
+            pub const CLAIM_STAMP_COLUMN: &str = $crate::fixtures::claim_stamp!(column $module);
 
             pub fn test_db(size: u32) -> ($crate::$test_db, Pool) {
                 let db = $crate::$test_db::new();
@@ -445,6 +448,31 @@ macro_rules! short_lock_wait {
     };
 }
 pub use crate::short_lock_wait;
+
+/// A visibility-timeout claim's stamp column on each backend: its SQL type,
+/// and (`column`) its type in `CREATE TABLE`.
+#[macro_export]
+macro_rules! claim_stamp {
+    (pg) => {
+        diesel::sql_types::Timestamptz
+    };
+    (sqlite) => {
+        diesel::sql_types::Timestamp
+    };
+    (mysql) => {
+        diesel::sql_types::Datetime
+    };
+    (column pg) => {
+        "TIMESTAMPTZ"
+    };
+    (column sqlite) => {
+        "TIMESTAMP"
+    };
+    (column mysql) => {
+        "DATETIME(6)"
+    };
+}
+pub use crate::claim_stamp;
 
 pub fn create_schema<C>(conn: &mut C, schema: &str)
 where
