@@ -349,7 +349,7 @@ on_every_backend! {
                 let report = claim().each(&mut *west, |_, _| Ok::<_, Error>(()))?;
                 assert_eq!(report.processed, 0, "a live claim was taken from another time zone");
                 thread::sleep(ttl + Duration::from_millis(200));
-                let report = claim().each(&mut *west, |conn, taken| send(conn, taken))?;
+                let report = claim().each(&mut *west, send)?;
                 assert_eq!(report.processed, 1, "a passed claim was not taken over");
                 let lost = send(conn, invoice);
                 assert!(matches!(lost, Err(Error::ClaimLost { .. })), "{lost:?}");
