@@ -1,6 +1,6 @@
 //! Claiming scenarios on every backend: drain (1), double check (2), worker
-//! killed (4), closure error and panic (6), the worker loop (24); and the
-//! worker processes they start.
+//! killed (4), closure error and panic (6), the worker loop (24), claims with
+//! a visibility timeout (25); and the worker processes they start.
 //!
 //! "Sending an email" inserts an outbox row, which has no UNIQUE constraint:
 //! a row processed twice shows up as two outbox rows.
@@ -16,6 +16,7 @@ use diesel_claim::prelude::*;
 use diesel_claim::Error;
 
 use super::procs::{self, Fields};
+use super::tables::{timed_jobs, timed_work};
 use super::{counted_retry, in_threads, tables, Connect, Ctx, Figures, Running, DELIBERATE};
 use crate::fixtures::{orders, outbox, Order};
 
@@ -259,6 +260,138 @@ on_suite_backends! {
             drained.unwrap_or_default()
         ));
         check_emails(&mut conn, &mut figures, rows as u64);
+        figures
+    }
+
+    /// A job of [`visibility_timeout`], as its claims load it.
+    #[derive(Debug, Queryable, Selectable, Identifiable)]
+    #[diesel(table_name = timed_jobs)]
+    pub struct TimedJob {
+        id: i32,
+    }
+
+    /// Worker: `threads` threads each claim the jobs not done with a
+    /// visibility timeout of `ttl_ms`, `batch` at a time, log each run of the
+    /// work (outside any transaction), pause `pause_ms`, and
+    /// finish the job; a finish refused as `ClaimLost` is counted. They claim
+    /// again until no job is left undone.
+    pub fn timed_worker(args: &Fields) -> Figures {
+        let threads = args.number("threads") as usize;
+        let first = args.number("first") as i32;
+        let (ttl, pause) = (Duration::from_millis(args.number("ttl_ms")), Duration::from_millis(args.number("pause_ms")));
+        let batch = args.number("batch") as u32;
+        let pool = Conn::pool(args.text("url"), threads as u32);
+        in_threads(threads, |index| {
+            let worker = first + index as i32;
+            let mut figures = Figures::default();
+            let mut conn = pool.get().unwrap();
+            let undone = || timed_jobs::table.filter(timed_jobs::done.eq(false));
+            loop {
+                let claimed = undone()
+                    .select(TimedJob::as_select())
+                    .build_claim()
+                    .batch(batch)
+                    .drain()
+                    .visibility_timeout(timed_jobs::claimed_until, ttl)
+                    .each(&mut *conn, |conn, job: diesel_claim::Claimed<TimedJob, _>| {
+                        diesel::insert_into(timed_work::table)
+                            .values((timed_work::job_id.eq(job.id), timed_work::worker.eq(worker)))
+                            .execute(conn)?;
+                        thread::sleep(pause);
+                        let done = (timed_jobs::done.eq(true), timed_jobs::times_done.eq(timed_jobs::times_done + 1));
+                        match job.finish(conn, done) {
+                            Err(Error::ClaimLost { .. }) => Ok(figures.count_error("ClaimLost")),
+                            finished => finished,
+                        }
+                    });
+                match claimed {
+                    Ok(report) => figures.ops += report.processed,
+                    Err(error) if error.is_transient() => figures.saw(&error),
+                    Err(error) => {
+                        figures.check(false, format!("worker {worker}: {error}"));
+                        return figures;
+                    }
+                }
+                match undone().count().get_result::<i64>(&mut *conn) {
+                    Ok(0) => return figures,
+                    // Rows whose claim has not passed yet: their stamps
+                    // belong to a stalled or dead worker, or to a busy one.
+                    Ok(_) => thread::sleep(Duration::from_millis(20)),
+                    Err(error) => figures.saw(&error.into()),
+                }
+            }
+        })
+    }
+
+    /// Scenario 25: workers in several processes claim jobs with a visibility
+    /// timeout, in batches, doing their work outside any transaction; one
+    /// process is SIGKILLed mid-work (and replaced), another SIGSTOPped for
+    /// twice the timeout and resumed. Every job's final write lands exactly
+    /// once: the stalled process's late writes are refused, and the killed
+    /// one's rows come back when their stamps pass. Work runs more than once
+    /// only on the rows the faults hit.
+    pub fn visibility_timeout(ctx: &Ctx) -> Figures {
+        let rows = ctx.rows();
+        let (_db, url, pool) = database(2, 0);
+        let mut conn = pool.get().unwrap();
+        conn.batch_execute(&format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows}) \
+             INSERT INTO timed_jobs (id, done, times_done) SELECT i, FALSE, 0 FROM n"
+        ))
+        .expect("cannot insert jobs");
+        let (threads, processes) = ctx.workers();
+        let mut figures = Figures::new(threads, processes);
+        let share = (threads / processes).max(1);
+        let ttl = Duration::from_millis(500);
+        let spawn = |first: usize| {
+            let args = [
+                ("url", url.clone()),
+                ("threads", share.to_string()),
+                ("first", first.to_string()),
+                ("ttl_ms", ttl.as_millis().to_string()),
+                ("pause_ms", "2".to_owned()),
+                ("batch", "5".to_owned()),
+            ];
+            ctx.spawn("timed", &args)
+        };
+        let started = std::time::Instant::now();
+        let mut workers: Vec<_> = (0..processes).map(|p| spawn(1 + p * share)).collect();
+        let done = |conn: &mut Conn| {
+            timed_jobs::table.filter(timed_jobs::done.eq(true)).count().get_result::<i64>(conn).unwrap() as usize
+        };
+        let reached = |conn: &mut Conn, share: usize| {
+            procs::time_until(Duration::from_secs(100), || done(conn) >= share).is_some()
+        };
+        figures.check(reached(&mut conn, rows / 3), "a third of the jobs not done in 100 s");
+        // SIGKILLed mid-work: its claims stay stamped until they pass.
+        workers.remove(0).kill();
+        figures.count_error("killed");
+        workers.push(spawn(1 + processes * share));
+        if processes > 1 {
+            figures.check(reached(&mut conn, 2 * rows / 3), "two thirds of the jobs not done in 100 s");
+            let stalled = &workers[0];
+            stalled.stop();
+            thread::sleep(2 * ttl);
+            stalled.resume();
+        }
+        for worker in workers {
+            figures.absorb(&worker.finish());
+        }
+        let twice: i64 = timed_jobs::table.filter(timed_jobs::times_done.ne(1)).count().get_result(&mut *conn).unwrap();
+        let stamped: i64 = timed_jobs::table.filter(timed_jobs::claimed_until.is_not_null()).count().get_result(&mut *conn).unwrap();
+        let runs: i64 = timed_work::table.count().get_result(&mut *conn).unwrap();
+        let undone = rows - done(&mut conn);
+        figures.duplicates += twice as u64;
+        figures.leftovers += undone as u64;
+        figures.check(twice == 0, format!("{twice} jobs whose final write landed other than once"));
+        figures.check(undone == 0 && stamped == 0, format!("{undone} jobs not done, {stamped} still stamped"));
+        figures.note(format!(
+            "{rows} jobs, visibility timeout {ttl:?}, batches of 5; 1 process SIGKILLed and replaced, 1 SIGSTOPped for {:?}; work ran {runs} times ({} repeats on rows the faults hit); {:.1?}",
+            2 * ttl,
+            runs - rows as i64,
+            started.elapsed()
+        ));
+        figures.ops = rows as u64;
         figures
     }
 

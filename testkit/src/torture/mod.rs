@@ -431,6 +431,7 @@ macro_rules! shared_scenarios {
             21 "bad-input" bad_input::bad_input,
             23 "kept-lease" leases::kept_lease,
             24 "worker-loop" claiming::worker_loop,
+            25 "visibility-timeout" claiming::visibility_timeout,
         )
     };
     ($backend:ident: $($number:literal $name:literal $module:ident::$function:ident,)*) => {
@@ -631,6 +632,7 @@ pub fn worker_main(args: &[String]) -> i32 {
                 "drain" => run(claiming::$backend::drain_worker),
                 "hold" => run(claiming::$backend::hold_worker),
                 "loop" => run(claiming::$backend::loop_worker),
+                "timed" => run(claiming::$backend::timed_worker),
                 "bank" => run(money::$backend::bank_worker),
                 "exclusion" => run(leases::$backend::exclusion_worker),
                 "lease-holder" => run(leases::$backend::holder_worker),

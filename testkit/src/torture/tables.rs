@@ -39,6 +39,27 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// Jobs claimed with a visibility timeout: `times_done` counts the final
+    /// writes that landed, which must be one per job.
+    timed_jobs (id) {
+        id -> Integer,
+        done -> Bool,
+        times_done -> Integer,
+        claimed_until -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    /// Every run of a timed job's work, outside any transaction: the runs
+    /// of claims that were lost stay.
+    timed_work (id) {
+        id -> Integer,
+        job_id -> Integer,
+        worker -> Integer,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(ledger, occupancy, fenced, reservations);
 
 /// The SQL creating the tables above, and the index the claim's candidate scan
@@ -59,6 +80,9 @@ pub fn create_sql(row_locks: bool) -> String {
          CREATE TABLE fenced (id INTEGER PRIMARY KEY, token BIGINT NOT NULL, writer TEXT NOT NULL);
          INSERT INTO fenced (id, token, writer) VALUES (1, 0, 'nobody');
          CREATE TABLE reservations (id {serial}, name TEXT NOT NULL, holder INTEGER NOT NULL);
+         CREATE TABLE timed_jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL, \
+             times_done INTEGER NOT NULL, claimed_until TIMESTAMP);
+         CREATE TABLE timed_work (id {serial}, job_id INTEGER NOT NULL, worker INTEGER NOT NULL);
          CREATE INDEX orders_pending ON orders (email_sent, shipped, id);"
     )
 }
