@@ -300,7 +300,10 @@ on_suite_backends! {
                         thread::sleep(pause);
                         let done = (timed_jobs::done.eq(true), timed_jobs::times_done.eq(timed_jobs::times_done + 1));
                         match job.finish(conn, done) {
-                            Err(Error::ClaimLost { .. }) => Ok(figures.count_error("ClaimLost")),
+                            Err(Error::ClaimLost { .. }) => {
+                                figures.count_error("ClaimLost");
+                                Ok(())
+                            }
                             finished => finished,
                         }
                     });
