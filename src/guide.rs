@@ -284,6 +284,51 @@
 //! the same loop as a future, waiting with tokio timers and, on PostgreSQL,
 //! on diesel-async's notification stream.
 //!
+//! ## Long work outside a transaction: visibility timeouts
+//!
+//! A claim holds its row's transaction open while the closure runs: for a
+//! slow side effect (rendering a document, calling a payment API) that is a
+//! session idle in a transaction, holding its locks and holding back
+//! vacuum. [`visibility_timeout`](ClaimBuilder::visibility_timeout) claims
+//! rows for a while instead, in a nullable timestamp column of their table:
+//!
+//! ```sql
+//! ALTER TABLE invoices ADD COLUMN claimed_until timestamptz; -- MySQL: DATETIME(6)
+//! ```
+//!
+//! The query's filter is extended with `claimed_until IS NULL OR
+//! claimed_until < now`, and each batch is taken by one statement that sets
+//! `claimed_until = now + ttl` and commits at once; `now` is always the
+//! database's clock, so clients' clocks, and their sessions' time zones, play
+//! no part. The closure gets each row as a [`Claimed`](crate::Claimed)
+//! handle, outside any transaction, and ends the claim with
+//! [`finish`](crate::Claimed::finish): its changes and `claimed_until =
+//! NULL`, in one statement that applies only while the row still carries
+//! this claim's stamp. [`extend`](crate::Claimed::extend) moves the stamp on
+//! during long work; [`release`](crate::Claimed::release) hands the row
+//! back at once.
+//!
+//! A claim stamps a row only where the old stamp is past, and stamps it
+//! later than that, in the same statement: each claim of a row has a later
+//! stamp than the last, so the stamp is the claim's fencing token. A worker
+//! that dies leaves its rows stamped, and they are claimed again once their
+//! stamps pass. A worker that stalls past its stamp (a long pause, a
+//! `SIGSTOP`, a lost network) loses the row to the next claim, and its late
+//! `finish` fails with [`Error::ClaimLost`] and writes nothing. A closure that
+//! returns an error, or drops its `Claimed`, leaves the stamp in place: the
+//! row comes back when it passes (a backoff for failing rows, and never twice
+//! in one call).
+//!
+//! What this trades for it: the work itself may run twice, by the stalled
+//! worker and by the one that took over; only the database write is fenced.
+//! Choose the TTL well above the work's duration, `extend` as the work goes
+//! on, and make the work repeatable (an idempotency key for the payment API).
+//! The claiming statement is the batch claim's (`SKIP LOCKED` on PostgreSQL and
+//! MySQL; one writer at a time on SQLite), so claimers never wait on each
+//! other's stamps. In the repository's torture suite, workers SIGKILLed and
+//! SIGSTOPped past their TTL left every job's final write landing exactly once
+//! (`RELIABILITY.md`, scenario 25).
+//!
 //! # MySQL and MariaDB
 //!
 //! The same guarantees, tested on MariaDB, with these differences:
