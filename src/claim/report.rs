@@ -21,7 +21,9 @@ pub struct ClaimReport {
     /// Rows whose closure failed (returned an error, or panicked) and whose
     /// transaction rolled back, with [`keep_going`](crate::ClaimBuilder::keep_going):
     /// left pending, never tried again in the same call. (Without it, the first
-    /// failure ends the call.)
+    /// failure ends the call. With a
+    /// [visibility timeout](crate::ClaimBuilder::visibility_timeout), nothing
+    /// rolls back: the row keeps its stamp until it passes.)
     pub failed: u64,
     /// Candidates this call read and did not get to, because it had processed
     /// [`max_rows`](crate::ClaimBuilder::max_rows): left for the next call,

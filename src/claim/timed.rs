@@ -155,7 +155,10 @@ impl<Q> ClaimBuilder<Q> {
     /// rows. `ttl` is at least a millisecond and at most
     /// [`MAX_TTL`](crate::MAX_TTL). A closure that fails leaves its row
     /// stamped: it is claimed again once the stamp passes, no sooner (so never
-    /// twice in one call). Not available with [`nowait`](Self::nowait).
+    /// twice in one call). Not available with [`nowait`](Self::nowait). Set
+    /// the claim's other options ([`batch`](Self::batch), [`drain`](Self::drain),
+    /// [`keep_going`](Self::keep_going), [`max_rows`](Self::max_rows),
+    /// [`stop_on`](Self::stop_on)) before this call.
     pub fn visibility_timeout<Col: Copy>(self, column: Col, ttl: Duration) -> TimedClaim<Q, Col> {
         let mut claim = self.map_query(|query| Unclaimed { query, column });
         if ttl < Duration::from_millis(1) || ttl > crate::MAX_TTL {
