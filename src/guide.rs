@@ -325,7 +325,10 @@
 //! on, and make the work repeatable (an idempotency key for the payment API).
 //! The claiming statement is the batch claim's (`SKIP LOCKED` on PostgreSQL and
 //! MySQL; one writer at a time on SQLite), so claimers never wait on each
-//! other's stamps. In the repository's torture suite, workers SIGKILLed and
+//! other's stamps. [`TimedClaim::worker`](crate::TimedClaim::worker) runs
+//! such a claim until stopped, as [`ClaimBuilder::worker`] does, and claims a
+//! dead worker's rows at its first poll after their stamps pass. In the
+//! repository's torture suite, workers SIGKILLed and
 //! SIGSTOPped past their TTL left every job's final write landing exactly once
 //! (`RELIABILITY.md`, scenario 25).
 //!

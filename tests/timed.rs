@@ -303,6 +303,50 @@ on_every_backend! {
         assert_eq!(invoice_figures(&mut conn), (0, 0, 0));
     }
 
+    /// A worker claims what is claimable, then a row abandoned by a dead
+    /// claim once its stamp passes, and stops when told.
+    #[test]
+    fn a_worker_picks_up_abandoned_rows_once_their_stamps_pass() {
+        let (_db, pool) = invoices_db(5, 2);
+        let mut conn = pool.get().unwrap();
+        let ttl = Duration::from_millis(300);
+        // A claim that dies with invoice 1 in hand.
+        unsent()
+            .build_claim()
+            .max_rows(1)
+            .visibility_timeout(invoices::claimed_until, ttl)
+            .each(&mut *conn, |_, invoice: Claimed<Invoice, _>| {
+                let _abandoned: Invoice = invoice.into_row();
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        let abandoned = Instant::now();
+        let stop = diesel_claim::StopHandle::new();
+        let worker = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut conn = pool.get().unwrap();
+                unsent()
+                    .build_claim()
+                    .visibility_timeout(invoices::claimed_until, ttl)
+                    .worker(&stop)
+                    .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
+                    .run(&mut *conn, send)
+            })
+        };
+        while invoice_figures(&mut conn).1 > 0 {
+            assert!(abandoned.elapsed() < Duration::from_secs(10), "rows left unsent");
+            thread::sleep(Duration::from_millis(5));
+        }
+        // (Half the timeout: the stamp was set a moment before `abandoned`.)
+        assert!(abandoned.elapsed() >= ttl / 2, "a live claim was taken");
+        assert!(!worker.is_finished(), "the worker stopped by itself");
+        stop.stop();
+        let report = worker.join().unwrap().unwrap();
+        assert_eq!(report.processed, 5);
+        assert_eq!(invoice_figures(&mut conn), (0, 0, 0));
+    }
+
     /// Batches: the closure gets the batch's claims, in key order, outside
     /// any transaction; an error ends the call, its rows stay stamped.
     #[test]

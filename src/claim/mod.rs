@@ -24,7 +24,7 @@ use engine::{Claim, Plan, Step, Taking};
 pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
-pub use timed::{Claimed, StampedRow, TimedClaim};
+pub use timed::{Claimed, StampedRow, TimedClaim, TimedWorker};
 #[cfg(feature = "postgres")]
 pub use worker::notify;
 pub use worker::{ClaimWorker, StopHandle, WaitForRows};

@@ -20,7 +20,8 @@ use diesel::sql_types::{BigInt, HasSqlType};
 use super::engine::{Claim, Taking};
 use super::report::{ClaimOutcome, RowFailure};
 use super::{
-    call, next_batch, take_and_commit, ClaimBuilder, ClaimReport, ClaimStatements, StampQuery,
+    call, next_batch, take_and_commit, ClaimBuilder, ClaimReport, ClaimStatements, ClaimWorker,
+    StampQuery, StopHandle, WaitForRows,
 };
 use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
@@ -222,24 +223,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
         F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
         E: From<Error>,
     {
-        let keep_going = self.claim.keep_going;
-        self.run(conn, |conn, rows, key_of| {
-            let mut handed = Handed::default();
-            for row in rows {
-                let key = key_of(&row.row);
-                match call(|| f(&mut *conn, row), keep_going) {
-                    Ok(()) => handed.finished += 1,
-                    Err(error) if keep_going => {
-                        handed.failed.push(RowFailure::new(vec![key], error));
-                    }
-                    Err(error) => {
-                        handed.stopped = Some(RowFailure::new(vec![key], error));
-                        break;
-                    }
-                }
-            }
-            handed
-        })
+        self.run(conn, each_row(&mut f, self.claim.keep_going))
     }
 
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
@@ -280,7 +264,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
     /// One run of the claim: each batch stamped and committed, then handed
     /// to `hand`, which runs the closure and says what came of it.
     fn run<'q, C, R, E, H>(
-        self,
+        &self,
         conn: &mut C,
         mut hand: H,
     ) -> ClaimOutcome<KeyOf<Unclaimed<Q, Col>, C, R>, E>
@@ -305,12 +289,105 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
         let mut failed = Vec::new();
-        let stopped = drive(&mut run, query, conn, &stamp, &mut hand, &mut failed).err();
+        let stopped = drive(&mut run, query, conn, stamp, &mut hand, &mut failed).err();
         ClaimOutcome {
             report: run.report(),
             failed,
             stopped,
         }
+    }
+}
+
+impl<Q, Col> TimedClaim<Q, Col> {
+    /// Turns the claim into a worker that runs it over and over, waiting when
+    /// nothing is claimable, until `stop` is triggered: the worker loop of
+    /// [`ClaimWorker`], with the closure outside any transaction. Rows whose
+    /// stamps belong to a dead worker are claimed at the first poll after
+    /// their stamps pass.
+    pub fn worker(mut self, stop: &StopHandle) -> TimedWorker<Q, Col> {
+        self.claim.stop = Some(stop.clone());
+        TimedWorker {
+            claim: self,
+            polling: ClaimWorker::new(ClaimBuilder::new(()), stop.clone()),
+        }
+    }
+}
+
+/// A [visibility-timeout claim](ClaimBuilder::visibility_timeout) run until
+/// stopped, made by [`TimedClaim::worker`]: see [`ClaimWorker`], whose
+/// options it has.
+#[derive(Debug)]
+#[must_use = "a worker does nothing until `.run(conn, f)` runs it"]
+pub struct TimedWorker<Q, Col> {
+    claim: TimedClaim<Q, Col>,
+    /// The loop's options: polling and listening.
+    polling: ClaimWorker<()>,
+}
+
+impl<Q, Col: Copy> TimedWorker<Q, Col> {
+    /// See [`ClaimWorker::poll_interval`].
+    pub fn poll_interval(mut self, min: Duration, max: Duration) -> Self {
+        self.polling = self.polling.poll_interval(min, max);
+        self
+    }
+
+    /// See [`ClaimWorker::listen`].
+    pub fn listen(mut self, channel: &str) -> Self {
+        self.polling = self.polling.listen(channel);
+        self
+    }
+
+    /// Runs the worker until stopped, calling `f` for every claimed row as
+    /// [`TimedClaim::each`] does; returns the report of everything it did.
+    pub fn run<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
+    where
+        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
+        C: WaitForRows,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let keep_going = self.claim.claim.keep_going;
+        let mut hand = each_row(&mut f, keep_going);
+        self.polling
+            .serve(conn, |conn| self.claim.run(conn, &mut hand))
+    }
+}
+
+/// What a timed claim hands its batches to: it runs the closure on the
+/// claims, given how to read a row's key, and says what came of it.
+trait HandBatch<C, R, Col, K, E>:
+    FnMut(&mut C, Vec<Claimed<R, Col>>, fn(&R) -> K) -> Handed<K, E>
+{
+}
+
+impl<T, C, R, Col, K, E> HandBatch<C, R, Col, K, E> for T where
+    T: FnMut(&mut C, Vec<Claimed<R, Col>>, fn(&R) -> K) -> Handed<K, E>
+{
+}
+
+/// Hands each row of a batch to `f` in turn: a failure ends the call, or,
+/// with `keep_going`, is recorded and the next row goes on.
+fn each_row<C, R, Col, K, E: From<Error>>(
+    mut f: impl FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
+    keep_going: bool,
+) -> impl HandBatch<C, R, Col, K, E> {
+    move |conn, rows, key_of| {
+        let mut handed = Handed::default();
+        for row in rows {
+            let key = key_of(&row.row);
+            match call(|| f(&mut *conn, row), keep_going) {
+                Ok(()) => handed.finished += 1,
+                Err(error) if keep_going => {
+                    handed.failed.push(RowFailure::new(vec![key], error));
+                }
+                Err(error) => {
+                    handed.stopped = Some(RowFailure::new(vec![key], error));
+                    break;
+                }
+            }
+        }
+        handed
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use diesel::connection::LoadConnection;
 use diesel::r2d2::{ConnectionManager, PooledConnection, R2D2Connection};
 
-use super::{per_row, ClaimBuilder, ClaimQuery, ClaimReport};
+use super::{per_row, ClaimBuilder, ClaimOutcome, ClaimQuery, ClaimReport};
 use crate::backend::ClaimBackend;
 use crate::Error;
 
@@ -166,11 +166,46 @@ impl<Q> ClaimWorker<Q> {
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
     {
+        let mut f = per_row(f);
+        self.serve(conn, |conn| self.claim.run(conn, &mut f))
+    }
+}
+
+impl<Q, M> ClaimWorker<Q, M> {
+    /// The worker loop, blocking: runs `claim_once` until stopped, waiting
+    /// between runs that found nothing, listening on the channel if one was
+    /// given; returns the report of all the runs.
+    pub(crate) fn serve<C, K, E>(
+        &self,
+        conn: &mut C,
+        mut claim_once: impl FnMut(&mut C) -> ClaimOutcome<K, E>,
+    ) -> Result<ClaimReport, E>
+    where
+        C: WaitForRows,
+        E: From<Error>,
+    {
         self.check()?;
         if let Some(channel) = &self.channel {
             conn.listen(channel)?;
         }
-        let worked = self.work(conn, per_row(f));
+        let mut worked = || {
+            let mut total = ClaimReport::default();
+            let mut pause = self.min_poll;
+            while !self.stop.is_stopped() {
+                let outcome = claim_once(conn);
+                total.add(&outcome.report);
+                if let Some(failure) = outcome.stopped {
+                    return Err(failure.error);
+                }
+                if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
+                    if conn.wait_for_rows(wait, &self.stop)? {
+                        pause = self.min_poll;
+                    }
+                }
+            }
+            Ok(total)
+        };
+        let worked = worked();
         if let Some(channel) = &self.channel {
             // A pooled connection goes back to the pool without it.
             let unlistened = conn.unlisten(channel);
@@ -179,31 +214,6 @@ impl<Q> ClaimWorker<Q> {
             }
         }
         worked
-    }
-
-    fn work<'q, C, R, E, F>(&self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: WaitForRows,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let mut total = ClaimReport::default();
-        let mut pause = self.min_poll;
-        while !self.stop.is_stopped() {
-            let outcome = self.claim.run(conn, &mut f);
-            total.add(&outcome.report);
-            if let Some(failure) = outcome.stopped {
-                return Err(failure.error);
-            }
-            if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
-                if conn.wait_for_rows(wait, &self.stop)? {
-                    pause = self.min_poll;
-                }
-            }
-        }
-        Ok(total)
     }
 }
 
