@@ -389,14 +389,7 @@ where
     ) -> QueryResult<Vec<R>> {
         let key = Q::key_columns();
         if <C::Backend as Strategy>::UPDATE_RETURNING {
-            let claimed = KeysIn {
-                column: key,
-                subquery: Locked {
-                    query: self.locked_keys_query(range, limit),
-                    clause: Some(lock.clone()),
-                },
-                key: PhantomData,
-            };
+            let claimed = locked_keys_subquery(self, range, limit, lock);
             return Returning {
                 statement: Update {
                     from: R::table().from_clause(),
@@ -409,12 +402,7 @@ where
         }
         // Without `RETURNING` (MySQL): lock, mark by key, and read the rows back,
         // in the caller's transaction.
-        let mut keys: Vec<Q::Key> = self
-            .rows(conn, range, limit, lock)?
-            .iter()
-            .map(Q::key)
-            .collect();
-        keys.dedup();
+        let keys = lock_keys(self, conn, range, limit, lock)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -462,14 +450,7 @@ where
         let key = Q::key_columns();
         let stamped = (R::as_select(), StampMicros(stamp.column));
         if <C::Backend as Strategy>::UPDATE_RETURNING {
-            let claimed = KeysIn {
-                column: key,
-                subquery: Locked {
-                    query: self.locked_keys_query(range, limit),
-                    clause: Some(lock.clone()),
-                },
-                key: PhantomData,
-            };
+            let claimed = locked_keys_subquery(self, range, limit, lock);
             return Returning {
                 statement: Update {
                     from: R::table().from_clause(),
@@ -482,12 +463,7 @@ where
         }
         // Without `RETURNING` (MySQL): lock, stamp by key, and read the rows
         // and their stamps back, in the caller's transaction.
-        let mut keys: Vec<Q::Key> = self
-            .rows(conn, range, limit, lock)?
-            .iter()
-            .map(Q::key)
-            .collect();
-        keys.dedup();
+        let keys = lock_keys(self, conn, range, limit, lock)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -508,6 +484,50 @@ where
         }
         .load(conn)
     }
+}
+
+/// `<key> IN (<up to limit keys of matching rows in range, locked>)`: the
+/// rows a mark or a stamp takes, in one statement.
+fn locked_keys_subquery<Q, DB, R>(
+    query: &Q,
+    range: KeyRange<Position<Q::Key>>,
+    limit: i64,
+    lock: &LockClause,
+) -> KeysIn<Q::KeyColumns, Locked<Q::LockedKeys>, Q::Key>
+where
+    Q: ClaimStatements<DB, R>,
+{
+    KeysIn {
+        column: Q::key_columns(),
+        subquery: Locked {
+            query: query.locked_keys_query(range, limit),
+            clause: Some(lock.clone()),
+        },
+        key: PhantomData,
+    }
+}
+
+/// Locks up to `limit` matching rows in `range` and returns their keys: the
+/// first of the statements a mark or a stamp takes without `RETURNING`
+/// (MySQL), in the caller's transaction.
+fn lock_keys<'q, Q, C, R>(
+    query: &Q,
+    conn: &mut C,
+    range: KeyRange<Position<Q::Key>>,
+    limit: i64,
+    lock: &LockClause,
+) -> QueryResult<Vec<Q::Key>>
+where
+    Q: ClaimQuery<'q, C, R>,
+    C: Connection,
+{
+    let mut keys: Vec<Q::Key> = query
+        .rows(conn, range, limit, lock)?
+        .iter()
+        .map(Q::key)
+        .collect();
+    keys.dedup();
+    Ok(keys)
 }
 
 fn primary_key<R: HasTable>() -> PrimaryKey<R> {

@@ -227,20 +227,43 @@ pub struct StillStamped<KeyColumns, K, Col> {
     pub stamp: i64,
 }
 
-impl<Col> Expression for StampPassed<Col> {
-    type SqlType = Bool;
+/// The SQL of these nodes is only known at run time (Diesel then caches
+/// their statements by the SQL text).
+macro_rules! query_id_at_run_time {
+    ($($node:ident$(<$($param:ident),+>)?),+) => {$(
+        impl$(<$($param),+>)? QueryId for $node$(<$($param),+>)? {
+            type QueryId = ();
+            const HAS_STATIC_QUERY_ID: bool = false;
+        }
+    )+};
 }
 
-impl<Col: AppearsOnTable<QS>, QS> AppearsOnTable<QS> for StampPassed<Col> {}
+query_id_at_run_time!(
+    StampPassed<Col>,
+    StampMicros<Col>,
+    NewStamp<Col>,
+    ThenUnstamp<Changes, Col>,
+    StillStamped<KeyColumns, K, Col>,
+    CountRows
+);
 
-impl<Col, GroupBy> ValidGrouping<GroupBy> for StampPassed<Col> {
-    type IsAggregate = is_aggregate::Never;
+/// An expression on one column of a table, never an aggregate, of the SQL
+/// type given.
+macro_rules! column_expression {
+    ($($node:ident: $sql_type:ty),+) => {$(
+        impl<Col> Expression for $node<Col> {
+            type SqlType = $sql_type;
+        }
+
+        impl<Col: AppearsOnTable<QS>, QS> AppearsOnTable<QS> for $node<Col> {}
+
+        impl<Col, GroupBy> ValidGrouping<GroupBy> for $node<Col> {
+            type IsAggregate = is_aggregate::Never;
+        }
+    )+};
 }
 
-impl<Col> QueryId for StampPassed<Col> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
+column_expression!(StampPassed: Bool, StampMicros: BigInt);
 
 impl<Col, DB> QueryFragment<DB> for StampPassed<Col>
 where
@@ -260,21 +283,6 @@ where
     }
 }
 
-impl<Col> Expression for StampMicros<Col> {
-    type SqlType = BigInt;
-}
-
-impl<Col: AppearsOnTable<QS>, QS> AppearsOnTable<QS> for StampMicros<Col> {}
-
-impl<Col, GroupBy> ValidGrouping<GroupBy> for StampMicros<Col> {
-    type IsAggregate = is_aggregate::Never;
-}
-
-impl<Col> QueryId for StampMicros<Col> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
 impl<Col, DB> QueryFragment<DB> for StampMicros<Col>
 where
     DB: Backend,
@@ -284,11 +292,6 @@ where
     fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         Col::SqlType::walk_micros(&self.0, out)
     }
-}
-
-impl<Col> QueryId for NewStamp<Col> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<Col, DB> QueryFragment<DB> for NewStamp<Col>
@@ -302,11 +305,6 @@ where
         out.push_sql(" = ");
         Col::SqlType::walk_later(&self.micros, out)
     }
-}
-
-impl<Changes, Col> QueryId for ThenUnstamp<Changes, Col> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<Changes, Col, DB> QueryFragment<DB> for ThenUnstamp<Changes, Col>
@@ -324,11 +322,6 @@ where
         out.push_sql(" = NULL");
         Ok(())
     }
-}
-
-impl<KeyColumns, K, Col> QueryId for StillStamped<KeyColumns, K, Col> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<KeyColumns, K, Col, DB> QueryFragment<DB> for StillStamped<KeyColumns, K, Col>
@@ -355,11 +348,6 @@ pub struct CountRows;
 
 impl Expression for CountRows {
     type SqlType = BigInt;
-}
-
-impl QueryId for CountRows {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
 impl<DB: Backend> QueryFragment<DB> for CountRows {
