@@ -49,6 +49,12 @@ macro_rules! on_async_backends {
             /// The module's name: `pg` or `mysql`.
             pub const BACKEND: &str = stringify!($module);
             pub type Pool = bb8::Pool<Conn>;
+            /// A visibility-timeout claim's stamp column: its SQL type and
+            /// its type in `CREATE TABLE`.
+            pub type ClaimStamp = testkit::fixtures::claim_stamp!($module);
+            pub const CLAIM_STAMP_COLUMN: &str = testkit::fixtures::claim_stamp!(column $module);
+            /// Makes a session wait briefly for row locks.
+            pub const SHORT_LOCK_WAIT: &str = testkit::fixtures::short_lock_wait!($module);
 
             pub async fn test_db(size: u32) -> (testkit::$test_db, Pool) {
                 let db = testkit::$test_db::new();
@@ -1373,3 +1379,6 @@ on_async_backends! {
         ));
     }
 }
+
+// Visibility-timeout claims, on the backends above.
+mod timed;

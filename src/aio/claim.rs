@@ -17,7 +17,7 @@ use super::transaction::{locking_transaction, transaction_depth};
 use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
 use crate::claim::query::ClaimStatements;
-use crate::claim::{panic_message, position_of};
+use crate::claim::{panic_message, position_of, NextBatch};
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Locked, Position};
 use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
@@ -270,21 +270,7 @@ where
     E: From<Error> + Send,
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-    loop {
-        let (range, limit) = match claim.next() {
-            Step::Candidates(range, limit) => {
-                let keys = query.keys(conn, range, limit).await.map_err(Error::from);
-                claim.candidates(keys.map_err(outside)?);
-                continue;
-            }
-            Step::StillMatching(range) => {
-                let keys = query.keys(conn, range, i64::MAX).await.map_err(Error::from);
-                claim.still_matching(keys.map_err(outside)?);
-                continue;
-            }
-            Step::Done => return Ok(()),
-            Step::Batch(range, limit) => (range, limit),
-        };
+    while let Some((range, limit)) = next_batch(claim, query, conn).await.map_err(outside)? {
         let mut failing = None;
         let batch = take(
             claim,
@@ -324,6 +310,34 @@ where
                 }
             }
             (Err(error), keys) => return Err(RowFailure::new(keys.unwrap_or_default(), error)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads candidates until the claim's next batch is known, as the blocking
+/// `next_batch` does: its range and limit, or `None` once the claim is done.
+pub(super) async fn next_batch<'a, Q, C, R, K>(
+    claim: &mut Claim<Position<K>>,
+    query: &Q,
+    conn: &mut C,
+) -> Result<Option<NextBatch<K>>, Error>
+where
+    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    K: Clone + Eq + Hash + Send + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+{
+    loop {
+        match claim.next() {
+            Step::Candidates(range, limit) => {
+                claim.candidates(query.keys(conn, range, limit).await?);
+            }
+            Step::StillMatching(range) => {
+                claim.still_matching(query.keys(conn, range, i64::MAX).await?);
+            }
+            Step::Batch(range, limit) => return Ok(Some((range, limit))),
+            Step::Done => return Ok(None),
         }
     }
 }
@@ -385,17 +399,7 @@ where
                 let processed = rows.len();
                 if processed > 0 {
                     let keys = rows.iter().map(Q::key).collect();
-                    let handled = handler.handle(conn, rows);
-                    let handled = if catch_panics {
-                        AssertUnwindSafe(handled)
-                            .catch_unwind()
-                            .await
-                            .unwrap_or_else(|payload| {
-                                Err(Error::ClosurePanicked(panic_message(&*payload)).into())
-                            })
-                    } else {
-                        handled.await
-                    };
+                    let handled = call(handler.handle(conn, rows), catch_panics).await;
                     handled.inspect_err(|_| *failing = Some(keys))?;
                 }
                 Ok::<_, E>(processed)
@@ -408,6 +412,21 @@ where
             done => return done,
         }
     }
+}
+
+/// Awaits a closure's future; with `catch_panics`, a panic in it becomes
+/// [`Error::ClosurePanicked`] (the blocking `call`, awaited).
+pub(super) async fn call<E: From<Error>>(
+    f: impl Future<Output = Result<(), E>>,
+    catch_panics: bool,
+) -> Result<(), E> {
+    if !catch_panics {
+        return f.await;
+    }
+    AssertUnwindSafe(f)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|payload| Err(Error::ClosurePanicked(panic_message(&*payload)).into()))
 }
 
 /// A query the async [`claim_each`](ClaimDsl::claim_each) can claim rows of type

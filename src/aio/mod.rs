@@ -99,6 +99,7 @@ mod backend;
 mod claim;
 mod lease;
 mod lock;
+mod timed;
 mod transaction;
 mod versioned;
 mod worker;
@@ -107,6 +108,7 @@ pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
+pub use timed::{StampQuery, StampedRow};
 pub use versioned::{retry, VersionedDsl};
 pub use worker::WaitForRows;
 

@@ -3,16 +3,18 @@
 //! diesel-async's notification stream.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel_async::AsyncConnection;
 use scoped_futures::ScopedBoxFuture;
 
 use super::backend::AsyncBackend;
-use super::claim::{ClaimQuery, EachRow};
+use super::claim::{ClaimQuery, EachRow, Handler};
 use super::Async;
 use crate::claim::worker::Wait;
-use crate::{ClaimReport, ClaimWorker, Error, StopHandle};
+use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHandle};
+use futures_util::future::BoxFuture;
 
 /// How often a waiting worker looks at its stop handle.
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(5);
@@ -36,39 +38,95 @@ impl<Q> ClaimWorker<Q, Async> {
         E: From<Error> + Send + 'a,
     {
         async move {
-            self.check()?;
-            if let Some(channel) = &self.channel {
-                conn.listen(channel).await?;
-            }
-            let mut handler = EachRow(f);
-            let mut total = ClaimReport::default();
-            let mut pause = self.min_poll;
-            let worked = loop {
-                if self.stop.is_stopped() {
-                    break Ok(total);
-                }
-                let outcome = self.claim.once(conn, &mut handler).await;
-                total.add(&outcome.report);
-                if let Some(failure) = outcome.stopped {
-                    break Err(failure.error);
-                }
-                if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
-                    match conn.wait_for_rows(wait, &self.stop).await {
-                        Ok(true) => pause = self.min_poll,
-                        Ok(false) => {}
-                        Err(error) => break Err(error.into()),
-                    }
-                }
+            let mut once = ClaimRows {
+                claim: &self.claim,
+                handler: EachRow(f),
+                types: PhantomData,
             };
-            if let Some(channel) = &self.channel {
-                // A pooled connection goes back to the pool without it.
-                let unlistened = conn.unlisten(channel).await;
-                if worked.is_ok() {
-                    unlistened?;
+            self.serve(conn, &mut once).await
+        }
+    }
+}
+
+/// One claim of a worker's loop, run over and over on a connection `C`.
+pub(super) trait ClaimOnce<C>: Send {
+    type Key;
+    type Error;
+
+    fn claim_once<'c>(
+        &'c mut self,
+        conn: &'c mut C,
+    ) -> BoxFuture<'c, ClaimOutcome<Self::Key, Self::Error>>;
+}
+
+/// A claim whose rows go to `handler`, once per [`claim_once`](ClaimOnce::claim_once).
+/// (`'a`, `R` and `E` are the claim's: its future holds them.)
+pub(super) struct ClaimRows<'w, 'a, W, H, R, E> {
+    pub(super) claim: &'w W,
+    pub(super) handler: H,
+    pub(super) types: PhantomData<(&'a (), fn() -> (R, E))>,
+}
+
+impl<'a, Q, C, R, E, H> ClaimOnce<C> for ClaimRows<'_, 'a, ClaimBuilder<Q, Async>, H, R, E>
+where
+    Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: Send + 'a,
+    H: Handler<C, R, E> + 'a,
+    E: From<Error> + Send + 'a,
+{
+    type Key = Q::Key;
+    type Error = E;
+
+    fn claim_once<'c>(&'c mut self, conn: &'c mut C) -> BoxFuture<'c, ClaimOutcome<Q::Key, E>> {
+        Box::pin(self.claim.once(conn, &mut self.handler))
+    }
+}
+
+impl<Q: Sync> ClaimWorker<Q, Async> {
+    /// The worker loop: runs `once` until stopped, waiting when it claimed
+    /// nothing; the twin of the blocking `serve`.
+    pub(super) async fn serve<C, K, E>(
+        &self,
+        conn: &mut C,
+        once: &mut (dyn ClaimOnce<C, Key = K, Error = E> + '_),
+    ) -> Result<ClaimReport, E>
+    where
+        C: WaitForRows,
+        E: From<Error>,
+    {
+        self.check()?;
+        if let Some(channel) = &self.channel {
+            conn.listen(channel).await?;
+        }
+        let mut total = ClaimReport::default();
+        let mut pause = self.min_poll;
+        let worked = loop {
+            if self.stop.is_stopped() {
+                break Ok(total);
+            }
+            let outcome = once.claim_once(conn).await;
+            total.add(&outcome.report);
+            if let Some(failure) = outcome.stopped {
+                break Err(failure.error);
+            }
+            if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
+                match conn.wait_for_rows(wait, &self.stop).await {
+                    Ok(true) => pause = self.min_poll,
+                    Ok(false) => {}
+                    Err(error) => break Err(error.into()),
                 }
             }
-            worked
+        };
+        if let Some(channel) = &self.channel {
+            // A pooled connection goes back to the pool without it.
+            let unlistened = conn.unlisten(channel).await;
+            if worked.is_ok() {
+                unlistened?;
+            }
         }
+        worked
     }
 }
 

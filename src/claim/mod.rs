@@ -17,7 +17,7 @@ use crate::{Blocking, Error, LockStrength, OnLocked};
 pub(crate) mod engine;
 pub(crate) mod query;
 mod report;
-mod timed;
+pub(crate) mod timed;
 pub(crate) mod worker;
 
 use engine::{Claim, Plan, Step, Taking};

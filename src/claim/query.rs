@@ -184,18 +184,18 @@ pub(crate) type LockedKeysQuery<Q, O, Pk, W, K> =
     dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, O, W, K>, Pk>, ClaimOrdering<O, Pk, K>>>;
 pub(crate) type RowsQuery<Q, O, Pk, W, K> =
     dsl::Limit<dsl::Order<InQuery<Q, O, W, K>, ClaimOrdering<O, Pk, K>>>;
-type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
+pub(crate) type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
 type MarkStatement<R, V, W, K, KQ, DB> = Returning<
     Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<W, Locked<KQ>, K>>,
     dsl::AsSelect<R, DB>,
 >;
 type MarkByKeys<R, V, W, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
 type ReadByKeys<R, W, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
-type Stamped<R, Col, DB> = (dsl::AsSelect<R, DB>, StampMicros<Col>);
-type StampStatement<R, Col, W, K, KQ, DB> =
+pub(crate) type Stamped<R, Col, DB> = (dsl::AsSelect<R, DB>, StampMicros<Col>);
+pub(crate) type StampStatement<R, Col, W, K, KQ, DB> =
     Returning<Update<FromClause<R>, NewStamp<Col>, KeysIn<W, Locked<KQ>, K>>, Stamped<R, Col, DB>>;
-type StampByKeys<R, Col, W, K> = Update<FromClause<R>, NewStamp<Col>, InList<W, K>>;
-type ReadStampedByKeys<R, Col, W, K, DB> =
+pub(crate) type StampByKeys<R, Col, W, K> = Update<FromClause<R>, NewStamp<Col>, InList<W, K>>;
+pub(crate) type ReadStampedByKeys<R, Col, W, K, DB> =
     SelectWhere<Stamped<R, Col, DB>, FromClause<R>, InList<W, K>>;
 /// The shape of the claimed rows' key, from their `Identifiable::Id`.
 type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
@@ -488,7 +488,7 @@ where
 
 /// `<key> IN (<up to limit keys of matching rows in range, locked>)`: the
 /// rows a mark or a stamp takes, in one statement.
-fn locked_keys_subquery<Q, DB, R>(
+pub(crate) fn locked_keys_subquery<Q, DB, R>(
     query: &Q,
     range: KeyRange<Position<Q::Key>>,
     limit: i64,

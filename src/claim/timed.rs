@@ -3,6 +3,7 @@
 //! runs outside any transaction, and the claim's final write applies only
 //! while the row still carries its stamp.
 
+use std::hash::Hash;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::time::Duration;
@@ -32,7 +33,7 @@ use crate::sql::stamp::{
 };
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Position, Returning, SelectWhere, Update};
 use crate::transaction::transaction_depth;
-use crate::Error;
+use crate::{Blocking, Error};
 
 /// The caller's query, restricted to rows that are not claimed or whose claim
 /// has run out. (Not `Clone`: it is rebuilt from the caller's query for each
@@ -84,9 +85,9 @@ where
 /// ```
 #[derive(Debug)]
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct TimedClaim<Q, Col> {
-    claim: ClaimBuilder<Unclaimed<Q, Col>>,
-    stamp: NewStamp<Col>,
+pub struct TimedClaim<Q, Col, M = Blocking> {
+    pub(crate) claim: ClaimBuilder<Unclaimed<Q, Col>, M>,
+    pub(crate) stamp: NewStamp<Col>,
 }
 
 /// A row taken by a [visibility-timeout claim](ClaimBuilder::visibility_timeout):
@@ -102,10 +103,11 @@ pub struct TimedClaim<Q, Col> {
 /// leaves the stamp in place: the row is claimed again once it passes, as a
 /// crashed worker's would be.
 #[derive(Debug)]
-pub struct Claimed<R, Col> {
-    row: R,
-    stamp: i64,
-    renew: NewStamp<Col>,
+pub struct Claimed<R, Col, M = Blocking> {
+    pub(crate) row: R,
+    pub(crate) stamp: i64,
+    pub(crate) renew: NewStamp<Col>,
+    pub(crate) mode: PhantomData<M>,
 }
 
 impl<Q, M> ClaimBuilder<Q, M> {
@@ -126,7 +128,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
     }
 }
 
-impl<Q> ClaimBuilder<Q> {
+impl<Q, M> ClaimBuilder<Q, M> {
     /// Claims rows for `ttl` at a time, in the nullable timestamp `column` of
     /// the claimed table, instead of holding a transaction open while the
     /// closure works: for slow side effects (rendering a document, calling a
@@ -160,7 +162,11 @@ impl<Q> ClaimBuilder<Q> {
     /// the claim's other options ([`batch`](Self::batch), [`drain`](Self::drain),
     /// [`keep_going`](Self::keep_going), [`max_rows`](Self::max_rows),
     /// [`stop_on`](Self::stop_on)) before this call.
-    pub fn visibility_timeout<Col: Copy>(self, column: Col, ttl: Duration) -> TimedClaim<Q, Col> {
+    pub fn visibility_timeout<Col: Copy>(
+        self,
+        column: Col,
+        ttl: Duration,
+    ) -> TimedClaim<Q, Col, M> {
         let mut claim = self.map_query(|query| Unclaimed { query, column });
         if ttl < Duration::from_millis(1) || ttl > crate::MAX_TTL {
             claim.lock.reject(format!(
@@ -242,22 +248,10 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
     {
         let keep_going = self.claim.keep_going;
         self.run(conn, |conn, rows, key_of| {
-            let keys: Vec<_> = rows.iter().map(|row| key_of(&row.row)).collect();
-            let finished = rows.len();
-            match call(|| f(&mut *conn, rows), keep_going) {
-                Ok(()) => Handed {
-                    finished,
-                    ..Handed::default()
-                },
-                Err(error) if keep_going => Handed {
-                    failed: vec![RowFailure::new(keys, error)],
-                    ..Handed::default()
-                },
-                Err(error) => Handed {
-                    stopped: Some(RowFailure::new(keys, error)),
-                    ..Handed::default()
-                },
-            }
+            let keys = rows.iter().map(|row| key_of(&row.row)).collect();
+            let mut handed = Handed::default();
+            handed.record(keys, call(|| f(&mut *conn, rows), keep_going), keep_going);
+            handed
         })
     }
 
@@ -298,13 +292,13 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
     }
 }
 
-impl<Q, Col> TimedClaim<Q, Col> {
+impl<Q, Col, M> TimedClaim<Q, Col, M> {
     /// Turns the claim into a worker that runs it over and over, waiting when
     /// nothing is claimable, until `stop` is triggered: the worker loop of
     /// [`ClaimWorker`], with the closure outside any transaction. Rows whose
     /// stamps belong to a dead worker are claimed at the first poll after
     /// their stamps pass.
-    pub fn worker(mut self, stop: &StopHandle) -> TimedWorker<Q, Col> {
+    pub fn worker(mut self, stop: &StopHandle) -> TimedWorker<Q, Col, M> {
         self.claim.stop = Some(stop.clone());
         TimedWorker {
             claim: self,
@@ -318,13 +312,13 @@ impl<Q, Col> TimedClaim<Q, Col> {
 /// options it has.
 #[derive(Debug)]
 #[must_use = "a worker does nothing until `.run(conn, f)` runs it"]
-pub struct TimedWorker<Q, Col> {
-    claim: TimedClaim<Q, Col>,
+pub struct TimedWorker<Q, Col, M = Blocking> {
+    pub(crate) claim: TimedClaim<Q, Col, M>,
     /// The loop's options: polling and listening.
-    polling: ClaimWorker<()>,
+    pub(crate) polling: ClaimWorker<(), M>,
 }
 
-impl<Q, Col: Copy> TimedWorker<Q, Col> {
+impl<Q, Col, M> TimedWorker<Q, Col, M> {
     /// See [`ClaimWorker::poll_interval`].
     pub fn poll_interval(mut self, min: Duration, max: Duration) -> Self {
         self.polling = self.polling.poll_interval(min, max);
@@ -336,7 +330,9 @@ impl<Q, Col: Copy> TimedWorker<Q, Col> {
         self.polling = self.polling.listen(channel);
         self
     }
+}
 
+impl<Q, Col: Copy> TimedWorker<Q, Col> {
     /// Runs the worker until stopped, calling `f` for every claimed row as
     /// [`TimedClaim::each`] does; returns the report of everything it did.
     pub fn run<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
@@ -376,15 +372,9 @@ fn each_row<C, R, Col, K, E: From<Error>>(
         let mut handed = Handed::default();
         for row in rows {
             let key = key_of(&row.row);
-            match call(|| f(&mut *conn, row), keep_going) {
-                Ok(()) => handed.finished += 1,
-                Err(error) if keep_going => {
-                    handed.failed.push(RowFailure::new(vec![key], error));
-                }
-                Err(error) => {
-                    handed.stopped = Some(RowFailure::new(vec![key], error));
-                    break;
-                }
+            let done = call(|| f(&mut *conn, row), keep_going);
+            if !handed.record(vec![key], done, keep_going) {
+                break;
             }
         }
         handed
@@ -395,13 +385,13 @@ fn each_row<C, R, Col, K, E: From<Error>>(
 type KeyOf<Q, C, R> = <Q as ClaimStatements<<C as diesel::Connection>::Backend, R>>::Key;
 
 /// What the closure made of a batch of claimed rows.
-struct Handed<K, E> {
+pub(crate) struct Handed<K, E> {
     /// Rows it returned `Ok` for.
-    finished: usize,
+    pub(crate) finished: usize,
     /// Failures passed over ([`keep_going`](ClaimBuilder::keep_going)).
-    failed: Vec<RowFailure<K, E>>,
+    pub(crate) failed: Vec<RowFailure<K, E>>,
     /// The failure that ends the call.
-    stopped: Option<RowFailure<K, E>>,
+    pub(crate) stopped: Option<RowFailure<K, E>>,
 }
 
 impl<K, E> Default for Handed<K, E> {
@@ -445,26 +435,48 @@ where
         }
         let rows = rows
             .into_iter()
-            .map(|(row, stamped)| Claimed {
-                row,
-                stamp: stamped,
-                renew: *stamp,
-            })
+            .map(|(row, stamped)| Claimed::new(row, stamped, *stamp))
             .collect();
-        let handed = hand(conn, rows, Q::key);
-        claim.processed(handed.finished);
-        for failure in &handed.failed {
-            claim.failed(failure.keys.len());
-        }
-        failed.extend(handed.failed);
-        if let Some(stopped) = handed.stopped {
-            return Err(stopped);
-        }
+        hand(conn, rows, Q::key).count(claim, failed)?;
     }
     Ok(())
 }
 
-impl<R, Col> Deref for Claimed<R, Col> {
+impl<K, E> Handed<K, E> {
+    /// Records what the closure made of the rows with keys `keys`; whether
+    /// the call goes on.
+    pub(crate) fn record(&mut self, keys: Vec<K>, done: Result<(), E>, keep_going: bool) -> bool {
+        match done {
+            Ok(()) => self.finished += keys.len(),
+            Err(error) if keep_going => self.failed.push(RowFailure::new(keys, error)),
+            Err(error) => {
+                self.stopped = Some(RowFailure::new(keys, error));
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl<K: Clone + Eq + Hash, E> Handed<K, E> {
+    /// Counts what came of a batch in the claim's report, and keeps the
+    /// failures passed over: the failure that ends the call, if any, is the
+    /// error.
+    pub(crate) fn count(
+        self,
+        claim: &mut Claim<Position<K>>,
+        failed: &mut Vec<RowFailure<K, E>>,
+    ) -> Result<(), RowFailure<K, E>> {
+        claim.processed(self.finished);
+        for failure in &self.failed {
+            claim.failed(failure.keys.len());
+        }
+        failed.extend(self.failed);
+        self.stopped.map_or(Ok(()), Err)
+    }
+}
+
+impl<R, Col, M> Deref for Claimed<R, Col, M> {
     type Target = R;
 
     fn deref(&self) -> &R {
@@ -472,7 +484,17 @@ impl<R, Col> Deref for Claimed<R, Col> {
     }
 }
 
-impl<R, Col> Claimed<R, Col> {
+impl<R, Col, M> Claimed<R, Col, M> {
+    /// A row just stamped `stamp` by a claim that stamps with `renew`.
+    pub(crate) fn new(row: R, stamp: i64, renew: NewStamp<Col>) -> Self {
+        Claimed {
+            row,
+            stamp,
+            renew,
+            mode: PhantomData,
+        }
+    }
+
     /// The row, as it was when it was stamped.
     pub fn row(&self) -> &R {
         &self.row
@@ -526,18 +548,8 @@ impl<R: HasTable, Col> Claimed<R, Col> {
         C::Backend: ClaimBackend,
         Col: diesel::Column,
     {
-        let changeset = changes.as_changeset();
-        if changeset.is_noop(&C::Backend::default())? {
-            return R::unstamp(&self, conn, None::<()>);
-        }
-        let rendered = rendered::render::<C::Backend>(&changeset)?;
-        if rendered::assigns::<C::Backend>(&rendered, Col::NAME)? {
-            return Err(Error::InvalidArgument(format!(
-                "a claim's final write cannot set its stamp column `{}`: the claim clears it",
-                Col::NAME
-            )));
-        }
-        R::unstamp(&self, conn, Some(changeset))
+        let changes = final_changes::<C::Backend, Col, _>(changes.as_changeset())?;
+        R::unstamp(&self, conn, changes)
     }
 
     /// Gives the row back: clears its stamp, if it still carries this
@@ -550,6 +562,27 @@ impl<R: HasTable, Col> Claimed<R, Col> {
     {
         R::unstamp(&self, conn, None::<()>)
     }
+}
+
+/// The changes of a claim's final write, `None` if they change nothing;
+/// refused if they set the stamp column `Col`, which the write clears.
+pub(crate) fn final_changes<DB, Col, Ch>(changeset: Ch) -> Result<Option<Ch>, Error>
+where
+    DB: ClaimBackend,
+    Col: diesel::Column,
+    Ch: QueryFragment<DB>,
+{
+    if changeset.is_noop(&DB::default())? {
+        return Ok(None);
+    }
+    let rendered = rendered::render::<DB>(&changeset)?;
+    if rendered::assigns::<DB>(&rendered, Col::NAME)? {
+        return Err(Error::InvalidArgument(format!(
+            "a claim's final write cannot set its stamp column `{}`: the claim clears it",
+            Col::NAME
+        )));
+    }
+    Ok(Some(changeset))
 }
 
 /// Rows whose [`Claimed`] handle can write on a connection `C`, with the
@@ -647,7 +680,7 @@ where
     }
 }
 
-impl<R, Col: Copy> Claimed<R, Col>
+impl<R, Col: Copy, M> Claimed<R, Col, M>
 where
     R: HasTable + 'static,
     &'static R: Identifiable,
@@ -655,7 +688,7 @@ where
     Shape<R>: KeyShape<R>,
 {
     /// The row, while it carries this claim's stamp.
-    fn still_stamped(&self) -> StillStamped<Wrapped<R>, Key<R>, Col> {
+    pub(crate) fn still_stamped(&self) -> StillStamped<Wrapped<R>, Key<R>, Col> {
         StillStamped {
             key_columns: Shape::<R>::columns(),
             key: Shape::<R>::key(&self.row),
@@ -665,7 +698,7 @@ where
     }
 
     /// The row, whatever its stamp.
-    fn only_row(&self) -> InList<Wrapped<R>, Key<R>> {
+    pub(crate) fn only_row(&self) -> InList<Wrapped<R>, Key<R>> {
         InList {
             column: Shape::<R>::columns(),
             keys: vec![Shape::<R>::key(&self.row)],
@@ -688,11 +721,20 @@ where
             filter: self.only_row(),
         };
         match probe.get_result::<i64>(conn) {
-            Ok(1..) => match rendered::render::<C::Backend>(&R::table().from_clause()) {
-                Ok(table) => Error::ClaimLost { table },
-                Err(error) => Error::from(error),
-            },
+            Ok(1..) => self.lost_to_another::<C::Backend>(),
             Ok(_) => Error::NotFound,
+            Err(error) => Error::from(error),
+        }
+    }
+
+    /// The row is there, with another claim's stamp: [`Error::ClaimLost`].
+    pub(crate) fn lost_to_another<DB>(&self) -> Error
+    where
+        DB: ClaimBackend,
+        FromClause<R>: QueryFragment<DB>,
+    {
+        match rendered::render::<DB>(&R::table().from_clause()) {
+            Ok(table) => Error::ClaimLost { table },
             Err(error) => Error::from(error),
         }
     }

@@ -171,7 +171,7 @@ impl<Q> ClaimWorker<Q> {
     }
 }
 
-impl<Q, M> ClaimWorker<Q, M> {
+impl<Q> ClaimWorker<Q> {
     /// The worker loop, blocking: runs `claim_once` until stopped, waiting
     /// between runs that found nothing, listening on the channel if one was
     /// given; returns the report of all the runs.
