@@ -327,7 +327,10 @@
 //! MySQL; one writer at a time on SQLite), so claimers never wait on each
 //! other's stamps. [`TimedClaim::worker`](crate::TimedClaim::worker) runs
 //! such a claim until stopped, as [`ClaimBuilder::worker`] does, and claims a
-//! dead worker's rows at its first poll after their stamps pass. In the
+//! dead worker's rows at its first poll after their stamps pass. The async
+//! API has the same claim on diesel-async (PostgreSQL and MySQL): the closure
+//! gets a `Claimed<_, _, aio::Async>`, whose `extend`, `finish` and `release`
+//! are futures. In the
 //! repository's torture suite, workers SIGKILLed and
 //! SIGSTOPped past their TTL left every job's final write landing exactly once
 //! (`RELIABILITY.md`, scenario 25).

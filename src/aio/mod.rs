@@ -60,7 +60,10 @@
 //! ```
 //!
 //! What is here: [`ClaimDsl::claim_each`] and the claim builder's `each` and
-//! `each_batch` (per row and batched; not yet `mark`), the worker loop
+//! `each_batch` (per row and batched; not yet `mark`), claims with a
+//! [visibility timeout](crate::ClaimBuilder::visibility_timeout) (the
+//! closure gets a [`Claimed`](crate::Claimed)`<_, _, Async>`, whose `extend`,
+//! `finish` and `release` are awaited), the worker loop
 //! ([`ClaimWorker::run`](crate::ClaimWorker#method.run-1)), [`LockDsl::with_lock`]
 //! and [`with_locks`](LockDsl::with_locks), [`VersionedDsl::update_versioned`]
 //! with [`retry`], and leases ([`Lease`], [`with_lease`]), on

@@ -7,10 +7,10 @@ use std::marker::PhantomData;
 use diesel::associations::HasTable;
 use diesel::deserialize::FromSql;
 use diesel::dsl;
-use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, HasSqlType};
 use diesel::prelude::*;
 use diesel::query_builder::QueryFragment;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use futures_util::future::{BoxFuture, FutureExt};
@@ -21,6 +21,7 @@ use super::claim::{call, next_batch, ClaimQuery};
 use super::transaction::{locking_transaction, transaction_depth};
 use super::worker::{ClaimOnce, ClaimRows, WaitForRows};
 use super::Async;
+use crate::backend::strategy::Strategy;
 use crate::claim::engine::{Claim, Taking};
 use crate::claim::query::{
     locked_keys_subquery, FromClause, ReadStampedByKeys, StampByKeys, StampStatement,
@@ -31,16 +32,61 @@ use crate::locking::LockClause;
 use crate::sql::stamp::{CountRows, NewStamp, StampMicros, StampType, ThenUnstamp};
 use crate::sql::{IdShape, InList, KeyColumns, KeyRange, KeyShape, Position, Returning};
 use crate::sql::{SelectWhere, Update};
-use crate::backend::strategy::Strategy;
 use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
 use crate::{ClaimOutcome, ClaimReport, Claimed, Error, RowFailure, TimedClaim, TimedWorker};
 
 /// The key of the rows `R` of the claimed query `Q`, on the connection `C`.
-type KeyOf<Q, C, R> = <Q as ClaimStatements<<C as diesel_async::AsyncConnectionCore>::Backend, R>>::Key;
+type KeyOf<Q, C, R> =
+    <Q as ClaimStatements<<C as diesel_async::AsyncConnectionCore>::Backend, R>>::Key;
 
 impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
     /// Runs the claim, awaiting `f` for every claimed row, outside any
     /// transaction: see the blocking [`TimedClaim::each`].
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # mod shop {
+    /// use std::time::Duration;
+    /// use diesel::prelude::*;
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_claim::aio::{prelude::*, Async};
+    /// use diesel_claim::Claimed;
+    ///
+    /// diesel::table! {
+    ///     invoices (id) {
+    ///         id -> Integer,
+    ///         sent -> Bool,
+    ///         claimed_until -> Nullable<Timestamptz>,
+    ///     }
+    /// }
+    ///
+    /// #[derive(Queryable, Selectable, Identifiable)]
+    /// struct Invoice {
+    ///     id: i32,
+    ///     sent: bool,
+    /// }
+    ///
+    /// async fn mail(_: &Invoice) -> Result<(), diesel_claim::Error> {
+    ///     Ok(())
+    /// }
+    ///
+    /// async fn send_invoices(conn: &mut AsyncPgConnection) -> Result<u64, diesel_claim::Error> {
+    ///     let unsent = invoices::table.filter(invoices::sent.eq(false)).select(Invoice::as_select());
+    ///     let report = unsent
+    ///         .build_claim()
+    ///         .visibility_timeout(invoices::claimed_until, Duration::from_secs(300))
+    ///         .each(conn, |conn, invoice: Claimed<Invoice, _, Async>| {
+    ///             async move {
+    ///                 mail(&invoice).await?; // no transaction, no lock
+    ///                 invoice.finish(conn, invoices::sent.eq(true)).await
+    ///             }
+    ///             .scope_boxed()
+    ///         })
+    ///         .await?;
+    ///     Ok(report.processed)
+    /// }
+    /// # }
+    /// ```
     pub fn each<'a, C, R, E, F>(
         self,
         conn: &'a mut C,
@@ -52,7 +98,10 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Claimed<R, Col, Async>) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        F: for<'c> FnMut(
+                &'c mut C,
+                Claimed<R, Col, Async>,
+            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -98,7 +147,10 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Claimed<R, Col, Async>) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        F: for<'c> FnMut(
+                &'c mut C,
+                Claimed<R, Col, Async>,
+            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -204,7 +256,10 @@ impl<Q, Col: Copy> TimedWorker<Q, Col, Async> {
         C: WaitForRows,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Claimed<R, Col, Async>) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        F: for<'c> FnMut(
+                &'c mut C,
+                Claimed<R, Col, Async>,
+            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -305,7 +360,10 @@ where
     Col: Send + 'a,
     K: Send,
     E: From<Error> + Send,
-    F: for<'c> FnMut(&'c mut C, Vec<Claimed<R, Col, Async>>) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+    F: for<'c> FnMut(
+            &'c mut C,
+            Vec<Claimed<R, Col, Async>>,
+        ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
         + Send,
 {
     fn hand<'c>(
@@ -394,7 +452,10 @@ where
         let mut moved = false;
         let (range, clause) = (range.clone(), &claim.clause);
         let stamped = if claim.one_statement_mark {
-            locking_read(query.stamp(conn, range, limit, clause, stamp).await, &mut moved)
+            locking_read(
+                query.stamp(conn, range, limit, clause, stamp).await,
+                &mut moved,
+            )
         } else {
             let moved = &mut moved;
             locking_transaction(conn, |conn| {
@@ -408,7 +469,9 @@ where
             done => break done?,
         }
     };
-    claim.taken(rows, limit, |(row, _): &(R, i64)| Position::of_key(Q::key(row)))
+    claim.taken(rows, limit, |(row, _): &(R, i64)| {
+        Position::of_key(Q::key(row))
+    })
 }
 
 /// A query an async [visibility-timeout

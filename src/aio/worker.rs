@@ -64,8 +64,11 @@ pub(super) trait ClaimOnce<C>: Send {
 pub(super) struct ClaimRows<'w, 'a, W, H, R, E> {
     pub(super) claim: &'w W,
     pub(super) handler: H,
-    pub(super) types: PhantomData<(&'a (), fn() -> (R, E))>,
+    pub(super) types: PhantomData<Holds<'a, R, E>>,
 }
+
+/// The lifetime and the row and error types a claim's future holds.
+type Holds<'a, R, E> = (&'a (), fn() -> (R, E));
 
 impl<'a, Q, C, R, E, H> ClaimOnce<C> for ClaimRows<'_, 'a, ClaimBuilder<Q, Async>, H, R, E>
 where
