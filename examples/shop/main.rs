@@ -11,6 +11,10 @@
 //!    concurrent deposits and withdrawals never lose money and never overdraw.
 //! 3. **Sign-ups** (`with_lease`): concurrent requests for the same user name
 //!    create one active user, on a table that cannot have a UNIQUE constraint.
+//! 4. **Invoices** (`visibility_timeout`): workers mail invoices with no
+//!    transaction open, each marked sent by a write fenced on its claim's
+//!    stamp; a dead worker's invoices come back when their stamps pass, and a
+//!    stalled worker's late write is refused.
 //!
 //! It ends by printing the checks it made and exits with status 1 if any failed.
 //!

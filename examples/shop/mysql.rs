@@ -27,6 +27,9 @@ pub fn notify_new_orders(_: &mut Conn) -> Result<(), diesel_claim::Error> {
     Ok(())
 }
 
+/// The invoices' visibility-timeout stamp (`claimed_until`): `DATETIME(6)`.
+pub type ClaimStamp = diesel::sql_types::Datetime;
+
 /// The stories, compiled for MySQL (see the note in `main.rs`).
 #[path = "stories/mod.rs"]
 mod stories;
@@ -69,6 +72,18 @@ const SCHEMA: &str = "
         name TEXT NOT NULL,
         active BOOLEAN NOT NULL,
         lease_token BIGINT
+    ) ENGINE = InnoDB;
+    CREATE TABLE invoices (
+        id INTEGER PRIMARY KEY,
+        order_id INTEGER NOT NULL REFERENCES orders (id),
+        sent BOOLEAN NOT NULL DEFAULT FALSE,
+        times_sent INTEGER NOT NULL DEFAULT 0,
+        claimed_until DATETIME(6)
+    ) ENGINE = InnoDB;
+    CREATE TABLE invoice_mail (
+        id INTEGER AUTO_INCREMENT PRIMARY KEY,
+        invoice_id INTEGER NOT NULL,
+        worker INTEGER NOT NULL
     ) ENGINE = InnoDB;
 ";
 

@@ -27,6 +27,9 @@ pub fn notify_new_orders(conn: &mut Conn) -> Result<(), diesel_claim::Error> {
     diesel_claim::notify(conn, "orders_placed")
 }
 
+/// The invoices' visibility-timeout stamp (`claimed_until`): `TIMESTAMPTZ`.
+pub type ClaimStamp = diesel::sql_types::Timestamptz;
+
 /// The stories, compiled for PostgreSQL (see the note in `main.rs`).
 #[path = "stories/mod.rs"]
 mod stories;
@@ -64,6 +67,18 @@ const SCHEMA: &str = "
         name TEXT NOT NULL,
         active BOOLEAN NOT NULL,
         lease_token BIGINT
+    );
+    CREATE TABLE invoices (
+        id INTEGER PRIMARY KEY,
+        order_id INTEGER NOT NULL REFERENCES orders (id),
+        sent BOOLEAN NOT NULL DEFAULT FALSE,
+        times_sent INTEGER NOT NULL DEFAULT 0,
+        claimed_until TIMESTAMPTZ
+    );
+    CREATE TABLE invoice_mail (
+        id SERIAL PRIMARY KEY,
+        invoice_id INTEGER NOT NULL,
+        worker INTEGER NOT NULL
     );
 ";
 

@@ -26,6 +26,9 @@ pub fn notify_new_orders(_: &mut Conn) -> Result<(), diesel_claim::Error> {
     Ok(())
 }
 
+/// The invoices' visibility-timeout stamp (`claimed_until`): `TIMESTAMP`.
+pub type ClaimStamp = diesel::sql_types::Timestamp;
+
 /// The stories, compiled for SQLite (see the note in `main.rs`).
 #[path = "stories/mod.rs"]
 mod stories;
@@ -63,6 +66,18 @@ const SCHEMA: &str = "
         name TEXT NOT NULL,
         active BOOLEAN NOT NULL,
         lease_token BIGINT
+    );
+    CREATE TABLE invoices (
+        id INTEGER PRIMARY KEY,
+        order_id INTEGER NOT NULL REFERENCES orders (id),
+        sent BOOLEAN NOT NULL DEFAULT FALSE,
+        times_sent INTEGER NOT NULL DEFAULT 0,
+        claimed_until TIMESTAMP
+    );
+    CREATE TABLE invoice_mail (
+        id INTEGER PRIMARY KEY,
+        invoice_id INTEGER NOT NULL,
+        worker INTEGER NOT NULL
     );
 ";
 

@@ -1,14 +1,15 @@
-//! The shop's three stories, written against this backend's `Conn` and `Pool`.
+//! The shop's four stories, written against this backend's `Conn` and `Pool`.
 
 use std::sync::Barrier;
 use std::thread;
 
 use crate::{BoxError, Checks, Clock, Options};
 
-pub use super::{notify_new_orders, Conn, Pool, NEW_ORDERS_CHANNEL};
+pub use super::{notify_new_orders, ClaimStamp, Conn, Pool, NEW_ORDERS_CHANNEL};
 
 mod bank;
 mod emails;
+mod invoices;
 mod signups;
 
 /// Runs the stories one after the other, collecting their checks.
@@ -17,6 +18,7 @@ pub fn run(pool: &Pool, options: &Options, clock: Clock) -> Result<Checks, BoxEr
     emails::run(pool, options, clock, &mut checks)?;
     bank::run(pool, options, clock, &mut checks)?;
     signups::run(pool, options, clock, &mut checks)?;
+    invoices::run(pool, options, clock, &mut checks)?;
     Ok(checks)
 }
 
