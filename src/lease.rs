@@ -27,6 +27,8 @@ macro_rules! lease_span {
         )
     };
 }
+// The async API's leases make it too.
+#[cfg_attr(not(feature = "async"), allow(unused_imports))]
 pub(crate) use lease_span;
 
 /// The longest accepted lease name, in bytes.

@@ -11,7 +11,9 @@
 #[cfg(feature = "tracing")]
 mod enabled {
     pub(crate) use tracing::field::Empty;
-    pub(crate) use tracing::{Instrument, Span};
+    #[cfg(feature = "async")]
+    pub(crate) use tracing::Instrument;
+    pub(crate) use tracing::Span;
 
     macro_rules! info_span { ($($arg:tt)*) => { ::tracing::info_span!($($arg)*) } }
     macro_rules! debug_span { ($($arg:tt)*) => { ::tracing::debug_span!($($arg)*) } }
@@ -62,12 +64,14 @@ mod disabled {
     pub(crate) struct Entered;
 
     /// `tracing::Instrument`, leaving the future as it is.
+    #[cfg(feature = "async")]
     pub(crate) trait Instrument: Future + Sized {
         fn instrument(self, _span: Span) -> Self {
             self
         }
     }
 
+    #[cfg(feature = "async")]
     impl<F: Future> Instrument for F {}
 
     macro_rules! info_span {

@@ -12,6 +12,7 @@ use super::backend::AsyncBackend;
 use super::claim::{ClaimQuery, EachRow};
 use super::Async;
 use crate::claim::worker::Wait;
+use crate::trace::Instrument;
 use crate::{ClaimReport, ClaimWorker, Error, StopHandle};
 
 /// How often a waiting worker looks at its stop handle.
@@ -35,6 +36,8 @@ impl<Q> ClaimWorker<Q, Async> {
         F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
         E: From<Error> + Send + 'a,
     {
+        let span = self.span();
+        let totals = span.clone();
         async move {
             self.check()?;
             if let Some(channel) = &self.channel {
@@ -67,8 +70,14 @@ impl<Q> ClaimWorker<Q, Async> {
                     unlistened?;
                 }
             }
+            if let Ok(total) = &worked {
+                totals
+                    .record("processed", total.processed)
+                    .record("failed", total.failed);
+            }
             worked
         }
+        .instrument(span)
     }
 }
 
