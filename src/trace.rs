@@ -40,8 +40,6 @@ mod enabled {
 
 #[cfg(not(feature = "tracing"))]
 mod disabled {
-    use std::future::Future;
-
     /// A span that is never recorded.
     #[derive(Debug, Clone)]
     pub(crate) struct Span;
@@ -65,14 +63,14 @@ mod disabled {
 
     /// `tracing::Instrument`, leaving the future as it is.
     #[cfg(feature = "async")]
-    pub(crate) trait Instrument: Future + Sized {
+    pub(crate) trait Instrument: std::future::Future + Sized {
         fn instrument(self, _span: Span) -> Self {
             self
         }
     }
 
     #[cfg(feature = "async")]
-    impl<F: Future> Instrument for F {}
+    impl<F: std::future::Future> Instrument for F {}
 
     macro_rules! info_span {
         ($($arg:tt)*) => {
