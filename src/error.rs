@@ -2,6 +2,8 @@
 
 use diesel::result::{DatabaseErrorInformation, DatabaseErrorKind};
 
+use crate::trace;
+
 /// The error type of every fallible operation in this crate.
 ///
 /// Variants are named for what happened, so callers can match on the outcome
@@ -151,10 +153,20 @@ impl Error {
 
 impl From<diesel::result::Error> for Error {
     fn from(error: diesel::result::Error) -> Self {
+        // The one place a database error's class is decided: its event.
         match classify(&error) {
-            Some(ErrorClass::LockNotAvailable) => Error::LockNotAvailable,
-            Some(ErrorClass::Deadlock) => Error::Deadlock(error),
-            Some(ErrorClass::SerializationFailure) => Error::SerializationFailure(error),
+            Some(ErrorClass::LockNotAvailable) => {
+                trace::info!(%error, "lock not available");
+                Error::LockNotAvailable
+            }
+            Some(ErrorClass::Deadlock) => {
+                trace::warning!(%error, "deadlock detected");
+                Error::Deadlock(error)
+            }
+            Some(ErrorClass::SerializationFailure) => {
+                trace::debug!(%error, "serialization failure");
+                Error::SerializationFailure(error)
+            }
             None if matches!(error, diesel::result::Error::NotFound) => Error::NotFound,
             None if lacks_skip_locked(&error) => Error::Unsupported(error),
             None => Error::Database(error),

@@ -536,6 +536,48 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Tracing
+//!
+//! With the `tracing` feature, the crate reports what it does through
+//! [`tracing`](https://docs.rs/tracing): a span for each claim call, batch,
+//! worker, lease and row lock, and an event where something went wrong or
+//! is tried again. Without the feature, none of it is compiled. Spans and
+//! events have targets under `diesel_claim` (`diesel_claim::claim::engine`,
+//! `diesel_claim::lease`, …), so `RUST_LOG=diesel_claim=info` (with
+//! `tracing-subscriber`'s `EnvFilter`) shows the calls and the warnings, and
+//! `diesel_claim=debug` adds each transaction. The worked example prints
+//! them: `RUST_LOG=diesel_claim=info cargo run --features sqlite,tracing
+//! --example shop`.
+//!
+//! | span | level | fields |
+//! |---|---|---|
+//! | `claim` | info | `table` (the claimed table, unqualified), `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
+//! | `batch` | debug | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, the rows of a failed batch retried alone included, inside `claim` |
+//! | `worker` | info | `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
+//! | `lease` | info | `name`, `ttl`, `token` (once acquired), `outcome` (`held by another`, `released`, `lost`, `release failed`): [`with_lease`], [`with_lease_kept_alive`] |
+//! | `acquire_lease`, `renew_lease`, `release_lease` | debug | `name`, `token`, `outcome` (`acquired`, `held by another`, `renewed`, `released`, `lost`); `acquire_lease` also `ttl` |
+//! | `lock` | debug | `table` (PostgreSQL's `OF` table), `strength`, `on_locked` (`fail`, `wait`), `rows`, `outcome`: [`with_lock`](LockDsl::with_lock) |
+//!
+//! | event | level |
+//! |---|---|
+//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going)): `rows`; a panic's message | warn |
+//! | deadlock detected (the database's message) | warn |
+//! | a kept-alive lease's renewal failed (the error), and the lease lost | warn |
+//! | [`retry`] gave up on a transient error: `attempt`, `max_attempts` | warn |
+//! | lock not available (`nowait`, a lock timeout, SQLite's busy timeout) | info |
+//! | [`retry`] tries again: `attempt`, `max_attempts`, `pause` | debug |
+//! | a version conflict (the error, with both versions); a serialization failure | debug |
+//! | a locked row moved to another partition: the transaction runs `again` | debug |
+//!
+//! A `retry` event follows the event that says what failed: the crate's
+//! errors (deadlock, serialization failure, version conflict) are reported
+//! where the crate tells them apart, as [`Transient`] says only whether to
+//! try again. A failed row's event does not show the closure's error, whose
+//! type may have no `Display`: [`each_outcome`](ClaimBuilder::each_outcome)
+//! returns it with the row's key. A call refused before any SQL (invalid
+//! options) has no span; its error is returned. Async calls are the same
+//! spans, entered only while their futures are polled.
 
 // What the guide's links name.
 #[cfg(feature = "postgres")]

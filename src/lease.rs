@@ -10,8 +10,26 @@ use std::time::{Duration, Instant};
 use diesel::connection::LoadConnection;
 
 use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
+use crate::trace::{self, Span};
 use crate::transaction::transaction_depth;
 use crate::Error;
+
+/// The span of a lease held for a closure (`with_lease`,
+/// `with_lease_kept_alive`, blocking or async).
+macro_rules! lease_span {
+    ($name:expr, $ttl:expr) => {
+        $crate::trace::info_span!(
+            "lease",
+            name = $name,
+            ttl = ?$ttl,
+            token = $crate::trace::Empty,
+            outcome = $crate::trace::Empty,
+        )
+    };
+}
+// The async API's leases make it too.
+#[cfg_attr(not(feature = "async"), allow(unused_imports))]
+pub(crate) use lease_span;
 
 /// The longest accepted lease name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -80,7 +98,14 @@ impl Lease {
     }
 
     /// The lease an acquiring statement took, if it took one.
-    pub(crate) fn acquired(name: &str, token: Option<i64>) -> Option<Self> {
+    pub(crate) fn acquired(name: &str, token: Option<i64>, span: &Span) -> Option<Self> {
+        span.record("token", token).record(
+            "outcome",
+            match token {
+                Some(_) => "acquired",
+                None => "held by another",
+            },
+        );
         token.map(|token| Lease {
             name: name.to_owned(),
             token,
@@ -100,6 +125,26 @@ impl Lease {
         })
     }
 
+    /// The span of a renewal of this lease.
+    pub(crate) fn span_renewing(&self) -> Span {
+        trace::debug_span!(
+            "renew_lease",
+            name = self.name,
+            token = self.token,
+            outcome = trace::Empty,
+        )
+    }
+
+    /// The span of the release of this lease.
+    pub(crate) fn span_releasing(&self) -> Span {
+        trace::debug_span!(
+            "release_lease",
+            name = self.name,
+            token = self.token,
+            outcome = trace::Empty,
+        )
+    }
+
     pub(crate) fn releasing(&self, transaction_depth: u32) -> Result<LeaseStatement<'_>, Error> {
         no_transaction(transaction_depth)?;
         // Released: expiring now, so that the row keeps its token.
@@ -111,6 +156,17 @@ impl Lease {
     }
 
     /// Whether a renewing or releasing statement found the lease still ours.
+    /// The answer to a renewal or release (`done`), recorded on its span.
+    pub(crate) fn answered(
+        &self,
+        token: Option<i64>,
+        span: &Span,
+        done: &'static str,
+    ) -> Result<(), Error> {
+        span.record("outcome", if token.is_some() { done } else { "lost" });
+        self.owned(token)
+    }
+
     pub(crate) fn owned(&self, token: Option<i64>) -> Result<(), Error> {
         match token {
             Some(_) => Ok(()),
@@ -133,9 +189,17 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
+        let span = trace::debug_span!(
+            "acquire_lease",
+            name,
+            ttl = ?ttl,
+            token = trace::Empty,
+            outcome = trace::Empty,
+        );
+        let _entered = span.enter();
         let statement = Lease::acquiring(name, ttl, transaction_depth(conn)?)?;
         let token = <C::Backend as Strategy>::lease_statement(conn, statement)?;
-        Ok(Lease::acquired(name, token))
+        Ok(Lease::acquired(name, token, &span))
     }
 
     /// Takes the lease on `name` for `ttl`, waiting up to `patience` for its
@@ -172,9 +236,11 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
+        let span = self.span_renewing();
+        let _entered = span.enter();
         let statement = self.renewing(ttl, transaction_depth(conn)?)?;
         let renewed = <C::Backend as Strategy>::lease_statement(conn, statement)?;
-        self.owned(renewed)
+        self.answered(renewed, &span, "renewed")
     }
 
     /// Ends the lease so others can take it at once.
@@ -186,9 +252,11 @@ impl Lease {
         C: LoadConnection,
         C::Backend: ClaimBackend,
     {
+        let span = self.span_releasing();
+        let _entered = span.enter();
         let statement = self.releasing(transaction_depth(conn)?)?;
         let released = <C::Backend as Strategy>::lease_statement(conn, statement)?;
-        self.owned(released)
+        self.answered(released, &span, "released")
     }
 }
 
@@ -245,12 +313,16 @@ where
     F: FnOnce(&mut C, &Lease) -> Result<T, E>,
     E: From<Error>,
 {
+    let span = lease_span!(name, ttl);
+    let _entered = span.enter();
     let Some(lease) = Lease::acquire(conn, name, ttl)? else {
+        span.record("outcome", "held by another");
         return Ok(None);
     };
+    span.record("token", lease.token());
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, &lease)));
     let released = lease.release(conn);
-    lease_outcome(outcome, released)
+    lease_outcome(outcome, released, &span)
 }
 
 /// A lease kept alive while a closure runs, by [`with_lease_kept_alive`]: the
@@ -326,9 +398,17 @@ impl KeptLease {
                 false
             }
             Err(Error::NotLeaseOwner { .. }) => true,
-            Err(_) => renewed_at.elapsed() >= ttl,
+            Err(error) => {
+                trace::renewal_failed(&error);
+                renewed_at.elapsed() >= ttl
+            }
         };
         if lost {
+            trace::warning!(
+                name = self.name(),
+                token = self.token(),
+                "a kept-alive lease was lost: the closure no longer holds it"
+            );
             self.lost.store(true, Ordering::Release);
         }
         !lost
@@ -373,14 +453,20 @@ where
     F: FnOnce(&mut C, &KeptLease) -> Result<T, E>,
     E: From<Error>,
 {
+    let span = lease_span!(name, ttl);
+    let _entered = span.enter();
     let Some(lease) = Lease::acquire(conn, name, ttl)? else {
+        span.record("outcome", "held by another");
         return Ok(None);
     };
+    span.record("token", lease.token());
     let kept = KeptLease::new(lease);
     let outcome = thread::scope(|scope| {
         let (stop, stopped) = mpsc::channel::<()>();
-        let kept = &kept;
-        let renewing = scope.spawn(move || keep_alive(renewer, kept, ttl, &stopped));
+        let (kept, span) = (&kept, &span);
+        // The renewals' spans and events belong to the lease's.
+        let renewing =
+            scope.spawn(move || span.in_scope(|| keep_alive(renewer, kept, ttl, &stopped)));
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, kept)));
         drop(stop);
         // Renewing never panics but through a bug in a connection: the lease
@@ -389,7 +475,7 @@ where
         outcome
     });
     let released = kept.into_lease().release(conn);
-    lease_outcome(outcome, released)
+    lease_outcome(outcome, released, &span)
 }
 
 /// Renews `kept` on `renewer` every third of `ttl` until `stop` is dropped or
@@ -414,7 +500,16 @@ where
 pub(crate) fn lease_outcome<T, E: From<Error>>(
     outcome: thread::Result<Result<T, E>>,
     released: Result<(), Error>,
+    span: &Span,
 ) -> Result<Option<T>, E> {
+    span.record(
+        "outcome",
+        match &released {
+            Ok(()) => "released",
+            Err(Error::NotLeaseOwner { .. }) => "lost",
+            Err(_) => "release failed",
+        },
+    );
     match outcome {
         Ok(Ok(value)) => {
             released?;

@@ -19,6 +19,7 @@ pub mod named_lock;
 mod retry;
 mod reusable;
 mod sql;
+mod trace;
 mod transaction;
 mod versioned;
 

@@ -15,7 +15,8 @@ use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
 use crate::reusable::{Rebuild, Reusable};
 use crate::sql::{lock_target, IdShape, InList, KeyShape, Locked, SelectWhere};
-use crate::transaction::{again_if_moved, locking_read, locking_transaction};
+use crate::trace;
+use crate::transaction::{again_if_moved, locking_read, locking_transaction, transaction_outcome};
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
@@ -266,17 +267,23 @@ impl<Q> LockBuilder<Q> {
         // `f` runs once, after the locking read, which is all a moved row can
         // make run again.
         let mut f = Some(f);
-        again_if_moved(|moved| {
-            locking_transaction(conn, nowait, |conn| {
-                let rows = locking_read(self.query.rows(conn, Some(clause.clone())), moved)?;
-                if skip_locked {
-                    let all = self.query.rows(conn, None).map_err(Error::from)?;
-                    none_left_out(&rows, &all)?;
-                }
-                let f = f.take().expect("a lock's closure runs once");
-                f(conn, rows)
+        let span = clause.span();
+        let locked = span.in_scope(|| {
+            again_if_moved(|moved| {
+                locking_transaction(conn, nowait, |conn| {
+                    let rows = locking_read(self.query.rows(conn, Some(clause.clone())), moved)?;
+                    if skip_locked {
+                        let all = self.query.rows(conn, None).map_err(Error::from)?;
+                        none_left_out(&rows, &all)?;
+                    }
+                    span.record("rows", rows.len());
+                    let f = f.take().expect("a lock's closure runs once");
+                    f(conn, rows)
+                })
             })
-        })
+        });
+        span.record("outcome", transaction_outcome(&locked));
+        locked
     }
 }
 
@@ -298,6 +305,7 @@ pub(crate) fn the_one_row<R>(mut rows: Vec<R>) -> Result<R, Error> {
 /// transaction.
 pub(crate) fn none_left_out<R>(locked: &[R], all: &[R]) -> Result<(), Error> {
     if all.len() > locked.len() {
+        trace::info!("lock not available: a row is locked by another transaction");
         return Err(Error::LockNotAvailable);
     }
     Ok(())

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::trace::{self, Span};
 use crate::Error;
 
 /// How strongly a row is locked (PostgreSQL `FOR …` clauses).
@@ -52,6 +53,22 @@ pub struct LockClause {
     pub skip_locked: bool,
     /// Unqualified name of the only table whose rows are locked (`OF …`).
     pub of: Option<Arc<str>>,
+}
+
+impl LockClause {
+    /// The span of a row lock taken with this clause (`with_lock`): the `OF`
+    /// table where the backend has one, and once it ends, the rows locked and
+    /// how its transaction ended.
+    pub(crate) fn span(&self) -> Span {
+        trace::debug_span!(
+            "lock",
+            table = self.of.as_deref(),
+            strength = ?self.strength,
+            on_locked = if self.skip_locked { "fail" } else { "wait" },
+            rows = trace::Empty,
+            outcome = trace::Empty,
+        )
+    }
 }
 
 /// The lock options both builders share, and the first invalid choice made on

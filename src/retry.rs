@@ -4,6 +4,7 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
+use crate::trace;
 use crate::Error;
 
 /// How often and how patiently [`retry`] tries again.
@@ -184,10 +185,25 @@ impl Attempts {
 
     /// The pause before the next attempt after `error`; `None` gives up.
     pub(crate) fn pause_after<E: Transient>(&mut self, error: &E) -> Option<Duration> {
-        if !error.is_transient() || self.made >= self.policy.max_attempts {
+        if !error.is_transient() {
             return None;
         }
-        let pause = self.policy.backoff(self.made, &self.jitter);
+        let (attempt, max_attempts) = (self.made, self.policy.max_attempts);
+        if attempt >= max_attempts {
+            trace::warning!(
+                attempt,
+                max_attempts,
+                "a transient error persisted: retries exhausted"
+            );
+            return None;
+        }
+        let pause = self.policy.backoff(attempt, &self.jitter);
+        trace::debug!(
+            attempt,
+            max_attempts,
+            ?pause,
+            "a transient error: trying again"
+        );
         self.made += 1;
         Some(pause)
     }

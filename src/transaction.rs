@@ -10,6 +10,7 @@ use diesel::QueryResult;
 
 use crate::backend::{strategy::Strategy, ClaimBackend};
 use crate::error::moved_to_another_partition;
+use crate::trace;
 use crate::Error;
 
 /// How often a transaction is run again, at most, after its locking read met
@@ -30,16 +31,24 @@ pub(crate) fn locking_read<T>(read: QueryResult<T>, moved: &mut bool) -> Result<
     })
 }
 
+/// How a transaction ended, for its span: it commits on `Ok`.
+pub(crate) fn transaction_outcome<T, E>(result: &Result<T, E>) -> &'static str {
+    match result {
+        Ok(_) => "committed",
+        Err(_) => "rolled back",
+    }
+}
+
 /// Runs `attempt` (a transaction whose locking read goes through
 /// [`locking_read`]) again while it fails on a moved row, up to
 /// [`MOVED_ROW_RETRIES`] times.
 pub(crate) fn again_if_moved<T, E>(
     mut attempt: impl FnMut(&mut bool) -> Result<T, E>,
 ) -> Result<T, E> {
-    for _ in 0..MOVED_ROW_RETRIES {
+    for again in 1..=MOVED_ROW_RETRIES {
         let mut moved = false;
         match attempt(&mut moved) {
-            Err(_) if moved => continue,
+            Err(_) if moved => trace::moved_row(again),
             done => return done,
         }
     }

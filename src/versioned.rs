@@ -13,6 +13,7 @@ use diesel::sql_types::SingleValue;
 
 use crate::backend::ClaimBackend;
 use crate::sql::{rendered, VersionProbe};
+use crate::trace;
 use crate::transaction::locking_transaction;
 use crate::{Blocking, Error};
 
@@ -403,11 +404,15 @@ where
     {
         match probed {
             Ok(Some(actual)) => match rendered::render::<DB>(&Target::table().from_clause()) {
-                Ok(table) => Error::VersionConflict {
-                    table,
-                    expected: self.expected.into(),
-                    actual: Some(actual.into()),
-                },
+                Ok(table) => {
+                    let conflict = Error::VersionConflict {
+                        table,
+                        expected: self.expected.into(),
+                        actual: Some(actual.into()),
+                    };
+                    trace::debug!(error = %conflict, "version conflict");
+                    conflict
+                }
                 Err(error) => Error::from(error),
             },
             Ok(None) => Error::NotFound,

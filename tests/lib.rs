@@ -27,6 +27,9 @@ mod partitions;
 mod timed;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod torture;
+// The spans and events of the `tracing` feature.
+#[cfg(feature = "tracing")]
+mod tracing;
 mod versioned;
 
 /// Checks out every connection of `pool` at once, one per thread, and runs

@@ -25,6 +25,8 @@
 //! DATABASE_URL=mysql://user@host/db \
 //!     cargo run --release --features mysql --example shop          # MySQL, MariaDB
 //! cargo run --release --features sqlite --example shop -- --help
+//! RUST_LOG=diesel_claim=info \
+//!     cargo run --release --features sqlite,tracing --example shop # with the crate's spans
 //! ```
 //!
 //! On PostgreSQL everything happens in a schema of its own (`shop_<pid>_…`), on
@@ -78,8 +80,29 @@ fn options() -> Options {
 }
 
 fn main() {
+    log_spans();
     common::exit_with(run());
 }
+
+/// With the crate's `tracing` feature, writes its spans to stderr as each
+/// closes (a claim call with its report, a lease with its token, a worker with
+/// its total), and its events, at the levels `RUST_LOG` asks for
+/// (`RUST_LOG=diesel_claim=info`; `diesel_claim=debug` adds batches, row
+/// locks, lease renewals and retries).
+#[cfg(feature = "tracing")]
+fn log_spans() {
+    use tracing_subscriber::fmt::format::FmtSpan;
+    use tracing_subscriber::EnvFilter;
+
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::from_default_env())
+        .with_span_events(FmtSpan::CLOSE)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[cfg(not(feature = "tracing"))]
+fn log_spans() {}
 
 /// Runs the stories and prints the checks; `Ok(false)` if one failed.
 fn run() -> Result<bool, BoxError> {

@@ -17,10 +17,11 @@ use super::transaction::{locking_transaction, transaction_depth};
 use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
 use crate::claim::query::ClaimStatements;
-use crate::claim::{panic_message, position_of, NextBatch};
+use crate::claim::{panicked, position_of, NextBatch};
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Locked, Position};
-use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
+use crate::trace::{self, Instrument};
+use crate::transaction::{locking_read, transaction_outcome, MOVED_ROW_RETRIES};
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error, RowFailure};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
@@ -242,14 +243,17 @@ where
     H: Handler<C, R, E>,
     E: From<Error> + Send,
 {
+    let span = claim.span::<Q, C::Backend, R>();
     let mut failed = Vec::new();
     let steps = run_steps(&mut claim, query, conn, handler, &mut failed);
-    let stopped = steps.await.err();
-    ClaimOutcome {
+    let stopped = steps.instrument(span.clone()).await.err();
+    let outcome = ClaimOutcome {
         report: claim.report(),
         failed,
         stopped,
-    }
+    };
+    outcome.record(&span);
+    outcome
 }
 
 /// The loop of [`drive`], as in the blocking driver.
@@ -376,42 +380,53 @@ where
         Take::Batch(range, limit) => (range, limit, false),
         Take::Alone(range) => (range, 1, true),
     };
+    let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
     let mut attempts = 0;
-    loop {
-        let mut moved = false;
-        *failing = None;
-        let (moved_read, range, failing) = (&mut moved, range.clone(), &mut *failing);
-        let (taking, handler) = (&mut *claim, &mut *handler);
-        let batch = locking_transaction(conn, |conn| {
-            async move {
-                let rows = query.rows(conn, range.clone(), limit, &taking.clause).await;
-                let mut rows = locking_read(rows, moved_read)?;
-                if !alone {
-                    rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
+    let taken = async {
+        loop {
+            let mut moved = false;
+            *failing = None;
+            let (moved_read, range, failing) = (&mut moved, range.clone(), &mut *failing);
+            let (taking, handler, span) = (&mut *claim, &mut *handler, &span);
+            let batch = locking_transaction(conn, |conn| {
+                async move {
+                    let rows = query.rows(conn, range.clone(), limit, &taking.clause).await;
+                    let mut rows = locking_read(rows, moved_read)?;
+                    if !alone {
+                        rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
+                    }
+                    span.record("taken", rows.len());
+                    if let Some(range) = taking.locked_check(range).filter(|_| !alone) {
+                        let keys = query
+                            .keys(conn, range, i64::MAX)
+                            .await
+                            .map_err(Error::from)?;
+                        taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                    }
+                    let processed = rows.len();
+                    if processed > 0 {
+                        let keys = rows.iter().map(Q::key).collect();
+                        let handled = call(handler.handle(conn, rows), catch_panics).await;
+                        handled.inspect_err(|_| *failing = Some(keys))?;
+                    }
+                    Ok::<_, E>(processed)
                 }
-                if let Some(range) = taking.locked_check(range).filter(|_| !alone) {
-                    let keys = query
-                        .keys(conn, range, i64::MAX)
-                        .await
-                        .map_err(Error::from)?;
-                    taking.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                .scope_boxed()
+            })
+            .await;
+            match batch {
+                Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
+                    attempts += 1;
+                    trace::moved_row(attempts);
                 }
-                let processed = rows.len();
-                if processed > 0 {
-                    let keys = rows.iter().map(Q::key).collect();
-                    let handled = call(handler.handle(conn, rows), catch_panics).await;
-                    handled.inspect_err(|_| *failing = Some(keys))?;
-                }
-                Ok::<_, E>(processed)
+                done => return done,
             }
-            .scope_boxed()
-        })
-        .await;
-        match batch {
-            Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
-            done => return done,
         }
     }
+    .instrument(span.clone())
+    .await;
+    span.record("outcome", transaction_outcome(&taken));
+    taken
 }
 
 /// Awaits a closure's future; with `catch_panics`, a panic in it becomes
@@ -426,7 +441,7 @@ pub(super) async fn call<E: From<Error>>(
     AssertUnwindSafe(f)
         .catch_unwind()
         .await
-        .unwrap_or_else(|payload| Err(Error::ClosurePanicked(panic_message(&*payload)).into()))
+        .unwrap_or_else(|payload| Err(panicked(&*payload)))
 }
 
 /// A query the async [`claim_each`](ClaimDsl::claim_each) can claim rows of type

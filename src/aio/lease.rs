@@ -13,7 +13,8 @@ use tokio::sync::Notify;
 
 use super::backend::AsyncBackend;
 use super::transaction::transaction_depth;
-use crate::lease::{lease_outcome, Patience};
+use crate::lease::{lease_outcome, lease_span, Patience};
+use crate::trace::{self, Instrument};
 use crate::{Error, KeptLease};
 
 /// A lease held through a diesel-async connection: the async twin of
@@ -40,9 +41,20 @@ impl Lease {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
     {
-        let statement = crate::Lease::acquiring(name, ttl, transaction_depth(conn)?)?;
-        let token = C::Backend::run(conn, statement).await?;
-        Ok(crate::Lease::acquired(name, token).map(Lease))
+        let span = trace::debug_span!(
+            "acquire_lease",
+            name,
+            ttl = ?ttl,
+            token = trace::Empty,
+            outcome = trace::Empty,
+        );
+        async {
+            let statement = crate::Lease::acquiring(name, ttl, transaction_depth(conn)?)?;
+            let token = C::Backend::run(conn, statement).await?;
+            Ok(crate::Lease::acquired(name, token, &span).map(Lease))
+        }
+        .instrument(span.clone())
+        .await
     }
 
     /// Takes the lease, waiting up to `patience` for it: see
@@ -81,9 +93,14 @@ impl Lease {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
     {
-        let statement = self.0.releasing(transaction_depth(conn)?)?;
-        let released = C::Backend::run(conn, statement).await?;
-        self.0.owned(released)
+        let span = self.0.span_releasing();
+        async {
+            let statement = self.0.releasing(transaction_depth(conn)?)?;
+            let released = C::Backend::run(conn, statement).await?;
+            self.0.answered(released, &span, "released")
+        }
+        .instrument(span.clone())
+        .await
     }
 }
 
@@ -104,14 +121,19 @@ where
     F: for<'c> FnOnce(&'c mut C, &'c Lease) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
     E: From<Error> + Send + 'a,
 {
+    let span = lease_span!(name, ttl);
+    let entered = span.clone();
     async move {
         let Some(lease) = Lease::acquire(conn, name, ttl).await? else {
+            span.record("outcome", "held by another");
             return Ok(None);
         };
+        span.record("token", lease.token());
         let outcome = AssertUnwindSafe(f(&mut *conn, &lease)).catch_unwind().await;
         let released = lease.release(conn).await;
-        lease_outcome(outcome, released)
+        lease_outcome(outcome, released, &span)
     }
+    .instrument(entered)
 }
 
 /// Extends `lease` to `ttl` from now, on `conn`.
@@ -120,9 +142,14 @@ where
     C: AsyncConnection,
     C::Backend: AsyncBackend,
 {
-    let statement = lease.renewing(ttl, transaction_depth(conn)?)?;
-    let renewed = C::Backend::run(conn, statement).await?;
-    lease.owned(renewed)
+    let span = lease.span_renewing();
+    async {
+        let statement = lease.renewing(ttl, transaction_depth(conn)?)?;
+        let renewed = C::Backend::run(conn, statement).await?;
+        lease.answered(renewed, &span, "renewed")
+    }
+    .instrument(span.clone())
+    .await
 }
 
 /// Awaits `f` while holding the lease on `name`, renewed every third of its
@@ -149,10 +176,14 @@ where
         + 'a,
     E: From<Error> + Send + 'a,
 {
+    let span = lease_span!(name, ttl);
+    let entered = span.clone();
     async move {
         let Some(lease) = Lease::acquire(conn, name, ttl).await? else {
+            span.record("outcome", "held by another");
             return Ok(None);
         };
+        span.record("token", lease.token());
         let kept = KeptLease::new(lease.0);
         let stop = Notify::new();
         let work = async {
@@ -162,8 +193,9 @@ where
         };
         let (outcome, ()) = future::join(work, keep_alive(renewer, &kept, ttl, &stop)).await;
         let released = Lease(kept.into_lease()).release(conn).await;
-        lease_outcome(outcome, released)
+        lease_outcome(outcome, released, &span)
     }
+    .instrument(entered)
 }
 
 /// Renews `kept` on `renewer` every third of `ttl` until `stop` is notified

@@ -16,7 +16,8 @@ use super::Async;
 use crate::lock::{fresh_row, none_left_out, the_one_row, FreshRow};
 use crate::locking::LockClause;
 use crate::sql::{IdShape, KeyShape};
-use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
+use crate::trace::{self, Instrument};
+use crate::transaction::{locking_read, transaction_outcome, MOVED_ROW_RETRIES};
 
 /// The shape of a model's key, from its `Identifiable::Id`.
 type Shape<M> = <<&'static M as Identifiable>::Id as IdShape>::Shape;
@@ -178,29 +179,41 @@ impl<Q> LockBuilder<Q, Async> {
             // `f` runs once, after the locking read, which is all a moved row
             // can make run again (see `crate::transaction::locking_read`).
             let mut f = Some(f);
+            let span = clause.span();
             let mut attempts = 0;
-            loop {
-                let mut moved = false;
-                let (moved_read, f) = (&mut moved, &mut f);
-                let clause = clause.clone();
-                let locked = locking_transaction(conn, |conn| {
-                    async move {
-                        let rows = locking_read(query.rows(conn, Some(clause)).await, moved_read)?;
-                        if skip_locked {
-                            let all = query.rows(conn, None).await.map_err(Error::from)?;
-                            none_left_out(&rows, &all)?;
+            let locked = async {
+                loop {
+                    let mut moved = false;
+                    let (moved_read, f, span) = (&mut moved, &mut f, &span);
+                    let clause = clause.clone();
+                    let locked = locking_transaction(conn, |conn| {
+                        async move {
+                            let rows = query.rows(conn, Some(clause)).await;
+                            let rows = locking_read(rows, moved_read)?;
+                            if skip_locked {
+                                let all = query.rows(conn, None).await.map_err(Error::from)?;
+                                none_left_out(&rows, &all)?;
+                            }
+                            span.record("rows", rows.len());
+                            let f = f.take().expect("a lock's closure runs once");
+                            f(conn, rows).await
                         }
-                        let f = f.take().expect("a lock's closure runs once");
-                        f(conn, rows).await
+                        .scope_boxed()
+                    })
+                    .await;
+                    match locked {
+                        Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
+                            attempts += 1;
+                            trace::moved_row(attempts);
+                        }
+                        done => return done,
                     }
-                    .scope_boxed()
-                })
-                .await;
-                match locked {
-                    Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
-                    done => return done,
                 }
             }
+            .instrument(span.clone())
+            .await;
+            span.record("outcome", transaction_outcome(&locked));
+            locked
         }
     }
 }

@@ -32,6 +32,7 @@ use crate::locking::LockClause;
 use crate::sql::stamp::{CountRows, NewStamp, StampMicros, StampType, ThenUnstamp};
 use crate::sql::{IdShape, InList, KeyColumns, KeyRange, KeyShape, Position, Returning};
 use crate::sql::{SelectWhere, Update};
+use crate::trace::{self, Instrument};
 use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
 use crate::{ClaimOutcome, ClaimReport, Claimed, Error, RowFailure, TimedClaim, TimedWorker};
 
@@ -227,15 +228,19 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
             Ok(run) => run,
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
+        let span = run.span::<Unclaimed<Q, Col>, C::Backend, R>();
         let mut failed = Vec::new();
         let stopped = drive(&mut run, query, conn, stamp, hand, &mut failed)
+            .instrument(span.clone())
             .await
             .err();
-        ClaimOutcome {
+        let outcome = ClaimOutcome {
             report: run.report(),
             failed,
             stopped,
-        }
+        };
+        outcome.record(&span);
+        outcome
     }
 }
 
@@ -411,9 +416,15 @@ where
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
     while let Some((range, limit)) = next_batch(claim, query, conn).await.map_err(outside)? {
+        // The stamps commit on their own: the batch's span ends with them,
+        // before the closure runs outside any transaction.
+        let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
         let rows = stamp_batch(claim, query, conn, stamp, range, limit)
+            .instrument(span.clone())
             .await
             .map_err(outside)?;
+        span.record("taken", rows.len())
+            .record("outcome", "committed");
         if rows.is_empty() {
             continue;
         }
@@ -465,7 +476,10 @@ where
             .await
         };
         match stamped {
-            Err(_) if moved && attempts < MOVED_ROW_RETRIES => attempts += 1,
+            Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
+                attempts += 1;
+                trace::moved_row(attempts);
+            }
             done => break done?,
         }
     };

@@ -13,6 +13,7 @@ use super::backend::AsyncBackend;
 use super::claim::{ClaimQuery, EachRow, Handler};
 use super::Async;
 use crate::claim::worker::Wait;
+use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHandle};
 use futures_util::future::BoxFuture;
 
@@ -99,35 +100,47 @@ impl<Q: Sync> ClaimWorker<Q, Async> {
         C: WaitForRows,
         E: From<Error>,
     {
-        self.check()?;
-        if let Some(channel) = &self.channel {
-            conn.listen(channel).await?;
-        }
-        let mut total = ClaimReport::default();
-        let mut pause = self.min_poll;
-        let worked = loop {
-            if self.stop.is_stopped() {
-                break Ok(total);
+        let span = self.span();
+        let totals = span.clone();
+        let worked = async {
+            self.check()?;
+            if let Some(channel) = &self.channel {
+                conn.listen(channel).await?;
             }
-            let outcome = once.claim_once(conn).await;
-            total.add(&outcome.report);
-            if let Some(failure) = outcome.stopped {
-                break Err(failure.error);
-            }
-            if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
-                match conn.wait_for_rows(wait, &self.stop).await {
-                    Ok(true) => pause = self.min_poll,
-                    Ok(false) => {}
-                    Err(error) => break Err(error.into()),
+            let mut total = ClaimReport::default();
+            let mut pause = self.min_poll;
+            let worked = loop {
+                if self.stop.is_stopped() {
+                    break Ok(total);
+                }
+                let outcome = once.claim_once(conn).await;
+                total.add(&outcome.report);
+                if let Some(failure) = outcome.stopped {
+                    break Err(failure.error);
+                }
+                if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
+                    match conn.wait_for_rows(wait, &self.stop).await {
+                        Ok(true) => pause = self.min_poll,
+                        Ok(false) => {}
+                        Err(error) => break Err(error.into()),
+                    }
+                }
+            };
+            if let Some(channel) = &self.channel {
+                // A pooled connection goes back to the pool without it.
+                let unlistened = conn.unlisten(channel).await;
+                if worked.is_ok() {
+                    unlistened?;
                 }
             }
-        };
-        if let Some(channel) = &self.channel {
-            // A pooled connection goes back to the pool without it.
-            let unlistened = conn.unlisten(channel).await;
-            if worked.is_ok() {
-                unlistened?;
-            }
+            worked
+        }
+        .instrument(span)
+        .await;
+        if let Ok(total) = &worked {
+            totals
+                .record("processed", total.processed)
+                .record("failed", total.failed);
         }
         worked
     }

@@ -7,9 +7,11 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
+use super::query::ClaimStatements;
 use super::report::ClaimReport;
 use crate::locking::LockClause;
 use crate::sql::{KeyRange, Lower};
+use crate::trace::{self, Span};
 use crate::{Error, StopHandle};
 
 /// Rows read per page of the unlocked candidate scan, unless batches are large.
@@ -203,6 +205,37 @@ impl<K> Claim<K> {
     }
 }
 
+impl<K> Claim<K> {
+    /// The span of one call of this claim on rows of `S`'s table: its options,
+    /// and, recorded when it ends ([`ClaimOutcome::record`]), its report.
+    ///
+    /// [`ClaimOutcome::record`]: super::ClaimOutcome::record
+    pub(crate) fn span<S: ClaimStatements<DB, R>, DB, R>(&self) -> Span {
+        trace::info_span!(
+            "claim",
+            table = %S::table_name(),
+            batch = self.batch,
+            max_rows = (self.remaining < u64::MAX).then_some(self.remaining),
+            drain = self.drain,
+            keep_going = self.keep_going,
+            on_locked = match (self.nowait, self.clause.skip_locked) {
+                (true, _) => "fail",
+                (false, true) => "skip",
+                (false, false) => "wait",
+            },
+            strength = ?self.clause.strength,
+            processed = trace::Empty,
+            skipped = trace::Empty,
+            locked = trace::Empty,
+            gone = trace::Empty,
+            failed = trace::Empty,
+            not_reached = trace::Empty,
+            passes = trace::Empty,
+            stopped = trace::Empty,
+        )
+    }
+}
+
 impl<K: Clone + Eq + Hash> Claim<K> {
     /// What to do next.
     pub(crate) fn next(&mut self) -> Step<K> {
@@ -356,6 +389,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     ) -> Result<(), Error> {
         let taken: HashSet<K> = rows.iter().map(key_of).collect();
         if keys.iter().any(|key| !taken.contains(key)) {
+            trace::info!("lock not available: a candidate is locked by another transaction");
             return Err(Error::LockNotAvailable);
         }
         Ok(())
@@ -370,6 +404,10 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     /// `rows` taken were rolled back by their closure's failure and are passed
     /// over ([`Plan::keep_going`]).
     pub(crate) fn failed(&mut self, rows: usize) {
+        trace::warning!(
+            rows,
+            "a closure failed: its rows are passed over (keep_going)"
+        );
         self.report.failed += rows as u64;
     }
 

@@ -11,7 +11,10 @@ use diesel::query_builder::Query;
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
 use crate::sql::{KeyRange, Position};
-use crate::transaction::{again_if_moved, locking_read, locking_transaction, transaction_depth};
+use crate::trace;
+use crate::transaction::{
+    again_if_moved, locking_read, locking_transaction, transaction_depth, transaction_outcome,
+};
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;
@@ -563,13 +566,18 @@ where
     F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
     E: From<Error>,
 {
+    let span = claim.span::<Q, C::Backend, R>();
     let mut failed = Vec::new();
-    let stopped = run_steps(&mut claim, query, conn, &mut take, &mut f, &mut failed).err();
-    ClaimOutcome {
+    let stopped = span
+        .in_scope(|| run_steps(&mut claim, query, conn, &mut take, &mut f, &mut failed))
+        .err();
+    let outcome = ClaimOutcome {
         report: claim.report(),
         failed,
         stopped,
-    }
+    };
+    outcome.record(&span);
+    outcome
 }
 
 /// The loop of [`drive`]: runs the claim's steps until it is done, recording
@@ -596,38 +604,48 @@ where
     while let Some((range, limit)) = next_batch(claim, query, conn).map_err(outside)? {
         // The keys of the rows handed to the closure, once it has failed.
         let mut failing: Option<Vec<K>> = None;
-        let batch = if claim.taking == Taking::MarkAndCommit {
-            let rows = take_and_commit(claim, conn, take, range, limit, position_of::<Q, _, _>)
-                .map_err(outside)?;
-            let processed = rows.len();
-            let called = match processed {
-                0 => Ok(()),
-                _ => {
-                    let keys = rows.iter().map(Q::key).collect();
-                    call(|| f(conn, rows), catch_panics).inspect_err(|_| failing = Some(keys))
-                }
-            };
-            called.map(|()| processed)
-        } else {
-            again_if_moved(|moved| {
-                failing = None;
-                locking_transaction(conn, claim.nowait, |conn| {
-                    let rows = take(conn, range.clone(), limit, &claim.clause);
-                    let rows = locking_read(rows, moved)?;
-                    let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
-                    if let Some(range) = claim.locked_check(range.clone()) {
-                        let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
-                        claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
-                    }
-                    let processed = rows.len();
-                    if processed > 0 {
+        let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
+        let batch = {
+            let _entered = span.enter();
+            if claim.taking == Taking::MarkAndCommit {
+                let rows = take_and_commit(claim, conn, take, range, limit, position_of::<Q, _, _>)
+                    .map_err(outside)?;
+                let processed = rows.len();
+                // The mark committed on its own: the closure's failure cannot undo it.
+                span.record("taken", processed)
+                    .record("outcome", "committed");
+                let called = match processed {
+                    0 => Ok(()),
+                    _ => {
                         let keys = rows.iter().map(Q::key).collect();
-                        call(|| f(conn, rows), catch_panics)
-                            .inspect_err(|_| failing = Some(keys))?;
+                        call(|| f(conn, rows), catch_panics).inspect_err(|_| failing = Some(keys))
                     }
-                    Ok::<_, E>(processed)
-                })
-            })
+                };
+                called.map(|()| processed)
+            } else {
+                let batch = again_if_moved(|moved| {
+                    failing = None;
+                    locking_transaction(conn, claim.nowait, |conn| {
+                        let rows = take(conn, range.clone(), limit, &claim.clause);
+                        let rows = locking_read(rows, moved)?;
+                        let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
+                        span.record("taken", rows.len());
+                        if let Some(range) = claim.locked_check(range.clone()) {
+                            let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
+                            claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
+                        }
+                        let processed = rows.len();
+                        if processed > 0 {
+                            let keys = rows.iter().map(Q::key).collect();
+                            call(|| f(conn, rows), catch_panics)
+                                .inspect_err(|_| failing = Some(keys))?;
+                        }
+                        Ok::<_, E>(processed)
+                    })
+                });
+                span.record("outcome", transaction_outcome(&batch));
+                batch
+            }
         };
         match (batch, failing) {
             (Ok(processed), _) => claim.processed(processed),
@@ -731,17 +749,27 @@ where
         return Ok(());
     };
     let mut closure_failed = false;
-    let retried = again_if_moved(|moved| {
-        closure_failed = false;
-        locking_transaction(conn, claim.nowait, |conn| {
-            let rows = locking_read(take(conn, range.clone(), 1, &claim.clause), moved)?;
-            let processed = rows.len();
-            if processed > 0 {
-                call(|| f(conn, rows), true).inspect_err(|_| closure_failed = true)?;
-            }
-            Ok::<_, E>(processed)
+    let span = trace::debug_span!(
+        "batch",
+        limit = 1,
+        taken = trace::Empty,
+        outcome = trace::Empty
+    );
+    let retried = span.in_scope(|| {
+        again_if_moved(|moved| {
+            closure_failed = false;
+            locking_transaction(conn, claim.nowait, |conn| {
+                let rows = locking_read(take(conn, range.clone(), 1, &claim.clause), moved)?;
+                let processed = rows.len();
+                span.record("taken", processed);
+                if processed > 0 {
+                    call(|| f(conn, rows), true).inspect_err(|_| closure_failed = true)?;
+                }
+                Ok::<_, E>(processed)
+            })
         })
     });
+    span.record("outcome", transaction_outcome(&retried));
     match retried {
         Ok(0) => claim.gone(),
         Ok(processed) => claim.processed(processed),
@@ -763,8 +791,14 @@ pub(crate) fn call<E: From<Error>>(
     if !catch_panics {
         return f();
     }
-    panic::catch_unwind(AssertUnwindSafe(f))
-        .unwrap_or_else(|payload| Err(Error::ClosurePanicked(panic_message(&*payload)).into()))
+    panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(panicked(&*payload)))
+}
+
+/// A closure's panic, as its error ([`Error::ClosurePanicked`]).
+pub(crate) fn panicked<E: From<Error>>(payload: &(dyn std::any::Any + Send)) -> E {
+    let message = panic_message(payload);
+    trace::warning!(panic = %message, "a closure panicked (keep_going)");
+    Error::ClosurePanicked(message).into()
 }
 
 /// The message a panic was raised with.

@@ -51,6 +51,10 @@ pub trait ClaimStatements<DB, R> {
     /// `LIMIT` or `OFFSET`).
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
 
+    /// The claimed table's name, unqualified, on every backend: for the
+    /// claim's span.
+    fn table_name() -> String;
+
     /// The key of a row.
     fn key(row: &R) -> Self::Key;
 
@@ -239,6 +243,11 @@ where
         let query = rendered::render::<DB>(&self.query())?;
         rendered::check_claimable(&query, Self::ORDERED_BY_KEY)?;
         lock_target::<_, DB>(&R::table())
+    }
+
+    fn table_name() -> String {
+        // A label: a name that cannot be read (never seen) shows as empty.
+        rendered::unqualified_table_name::<_, DB>(&R::table()).unwrap_or_default()
     }
 
     fn key(row: &R) -> Self::Key {

@@ -1,5 +1,7 @@
 //! What a claim call reports: the engine counts, both drivers return it.
 
+use crate::trace::Span;
+
 /// What one call of [`claim_each`](crate::ClaimDsl::claim_each) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -99,6 +101,19 @@ impl<K, E> ClaimOutcome<K, E> {
             failed: Vec::new(),
             stopped: Some(RowFailure::new(Vec::new(), error)),
         }
+    }
+
+    /// Records what the call did on its span (`Claim::span`).
+    pub(crate) fn record(&self, span: &Span) {
+        let report = &self.report;
+        span.record("processed", report.processed)
+            .record("skipped", report.skipped)
+            .record("locked", report.locked)
+            .record("gone", report.gone)
+            .record("failed", report.failed)
+            .record("not_reached", report.not_reached)
+            .record("passes", report.passes)
+            .record("stopped", self.stopped.is_some());
     }
 
     /// The report, or the error that ended the call: what

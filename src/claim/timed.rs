@@ -32,6 +32,7 @@ use crate::sql::stamp::{
     CountRows, NewStamp, StampMicros, StampPassed, StampType, StillStamped, ThenUnstamp,
 };
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Position, Returning, SelectWhere, Update};
+use crate::trace;
 use crate::transaction::transaction_depth;
 use crate::{Blocking, Error};
 
@@ -282,13 +283,18 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
             Ok(run) => run,
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
+        let span = run.span::<Unclaimed<Q, Col>, C::Backend, R>();
         let mut failed = Vec::new();
-        let stopped = drive(&mut run, query, conn, stamp, &mut hand, &mut failed).err();
-        ClaimOutcome {
+        let stopped = span
+            .in_scope(|| drive(&mut run, query, conn, stamp, &mut hand, &mut failed))
+            .err();
+        let outcome = ClaimOutcome {
             report: run.report(),
             failed,
             stopped,
-        }
+        };
+        outcome.record(&span);
+        outcome
     }
 }
 
@@ -428,8 +434,14 @@ where
     };
     let position_of = |(row, _): &(R, i64)| Position::of_key(Q::key(row));
     while let Some((range, limit)) = next_batch(claim, query, conn).map_err(outside)? {
-        let rows =
-            take_and_commit(claim, conn, &mut take, range, limit, position_of).map_err(outside)?;
+        // The stamps commit on their own: the batch's span ends with them,
+        // before the closure runs outside any transaction.
+        let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
+        let rows = span
+            .in_scope(|| take_and_commit(claim, conn, &mut take, range, limit, position_of))
+            .map_err(outside)?;
+        span.record("taken", rows.len())
+            .record("outcome", "committed");
         if rows.is_empty() {
             continue;
         }

@@ -10,6 +10,7 @@ use diesel::r2d2::{ConnectionManager, PooledConnection, R2D2Connection};
 
 use super::{per_row, ClaimBuilder, ClaimOutcome, ClaimQuery, ClaimReport};
 use crate::backend::ClaimBackend;
+use crate::trace::{self, Span};
 use crate::Error;
 
 /// Asks claims and workers to stop: cloneable, shared between threads, and
@@ -142,6 +143,18 @@ impl<Q, M> ClaimWorker<Q, M> {
         Ok(())
     }
 
+    /// The span of the worker's loop, around its claims' spans.
+    pub(crate) fn span(&self) -> Span {
+        trace::info_span!(
+            "worker",
+            channel = self.channel.as_deref(),
+            min_poll = ?self.min_poll,
+            max_poll = ?self.max_poll,
+            processed = trace::Empty,
+            failed = trace::Empty,
+        )
+    }
+
     /// The wait after a claim that processed `processed` rows: none after
     /// rows were found, else `pause`, doubled for the next time.
     pub(crate) fn next_pause(&self, processed: u64, pause: &mut Duration) -> Option<Duration> {
@@ -184,6 +197,8 @@ impl<Q> ClaimWorker<Q> {
         C: WaitForRows,
         E: From<Error>,
     {
+        let span = self.span();
+        let _entered = span.enter();
         self.check()?;
         if let Some(channel) = &self.channel {
             conn.listen(channel)?;
@@ -212,6 +227,10 @@ impl<Q> ClaimWorker<Q> {
             if worked.is_ok() {
                 unlistened?;
             }
+        }
+        if let Ok(total) = &worked {
+            span.record("processed", total.processed)
+                .record("failed", total.failed);
         }
         worked
     }

@@ -71,14 +71,15 @@ fn test(servers: &setup::Servers, nextest_args: &[String]) -> Result<(), Error> 
 }
 
 /// Every feature set the crate promises to compile, lint-free: each backend
-/// alone, none, and the async API with each of its backends.
-const FEATURE_SETS: [&[&str]; 6] = [
+/// alone, none, the async API with each of its backends, and tracing.
+const FEATURE_SETS: [&[&str]; 7] = [
     &["--no-default-features"],
     &["--features", "postgres"],
     &["--features", "sqlite"],
     &["--features", "mysql"],
     &["--features", "async,postgres"],
     &["--features", "async,mysql"],
+    &["--features", "tracing,sqlite"],
 ];
 
 fn check(servers: &setup::Servers) -> Result<(), Error> {

@@ -1,0 +1,492 @@
+//! The `tracing` feature: the spans and events a claim, a lease and a retry
+//! leave, as a subscriber of the test's own records them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::tracing::field::{Field, Visit};
+use ::tracing::span::{Attributes, Id, Record};
+use ::tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::{Layer, Registry};
+
+use diesel::prelude::*;
+use diesel_claim::prelude::*;
+use diesel_claim::{retry, with_lease, Error, RetryPolicy};
+
+use testkit::fixtures::{accounts, on_every_backend, orders, Account, Order};
+
+/// A span as the subscriber saw it: its name, its fields (those recorded
+/// later included) and its parent's name.
+#[derive(Debug, Clone)]
+struct SpanSeen {
+    name: &'static str,
+    fields: HashMap<&'static str, String>,
+    parent: Option<&'static str>,
+}
+
+/// An event: its level, its fields (`message` included) and the span it
+/// happened in.
+#[derive(Debug, Clone)]
+struct EventSeen {
+    level: Level,
+    fields: HashMap<&'static str, String>,
+    span: Option<&'static str>,
+}
+
+impl EventSeen {
+    fn message(&self) -> &str {
+        self.fields.get("message").map_or("", String::as_str)
+    }
+}
+
+/// Everything a block of code left, in order.
+#[derive(Default)]
+struct Seen {
+    spans: Vec<SpanSeen>,
+    events: Vec<EventSeen>,
+}
+
+impl Seen {
+    fn spans(&self, name: &str) -> Vec<&SpanSeen> {
+        self.spans.iter().filter(|span| span.name == name).collect()
+    }
+
+    fn the_span(&self, name: &str) -> &SpanSeen {
+        match self.spans(name)[..] {
+            [span] => span,
+            ref spans => panic!("{} `{name}` spans: {:#?}", spans.len(), self.spans),
+        }
+    }
+}
+
+/// Records every field as text: strings as they are, the rest by `Debug`.
+struct Fields<'a>(&'a mut HashMap<&'static str, String>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.insert(field.name(), format!("{value:?}"));
+    }
+}
+
+/// The layer that records; spans are kept by their index in `Seen::spans`.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Seen>>);
+
+struct Index(usize);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let span = ctx.span(id).expect("a new span is registered");
+        let mut fields = HashMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        let mut seen = self.0.lock().unwrap();
+        seen.spans.push(SpanSeen {
+            name: span.name(),
+            fields,
+            parent: span.parent().map(|parent| parent.name()),
+        });
+        span.extensions_mut().insert(Index(seen.spans.len() - 1));
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).expect("a recorded span is registered");
+        let extensions = span.extensions();
+        let Index(index) = extensions.get::<Index>().expect("every span is indexed");
+        let mut seen = self.0.lock().unwrap();
+        values.record(&mut Fields(&mut seen.spans[*index].fields));
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().events.push(EventSeen {
+            level: *event.metadata().level(),
+            fields,
+            span: ctx.event_span(event).map(|span| span.name()),
+        });
+    }
+}
+
+/// Runs `f` with the recording subscriber as this thread's default.
+fn traced<T>(f: impl FnOnce() -> T) -> (T, Seen) {
+    let recorder = Recorder::default();
+    let subscriber = Registry::default().with(recorder.clone());
+    let value = ::tracing::subscriber::with_default(subscriber, f);
+    let seen = std::mem::take(&mut *recorder.0.lock().unwrap());
+    (value, seen)
+}
+
+fn pending() -> diesel::dsl::Filter<
+    diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
+    diesel::dsl::Eq<orders::email_sent, bool>,
+> {
+    orders::table
+        .filter(orders::shipped.eq(true))
+        .filter(orders::email_sent.eq(false))
+}
+
+on_every_backend! {
+    fn insert_pending(conn: &mut Conn, count: usize) {
+        diesel::insert_into(orders::table)
+            .values(vec![orders::shipped.eq(true); count])
+            .execute(conn)
+            .unwrap();
+    }
+
+    fn mark_sent(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+        diesel::update(order).set(orders::email_sent.eq(true)).execute(conn)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_claim_is_one_span_with_its_table_options_and_report() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 7);
+        let (report, seen) = traced(|| {
+            pending()
+                .build_claim()
+                .batch(3)
+                .each(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, &order)?))
+                .unwrap()
+        });
+        assert_eq!(report.processed, 7);
+
+        let claim = seen.the_span("claim");
+        assert_eq!(claim.fields["table"], "orders");
+        assert_eq!(claim.fields["batch"], "3");
+        assert_eq!(claim.fields["on_locked"], "skip");
+        assert_eq!(claim.fields["keep_going"], "false");
+        assert_eq!(claim.fields["processed"], "7");
+        assert_eq!(claim.fields["failed"], "0");
+        assert_eq!(claim.fields["stopped"], "false");
+
+        let batches = seen.spans("batch");
+        assert!(batches.iter().all(|batch| batch.parent == Some("claim")), "{batches:#?}");
+        assert!(batches.iter().all(|batch| batch.fields["limit"] == "3"), "{batches:#?}");
+        let taken: Vec<&str> = batches
+            .iter()
+            .map(|batch| batch.fields["taken"].as_str())
+            .filter(|taken| *taken != "0")
+            .collect();
+        assert_eq!(taken, ["3", "3", "1"]);
+        assert!(batches.iter().all(|batch| batch.fields["outcome"] == "committed"));
+    }
+
+    diesel::table! {
+        use diesel::sql_types::*;
+        use super::ClaimStamp;
+
+        invoices (id) {
+            id -> Integer,
+            sent -> Bool,
+            claimed_until -> Nullable<ClaimStamp>,
+        }
+    }
+
+    #[derive(Debug, Queryable, Selectable, Identifiable)]
+    #[diesel(table_name = invoices)]
+    struct Invoice {
+        id: i32,
+    }
+
+    /// A visibility-timeout claim is a claim span too; its batch spans end
+    /// committed with their stamps, before the closure runs.
+    #[test]
+    fn a_visibility_timeout_claim_is_a_claim_span_with_committed_batches() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        diesel::sql_query(format!(
+            "CREATE TABLE invoices (id INTEGER PRIMARY KEY, sent BOOLEAN NOT NULL, \
+             claimed_until {CLAIM_STAMP_COLUMN})"
+        ))
+        .execute(&mut conn)
+        .unwrap();
+        let rows: Vec<_> = (1..=5).map(|id| (invoices::id.eq(id), invoices::sent.eq(false))).collect();
+        diesel::insert_into(invoices::table).values(rows).execute(&mut conn).unwrap();
+        let (report, seen) = traced(|| {
+            invoices::table
+                .filter(invoices::sent.eq(false))
+                .select(Invoice::as_select())
+                .build_claim()
+                .batch(2)
+                .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
+                .each(&mut conn, |conn, invoice: diesel_claim::Claimed<Invoice, _>| {
+                    invoice.finish(conn, invoices::sent.eq(true))
+                })
+                .unwrap()
+        });
+        assert_eq!(report.processed, 5);
+
+        let claim = seen.the_span("claim");
+        assert_eq!(claim.fields["table"], "invoices");
+        assert_eq!(claim.fields["processed"], "5");
+        let batches = seen.spans("batch");
+        assert!(batches.iter().all(|batch| batch.parent == Some("claim")), "{batches:#?}");
+        assert!(batches.iter().all(|batch| batch.fields["outcome"] == "committed"), "{batches:#?}");
+        let taken: Vec<&str> = batches
+            .iter()
+            .map(|batch| batch.fields["taken"].as_str())
+            .filter(|taken| *taken != "0")
+            .collect();
+        assert_eq!(taken, ["2", "2", "1"]);
+    }
+
+    #[test]
+    fn a_failing_row_under_keep_going_is_a_warning_and_counted() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let (report, seen) = traced(|| {
+            pending()
+                .build_claim()
+                .keep_going()
+                .each(&mut conn, |conn, order: Order| {
+                    if order.id == 2 {
+                        return Err(Error::InvalidArgument("order 2 is bad".to_owned()));
+                    }
+                    mark_sent(conn, &order).map_err(Error::from)
+                })
+                .unwrap()
+        });
+        assert_eq!((report.processed, report.failed), (2, 1));
+
+        let claim = seen.the_span("claim");
+        assert_eq!(claim.fields["keep_going"], "true");
+        assert_eq!(claim.fields["failed"], "1");
+        assert_eq!(claim.fields["processed"], "2");
+        let warnings: Vec<&EventSeen> =
+            seen.events.iter().filter(|event| event.level == Level::WARN).collect();
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert_eq!(warnings[0].fields["rows"], "1");
+        assert_eq!(warnings[0].span, Some("claim"));
+        let rolled_back = seen
+            .spans("batch")
+            .into_iter()
+            .filter(|batch| batch.fields.get("outcome").map(String::as_str) == Some("rolled back"))
+            .count();
+        assert_eq!(rolled_back, 1);
+    }
+
+    #[test]
+    fn a_lease_is_a_span_with_its_name_and_token() {
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        let ((token, refused), seen) = traced(|| {
+            let ttl = Duration::from_secs(5);
+            let held = with_lease(&mut conn, "nightly-report", ttl, |_, lease| {
+                let mut other = pool.get().unwrap();
+                let refused = with_lease(&mut other, "nightly-report", ttl, |_, _| Ok::<_, Error>(()))?;
+                Ok::<_, Error>((lease.token(), refused))
+            });
+            held.unwrap().unwrap()
+        });
+        assert!(refused.is_none());
+
+        let leases = seen.spans("lease");
+        assert_eq!(leases.len(), 2, "{leases:#?}");
+        let (held, refused) = (leases[0], leases[1]);
+        assert_eq!(held.fields["name"], "nightly-report");
+        assert_eq!(held.fields["ttl"], "5s");
+        assert_eq!(held.fields["token"], token.to_string());
+        assert_eq!(held.fields["outcome"], "released");
+        assert_eq!(refused.parent, Some("lease"));
+        assert_eq!(refused.fields["outcome"], "held by another");
+        assert!(!refused.fields.contains_key("token"));
+
+        let acquired = seen.spans("acquire_lease");
+        assert_eq!(acquired.len(), 2);
+        assert_eq!(acquired[0].fields["token"], token.to_string());
+        assert_eq!(acquired[0].fields["outcome"], "acquired");
+        assert_eq!(acquired[1].fields["outcome"], "held by another");
+        let released = seen.the_span("release_lease");
+        assert_eq!(released.fields["token"], token.to_string());
+        assert_eq!(released.fields["outcome"], "released");
+    }
+
+    #[test]
+    fn a_retried_conflict_leaves_its_attempts() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        seed_accounts(&mut conn, &[100]);
+        let mut attempts = 0;
+        let (version, seen) = traced(|| {
+            retry(&mut conn, RetryPolicy::attempts(5), |conn| {
+                attempts += 1;
+                let account: Account = accounts::table.find(1).first(conn)?;
+                // The first two attempts write as if they had read an older
+                // version: a conflict each.
+                let seen_version = if attempts <= 2 { account.version + 10 } else { account.version };
+                accounts::table
+                    .find(1)
+                    .update_versioned(accounts::version, seen_version, accounts::balance.eq(90))
+                    .execute(conn)
+            })
+            .unwrap()
+        });
+        assert_eq!((attempts, version), (3, 1));
+
+        let conflicts: Vec<&EventSeen> =
+            seen.events.iter().filter(|event| event.message() == "version conflict").collect();
+        assert_eq!(conflicts.len(), 2, "{:#?}", seen.events);
+        assert!(conflicts[0].fields["error"].contains("expected version 10"), "{conflicts:#?}");
+        let retries: Vec<&str> = seen
+            .events
+            .iter()
+            .filter(|event| event.message().contains("trying again"))
+            .map(|event| {
+                assert_eq!(event.level, Level::DEBUG);
+                assert_eq!(event.fields["max_attempts"], "5");
+                assert!(event.fields.contains_key("pause"));
+                event.fields["attempt"].as_str()
+            })
+            .collect();
+        assert_eq!(retries, ["1", "2"]);
+    }
+}
+
+/// The async API's claims leave the same spans, on PostgreSQL and MySQL.
+#[cfg(feature = "async")]
+macro_rules! on_async_backends {
+    ($($backend:ident ($stamp:ident): $feature:literal, $conn:ty, $db:ty, $test_db:ident, $schema:ident;)*) => {$(
+        #[cfg(feature = $feature)]
+        mod $backend {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::{AsyncConnection, RunQueryDsl};
+            use diesel_claim::aio::prelude::*;
+            use diesel_claim::Error;
+            use scoped_futures::ScopedFutureExt;
+            use testkit::fixtures::{orders, Order};
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::Registry;
+
+            use super::{pending, Recorder};
+
+            #[tokio::test(flavor = "current_thread")]
+            async fn an_async_claim_is_the_same_span() {
+                let db = testkit::$test_db::new();
+                let mut setup = <$db as diesel::Connection>::establish(&db.url).unwrap();
+                testkit::fixtures::create_schema(&mut setup, testkit::fixtures::$schema);
+                let mut conn = <$conn>::establish(&db.url).await.unwrap();
+                diesel::insert_into(orders::table)
+                    .values(vec![orders::shipped.eq(true); 5])
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+
+                // The runtime runs the claim on this thread: the default
+                // subscriber sees it.
+                let recorder = Recorder::default();
+                let subscriber = Registry::default().with(recorder.clone());
+                let default = ::tracing::subscriber::set_default(subscriber);
+                let report = pending()
+                    .build_claim()
+                    .batch(2)
+                    .each(&mut conn, |conn, order: Order| {
+                        async move {
+                            diesel::update(orders::table.find(order.id))
+                                .set(orders::email_sent.eq(true))
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, Error>(())
+                        }
+                        .scope_boxed()
+                    })
+                    .await
+                    .unwrap();
+                drop(default);
+                assert_eq!(report.processed, 5);
+
+                let seen = std::mem::take(&mut *recorder.0.lock().unwrap());
+                let claim = seen.the_span("claim");
+                assert_eq!(claim.fields["table"], "orders");
+                assert_eq!(claim.fields["batch"], "2");
+                assert_eq!(claim.fields["processed"], "5");
+                let taken: Vec<&str> = seen
+                    .spans("batch")
+                    .iter()
+                    .inspect(|batch| assert_eq!(batch.parent, Some("claim")))
+                    .map(|batch| batch.fields["taken"].as_str())
+                    .filter(|taken| *taken != "0")
+                    .collect();
+                assert_eq!(taken, ["2", "2", "1"]);
+            }
+
+            type ClaimStamp = testkit::fixtures::claim_stamp!($stamp);
+
+            diesel::table! {
+                use diesel::sql_types::*;
+                use super::ClaimStamp;
+
+                invoices (id) {
+                    id -> Integer,
+                    sent -> Bool,
+                    claimed_until -> Nullable<ClaimStamp>,
+                }
+            }
+
+            #[derive(Debug, diesel::Queryable, diesel::Selectable, diesel::Identifiable)]
+            #[diesel(table_name = invoices)]
+            struct Invoice {
+                id: i32,
+            }
+
+            #[tokio::test(flavor = "current_thread")]
+            async fn an_async_visibility_timeout_claim_is_the_same_span() {
+                use diesel::SelectableHelper;
+                let db = testkit::$test_db::new();
+                let mut conn = <$conn>::establish(&db.url).await.unwrap();
+                let column = testkit::fixtures::claim_stamp!(column $stamp);
+                diesel::sql_query(format!(
+                    "CREATE TABLE invoices (id INTEGER PRIMARY KEY, sent BOOLEAN NOT NULL, \
+                     claimed_until {column})"
+                ))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+                let rows: Vec<_> = (1..=3).map(|id| (invoices::id.eq(id), invoices::sent.eq(false))).collect();
+                diesel::insert_into(invoices::table).values(rows).execute(&mut conn).await.unwrap();
+
+                let recorder = Recorder::default();
+                let subscriber = Registry::default().with(recorder.clone());
+                let default = ::tracing::subscriber::set_default(subscriber);
+                let report = invoices::table
+                    .filter(invoices::sent.eq(false))
+                    .select(Invoice::as_select())
+                    .build_claim()
+                    .visibility_timeout(invoices::claimed_until, std::time::Duration::from_secs(60))
+                    .each(&mut conn, |conn, invoice: diesel_claim::Claimed<Invoice, _, diesel_claim::aio::Async>| {
+                        invoice.finish(conn, invoices::sent.eq(true)).scope_boxed()
+                    })
+                    .await
+                    .unwrap();
+                drop(default);
+                assert_eq!(report.processed, 3);
+
+                let seen = std::mem::take(&mut *recorder.0.lock().unwrap());
+                let claim = seen.the_span("claim");
+                assert_eq!(claim.fields["table"], "invoices");
+                assert_eq!(claim.fields["processed"], "3");
+                let batches = seen.spans("batch");
+                assert_eq!(batches.iter().filter(|batch| batch.fields["taken"] == "1").count(), 3);
+                assert!(batches.iter().all(|batch| batch.parent == Some("claim") && batch.fields["outcome"] == "committed"));
+            }
+        }
+    )*};
+}
+
+#[cfg(feature = "async")]
+on_async_backends! {
+    pg_async (pg): "postgres", diesel_async::AsyncPgConnection, diesel::PgConnection, PgTestDb,
+        POSTGRES_SCHEMA;
+    mysql_async (mysql): "mysql", diesel_async::AsyncMysqlConnection, diesel::MysqlConnection,
+        MysqlTestDb, MYSQL_SCHEMA;
+}
