@@ -14,7 +14,7 @@ use diesel::QuerySource;
 use crate::backend::ClaimBackend;
 use crate::locking::{LockClause, LockOptions};
 use crate::reusable::{Rebuild, Reusable};
-use crate::sql::{lock_target, IdShape, InList, KeyShape, Locked, SelectWhere};
+use crate::sql::{lock_target, rendered, IdShape, InList, KeyShape, Locked, SelectWhere};
 use crate::trace;
 use crate::transaction::{again_if_moved, locking_read, locking_transaction, transaction_outcome};
 use crate::{Blocking, Error, LockStrength, OnLocked};
@@ -267,7 +267,7 @@ impl<Q> LockBuilder<Q> {
         // `f` runs once, after the locking read, which is all a moved row can
         // make run again.
         let mut f = Some(f);
-        let span = clause.span();
+        let span = clause.span(|| self.query.table_name());
         let locked = span.in_scope(|| {
             again_if_moved(|moved| {
                 locking_transaction(conn, nowait, |conn| {
@@ -325,6 +325,11 @@ pub trait LockQuery<'q, C, R> {
     #[doc(hidden)]
     fn locked_table(&self) -> Result<Option<std::sync::Arc<str>>, Error>;
 
+    /// The locked table's name, unqualified, on every backend: for the
+    /// lock's span.
+    #[doc(hidden)]
+    fn table_name(&self) -> String;
+
     /// The query's rows, locked by `lock`.
     #[doc(hidden)]
     fn rows(&self, conn: &mut C, lock: Option<LockClause>) -> diesel::QueryResult<Vec<R>>;
@@ -341,6 +346,11 @@ where
 {
     fn locked_table(&self) -> Result<Option<std::sync::Arc<str>>, Error> {
         lock_target::<_, C::Backend>(&R::table())
+    }
+
+    fn table_name(&self) -> String {
+        // A label: a name that cannot be read (never seen) shows as empty.
+        rendered::unqualified_table_name::<_, C::Backend>(&R::table()).unwrap_or_default()
     }
 
     fn rows(&self, conn: &mut C, lock: Option<LockClause>) -> diesel::QueryResult<Vec<R>> {

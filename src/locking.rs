@@ -56,13 +56,14 @@ pub struct LockClause {
 }
 
 impl LockClause {
-    /// The span of a row lock taken with this clause (`with_lock`): the `OF`
-    /// table where the backend has one, and once it ends, the rows locked and
-    /// how its transaction ended.
-    pub(crate) fn span(&self) -> Span {
+    /// The span of a row lock taken with this clause (`with_lock`) on
+    /// `table` (named only when the span is recorded), and once it ends, the
+    /// rows locked and how its transaction ended.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    pub(crate) fn span(&self, table: impl FnOnce() -> String) -> Span {
         trace::debug_span!(
             "lock",
-            table = self.of.as_deref(),
+            table = %table(),
             strength = ?self.strength,
             on_locked = if self.skip_locked { "fail" } else { "wait" },
             rows = trace::Empty,

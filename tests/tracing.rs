@@ -312,6 +312,26 @@ on_every_backend! {
         assert_eq!(released.fields["outcome"], "released");
     }
 
+    /// A row lock is a span naming its table on every backend, with the rows
+    /// it locked and how its transaction ended.
+    #[test]
+    fn a_row_lock_is_a_span_with_its_table() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        seed_accounts(&mut conn, &[100, 200]);
+        let (balance, seen) = traced(|| {
+            accounts::table
+                .find(2)
+                .with_lock(&mut conn, |_, account: Account| Ok::<_, Error>(account.balance))
+                .unwrap()
+        });
+        assert_eq!(balance, 200);
+        let lock = seen.the_span("lock");
+        assert_eq!(lock.fields["table"], "accounts");
+        assert_eq!(lock.fields["rows"], "1");
+        assert_eq!(lock.fields["outcome"], "committed");
+    }
+
     #[test]
     fn a_retried_conflict_leaves_its_attempts() {
         let (_db, pool) = test_db(1);

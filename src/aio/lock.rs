@@ -22,7 +22,7 @@ use crate::transaction::{locking_read, transaction_outcome, MOVED_ROW_RETRIES};
 /// The shape of a model's key, from its `Identifiable::Id`.
 type Shape<M> = <<&'static M as Identifiable>::Id as IdShape>::Shape;
 use crate::reusable::Reusable;
-use crate::sql::{lock_target, Locked};
+use crate::sql::{lock_target, rendered, Locked};
 use crate::{Error, LockBuilder};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
@@ -179,7 +179,7 @@ impl<Q> LockBuilder<Q, Async> {
             // `f` runs once, after the locking read, which is all a moved row
             // can make run again (see `crate::transaction::locking_read`).
             let mut f = Some(f);
-            let span = clause.span();
+            let span = clause.span(|| query.table_name());
             let mut attempts = 0;
             let locked = async {
                 loop {
@@ -231,6 +231,11 @@ pub trait LockQuery<'q, C, R> {
     #[doc(hidden)]
     fn locked_table(&self) -> Result<Option<Arc<str>>, Error>;
 
+    /// The locked table's name, unqualified, on every backend: for the
+    /// lock's span.
+    #[doc(hidden)]
+    fn table_name(&self) -> String;
+
     /// The query's rows, locked by `lock`.
     #[doc(hidden)]
     fn rows(
@@ -251,6 +256,11 @@ where
 {
     fn locked_table(&self) -> Result<Option<Arc<str>>, Error> {
         lock_target::<_, C::Backend>(&R::table())
+    }
+
+    fn table_name(&self) -> String {
+        // A label: a name that cannot be read (never seen) shows as empty.
+        rendered::unqualified_table_name::<_, C::Backend>(&R::table()).unwrap_or_default()
     }
 
     fn rows(
