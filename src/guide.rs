@@ -552,7 +552,7 @@
 //!
 //! | span | level | fields |
 //! |---|---|---|
-//! | `claim` | info | `table` (the claimed table, unqualified), `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
+//! | `claim` | info (debug when a worker runs it) | `table` (the claimed table, unqualified), `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
 //! | `batch` | debug | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, the rows of a failed batch retried alone included, inside `claim`; with `mark_and_commit` and a visibility timeout, it ends when the mark or the stamps commit, before the closure runs |
 //! | `worker` | info | `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
 //! | `lease` | info | `name`, `ttl`, `token` (once acquired), `outcome` (`held by another`, `released`, `lost`, `release failed`): [`with_lease`], [`with_lease_kept_alive`] |

@@ -24,6 +24,7 @@ use testkit::fixtures::{accounts, on_every_backend, orders, Account, Order};
 #[derive(Debug, Clone)]
 struct SpanSeen {
     name: &'static str,
+    level: Level,
     fields: HashMap<&'static str, String>,
     parent: Option<&'static str>,
 }
@@ -90,6 +91,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
         let mut seen = self.0.lock().unwrap();
         seen.spans.push(SpanSeen {
             name: span.name(),
+            level: *attrs.metadata().level(),
             fields,
             parent: span.parent().map(|parent| parent.name()),
         });
@@ -161,6 +163,7 @@ on_every_backend! {
         assert_eq!(report.processed, 7);
 
         let claim = seen.the_span("claim");
+        assert_eq!(claim.level, Level::INFO);
         assert_eq!(claim.fields["table"], "orders");
         assert_eq!(claim.fields["batch"], "3");
         assert_eq!(claim.fields["on_locked"], "skip");
@@ -310,6 +313,40 @@ on_every_backend! {
         let released = seen.the_span("release_lease");
         assert_eq!(released.fields["token"], token.to_string());
         assert_eq!(released.fields["outcome"], "released");
+    }
+
+    /// A worker is one span at info level, with its totals; the claims it
+    /// runs over and over are spans inside it, at debug level.
+    #[test]
+    fn a_worker_is_an_info_span_around_debug_claims() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let stop = diesel_claim::StopHandle::new();
+        let (report, seen) = traced(|| {
+            pending()
+                .build_claim()
+                .worker(&stop)
+                .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
+                .run(&mut conn, |conn, order: Order| {
+                    mark_sent(conn, &order)?;
+                    if order.id == 3 {
+                        stop.stop();
+                    }
+                    Ok::<_, Error>(())
+                })
+                .unwrap()
+        });
+        assert_eq!(report.processed, 3);
+        let worker = seen.the_span("worker");
+        assert_eq!(worker.level, Level::INFO);
+        assert_eq!(worker.fields["processed"], "3");
+        let claims = seen.spans("claim");
+        assert!(!claims.is_empty());
+        assert!(
+            claims.iter().all(|claim| claim.level == Level::DEBUG && claim.parent == Some("worker")),
+            "{claims:#?}"
+        );
     }
 
     /// A row lock is a span naming its table on every backend, with the rows

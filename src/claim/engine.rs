@@ -67,6 +67,8 @@ pub(crate) struct Plan {
     pub(crate) keep_going: bool,
     /// Once triggered, the claim ends before its next statement.
     pub(crate) stop: Option<StopHandle>,
+    /// A worker runs the claim over and over: its span is at debug level.
+    pub(crate) in_worker: bool,
 }
 
 /// One run of a claim, as a state machine: [`next`](Self::next) says what to
@@ -91,6 +93,8 @@ pub(crate) struct Claim<K> {
     pub(crate) keep_going: bool,
     ordered_by_key: bool,
     stop: Option<StopHandle>,
+    /// See [`Plan::in_worker`].
+    in_worker: bool,
     batch: i64,
     /// Takes run past the end of their page: see [`Page::open_ended`].
     open_ended: bool,
@@ -179,6 +183,7 @@ impl<K> Claim<K> {
             keep_going: plan.keep_going,
             ordered_by_key: plan.ordered_by_key,
             stop: plan.stop,
+            in_worker: plan.in_worker,
             batch: plan.batch,
             open_ended,
             page_size: plan.page_size.unwrap_or(if open_ended {
@@ -211,28 +216,39 @@ impl<K> Claim<K> {
     ///
     /// [`ClaimOutcome::record`]: super::ClaimOutcome::record
     pub(crate) fn span<S: ClaimStatements<DB, R>, DB, R>(&self) -> Span {
-        trace::info_span!(
-            "claim",
-            table = %S::table_name(),
-            batch = self.batch,
-            max_rows = (self.remaining < u64::MAX).then_some(self.remaining),
-            drain = self.drain,
-            keep_going = self.keep_going,
-            on_locked = match (self.nowait, self.clause.skip_locked) {
-                (true, _) => "fail",
-                (false, true) => "skip",
-                (false, false) => "wait",
-            },
-            strength = ?self.clause.strength,
-            processed = trace::Empty,
-            skipped = trace::Empty,
-            locked = trace::Empty,
-            gone = trace::Empty,
-            failed = trace::Empty,
-            not_reached = trace::Empty,
-            passes = trace::Empty,
-            stopped = trace::Empty,
-        )
+        macro_rules! claim_span {
+            ($level:ident) => {
+                trace::$level!(
+                    "claim",
+                    table = %S::table_name(),
+                    batch = self.batch,
+                    max_rows = (self.remaining < u64::MAX).then_some(self.remaining),
+                    drain = self.drain,
+                    keep_going = self.keep_going,
+                    on_locked = match (self.nowait, self.clause.skip_locked) {
+                        (true, _) => "fail",
+                        (false, true) => "skip",
+                        (false, false) => "wait",
+                    },
+                    strength = ?self.clause.strength,
+                    processed = trace::Empty,
+                    skipped = trace::Empty,
+                    locked = trace::Empty,
+                    gone = trace::Empty,
+                    failed = trace::Empty,
+                    not_reached = trace::Empty,
+                    passes = trace::Empty,
+                    stopped = trace::Empty,
+                )
+            };
+        }
+        // A worker's runs are many, most of them empty while it is idle: the
+        // worker's own span is the one at info level.
+        if self.in_worker {
+            claim_span!(debug_span)
+        } else {
+            claim_span!(info_span)
+        }
     }
 }
 
@@ -652,6 +668,7 @@ mod tests {
             ordered_by_key: true,
             keep_going: false,
             stop: None,
+            in_worker: false,
         })
     }
 

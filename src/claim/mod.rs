@@ -106,6 +106,8 @@ pub struct ClaimBuilder<Q, M = Blocking> {
     nested: bool,
     keep_going: bool,
     stop: Option<StopHandle>,
+    /// Run by a worker, over and over (its spans are quieter).
+    in_worker: bool,
     mode: PhantomData<M>,
 }
 
@@ -121,6 +123,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             nested: false,
             keep_going: false,
             stop: None,
+            in_worker: false,
             mode: PhantomData,
         }
     }
@@ -264,7 +267,14 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// Turns the claim into a worker that runs it over and over, waiting when
     /// nothing is pending, until `stop` is triggered: see [`ClaimWorker`].
     pub fn worker(self, stop: &StopHandle) -> ClaimWorker<Q, M> {
-        ClaimWorker::new(self.stop_on(stop), stop.clone())
+        ClaimWorker::new(self.in_worker(stop), stop.clone())
+    }
+
+    /// The claim as a worker runs it: until `stop`, its runs traced at
+    /// debug level, inside the worker's span.
+    pub(crate) fn in_worker(mut self, stop: &StopHandle) -> Self {
+        self.in_worker = true;
+        self.stop_on(stop)
     }
 
     /// Lets the claim run inside a transaction the caller has open, each batch
@@ -323,6 +333,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             ordered_by_key: S::ORDERED_BY_KEY,
             keep_going: self.keep_going,
             stop: self.stop.clone(),
+            in_worker: self.in_worker,
         }))
     }
 }

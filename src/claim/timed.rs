@@ -124,6 +124,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             nested: self.nested,
             keep_going: self.keep_going,
             stop: self.stop,
+            in_worker: self.in_worker,
             mode: self.mode,
         }
     }
@@ -305,7 +306,7 @@ impl<Q, Col, M> TimedClaim<Q, Col, M> {
     /// stamps belong to a dead worker are claimed at the first poll after
     /// their stamps pass.
     pub fn worker(mut self, stop: &StopHandle) -> TimedWorker<Q, Col, M> {
-        self.claim.stop = Some(stop.clone());
+        self.claim = self.claim.in_worker(stop);
         TimedWorker {
             claim: self,
             polling: ClaimWorker::new(ClaimBuilder::new(()), stop.clone()),
