@@ -115,6 +115,17 @@ pub enum Error {
     #[error("not supported by this database server: {0}")]
     Unsupported(#[source] diesel::result::Error),
 
+    /// The connection's transaction manager is broken: a future was dropped
+    /// while its transaction was open (see the async API's "Dropped
+    /// futures"), or a rollback failed. The transaction may still be open on
+    /// the server, holding its locks: drop the connection and use another.
+    #[error(
+        "{0}: this connection's transaction was abandoned (a future dropped mid-transaction, \
+         or a failed rollback) and may still hold its locks; drop the connection and use \
+         another"
+    )]
+    BrokenConnection(#[source] diesel::result::Error),
+
     /// Any other database error, unchanged.
     #[error(transparent)]
     Database(diesel::result::Error),
@@ -168,6 +179,9 @@ impl From<diesel::result::Error> for Error {
                 Error::SerializationFailure(error)
             }
             None if matches!(error, diesel::result::Error::NotFound) => Error::NotFound,
+            None if matches!(error, diesel::result::Error::BrokenTransactionManager) => {
+                Error::BrokenConnection(error)
+            }
             None if lacks_skip_locked(&error) => Error::Unsupported(error),
             None => Error::Database(error),
         }
@@ -181,6 +195,7 @@ impl From<Error> for diesel::result::Error {
     fn from(error: Error) -> Self {
         match error {
             Error::Database(error)
+            | Error::BrokenConnection(error)
             | Error::Unsupported(error)
             | Error::Deadlock(error)
             | Error::SerializationFailure(error) => error,

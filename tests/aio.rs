@@ -469,7 +469,7 @@ on_async_backends! {
         // milliseconds after the socket closes) and sees no email.
         let mut conn = pool.get().await.unwrap();
         assert!(
-            pending_row_gets_free(&mut conn).await,
+            pending_row_gets_free(&mut conn, Duration::from_secs(5)).await,
             "the lock outlived the discarded connection"
         );
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
@@ -523,7 +523,7 @@ on_async_backends! {
         stall_mid_claim(&mut pool.get().await.unwrap()).await;
         let mut recycled = pool.get().await.unwrap();
         assert!(
-            pending_row_gets_free(&mut recycled).await,
+            pending_row_gets_free(&mut recycled, Duration::from_secs(5)).await,
             "the lock outlived the recycled connection"
         );
         assert_eq!(email_figures(&mut conn).await, (1000, 0, 1));
@@ -546,6 +546,18 @@ on_async_backends! {
             matches!(again, Err(diesel::result::Error::BrokenTransactionManager)),
             "a broken connection must refuse: {again:?}"
         );
+        // The crate's own calls say what to do about it.
+        let refused = pending()
+            .claim_each(&mut own, |_: &mut Conn, _: Order| {
+                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            })
+            .await;
+        match refused {
+            Err(error @ diesel_claim::Error::BrokenConnection(_)) => {
+                assert!(error.to_string().contains("drop the connection"), "{error}");
+            }
+            other => panic!("a broken connection must refuse a claim: {other:?}"),
+        }
         let mut conn = pool.get().await.unwrap();
         let locked = pending()
             .build_lock()
@@ -560,10 +572,112 @@ on_async_backends! {
         );
         drop(own);
         assert!(
-            pending_row_gets_free(&mut conn).await,
+            pending_row_gets_free(&mut conn, Duration::from_secs(5)).await,
             "the lock outlived the connection"
         );
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+    }
+
+    /// A claim dropped mid-transaction, with no further use of the pool: on
+    /// a bb8 connection the lock goes at once (bb8 discards it as it comes
+    /// back); on a connection that stays idle in a deadpool pool, or on a
+    /// connection of one's own that is kept, the server ends the abandoned
+    /// session once it has sat idle in its transaction for
+    /// `IDLE_TRANSACTION_BOUND`, and the lock goes with it. (Without the
+    /// bound, the lock stays for as long as the connection does.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_claim_holds_its_lock_no_longer_than_the_idle_bound() {
+        use diesel_async::pooled_connection::deadpool::Pool as Deadpool;
+        let bound = diesel_claim::aio::IDLE_TRANSACTION_BOUND;
+        let (db, pool) = test_db(2).await;
+        let mut conn = pool.get().await.unwrap();
+        insert_pending(&mut conn, 1).await;
+
+        stall_mid_claim(&mut pool.get().await.unwrap()).await;
+        let held = lock_held_after_the_drop(&mut conn, Duration::from_secs(5), "bb8").await;
+        assert!(held < Duration::from_secs(5));
+
+        let deadpool = Deadpool::builder(AsyncDieselConnectionManager::<Conn>::new(db.url.clone()))
+            .max_size(4)
+            .build()
+            .unwrap();
+        let idle: Vec<_> = futures_util::future::join_all((0..4).map(|_| deadpool.get())).await;
+        let mut idle: Vec<_> = idle.into_iter().map(Result::unwrap).collect();
+        stall_mid_claim(&mut idle[0]).await;
+        drop(idle);
+        let within = bound + Duration::from_secs(10);
+        let held = lock_held_after_the_drop(&mut conn, within, "deadpool, 4 idle").await;
+        assert!(held >= bound - Duration::from_secs(1), "freed after {held:?}: not by the bound");
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+
+        let mut own = Conn::establish(&db.url).await.unwrap();
+        stall_mid_claim(&mut own).await;
+        let held = lock_held_after_the_drop(&mut conn, within, "own connection, kept").await;
+        assert!(held >= bound - Duration::from_secs(1), "freed after {held:?}: not by the bound");
+        // The server ended the session: the kept connection fails, it does
+        // not run anything in the abandoned transaction.
+        let after = diesel::sql_query("SELECT 1").execute(&mut own).await;
+        assert!(after.is_err(), "the abandoned session still runs statements");
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+        drop(deadpool);
+    }
+
+    /// How long the pending row stays locked after a claim was just dropped
+    /// on a connection held `how` (printed); fails if it stays locked
+    /// `within` that time.
+    async fn lock_held_after_the_drop(conn: &mut Conn, within: Duration, how: &str) -> Duration {
+        let dropped = std::time::Instant::now();
+        assert!(pending_row_gets_free(conn, within).await, "{how}: the lock outlived {within:?}");
+        let held = dropped.elapsed();
+        eprintln!("{BACKEND}: {how}, no further use of the pool: lock held {held:?} after the drop");
+        held
+    }
+
+    /// Every transaction the async API opens carries the bound: for the
+    /// transaction on PostgreSQL, outside it the session's own setting; on
+    /// MariaDB the session's, a lower one kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_transaction_is_bounded() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        seed_accounts(&mut conn, &[100]).await;
+        let (show, lower) = match BACKEND {
+            "pg" => (
+                "SELECT current_setting('idle_in_transaction_session_timeout') AS bound",
+                "SET idle_in_transaction_session_timeout = '5s'",
+            ),
+            _ => (
+                "SELECT CAST(@@idle_transaction_timeout AS CHAR) AS bound",
+                "SET SESSION idle_transaction_timeout = 5",
+            ),
+        };
+        #[derive(diesel::QueryableByName)]
+        struct Bound {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            bound: String,
+        }
+        /// The bound, as a transaction of `with_lock` sees it.
+        async fn bound_in_lock(conn: &mut Conn, show: &'static str) -> Result<String, diesel_claim::Error> {
+            accounts::table
+                .find(1)
+                .with_lock(conn, move |conn: &mut Conn, _: Account| {
+                    async move { Ok(diesel::sql_query(show).get_result::<Bound>(conn).await?.bound) }.scope_boxed()
+                })
+                .await
+        }
+        let expected = match BACKEND {
+            "pg" => "30s",
+            _ => "30",
+        };
+        assert_eq!(bound_in_lock(&mut conn, show).await.unwrap(), expected);
+        diesel::sql_query(lower).execute(&mut *conn).await.unwrap();
+        let expected = match BACKEND {
+            "pg" => "30s",
+            _ => "5",
+        };
+        assert_eq!(bound_in_lock(&mut conn, show).await.unwrap(), expected);
+        let outside = diesel::sql_query(show).get_result::<Bound>(&mut *conn).await.unwrap().bound;
+        assert_eq!(outside, if BACKEND == "pg" { "5s" } else { "5" });
     }
 
     /// Claims the pending row, writes its email and stalls in the closure,
@@ -586,11 +700,13 @@ on_async_backends! {
     }
 
     /// Whether the pending row, still pending and without its email, can be
-    /// locked at once within 5 s: the server ends a closed connection's
-    /// session, and frees its locks, a moment after the socket closes. Only
-    /// `LockNotAvailable` is waited out; any other outcome fails the test.
-    async fn pending_row_gets_free(conn: &mut Conn) -> bool {
-        for _ in 0..100 {
+    /// locked at once `within` the given time (the server ends a closed
+    /// connection's session, and frees its locks, a moment after the socket
+    /// closes). Only `LockNotAvailable` is waited out; any other outcome fails
+    /// the test.
+    async fn pending_row_gets_free(conn: &mut Conn, within: Duration) -> bool {
+        let started = std::time::Instant::now();
+        while started.elapsed() < within {
             let lock = pending()
                 .build_lock()
                 .nowait()

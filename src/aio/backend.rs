@@ -14,6 +14,11 @@ use crate::backend::LeaseStatement;
     note = "the async API runs on PostgreSQL and MySQL (features `postgres`, `mysql`)"
 )]
 pub trait AsyncBackend: crate::ClaimBackend {
+    /// `BEGIN`, and the bound on how long the transaction may sit idle
+    /// ([`IDLE_TRANSACTION_BOUND`](super::IDLE_TRANSACTION_BOUND)).
+    #[doc(hidden)]
+    const BEGIN_BOUNDED: &'static str;
+
     /// Runs one lease statement; `Some(token)` when it took effect.
     #[doc(hidden)]
     fn run<C>(
@@ -26,6 +31,12 @@ pub trait AsyncBackend: crate::ClaimBackend {
 
 #[cfg(feature = "postgres")]
 impl AsyncBackend for diesel::pg::Pg {
+    // For this transaction only, whatever the session's own setting: a
+    // `SET` costs next to nothing beside the `BEGIN`, where a `SELECT` that
+    // compared it with the session's would cost a plan.
+    const BEGIN_BOUNDED: &'static str =
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '30s'";
+
     async fn run<C>(conn: &mut C, statement: LeaseStatement<'_>) -> diesel::QueryResult<Option<i64>>
     where
         C: AsyncConnection<Backend = Self>,
@@ -49,6 +60,13 @@ impl AsyncBackend for diesel::pg::Pg {
 
 #[cfg(feature = "mysql")]
 impl AsyncBackend for diesel::mysql::Mysql {
+    // MariaDB (10.3 and later) only, in the executable comment; MySQL has no
+    // such bound and sets a throwaway variable. The setting is the session's
+    // (it stays after the transaction), so a lower one is kept.
+    const BEGIN_BOUNDED: &'static str = "BEGIN; \
+        SET @diesel_claim_bound = 0 /*M!100300 , SESSION idle_transaction_timeout = \
+        IF(@@idle_transaction_timeout BETWEEN 1 AND 30, @@idle_transaction_timeout, 30) */";
+
     fn run<C>(
         conn: &mut C,
         statement: LeaseStatement<'_>,

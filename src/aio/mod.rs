@@ -1,4 +1,4 @@
-//! The async API, on [`diesel_async`] (feature `async`, with `postgres` for
+//! The async API, on [`diesel_async`](https://docs.rs/diesel-async) (feature `async`, with `postgres` for
 //! `AsyncPgConnection` and `mysql` for `AsyncMysqlConnection`).
 //!
 //! The same capabilities under the same names, as futures: bring
@@ -7,7 +7,7 @@
 //! takes a closure, this one takes a closure that returns a boxed future
 //! borrowing the connection, as diesel-async's `transaction` long did:
 //! `|conn, row| async move { … }.scope_boxed()` (from
-//! [`scoped_futures`], re-exported in the prelude). That keeps every future of
+//! [`scoped_futures`](https://docs.rs/scoped-futures), re-exported in the prelude). That keeps every future of
 //! this module `Send`, so claims run in `tokio::spawn`ed tasks and axum
 //! handlers. Options, SQL and outcomes are those of the blocking API: both drive
 //! the same code, so everything the crate documentation says holds here too.
@@ -75,20 +75,34 @@
 //! # Dropped futures
 //!
 //! A future dropped while its transaction is open (a timeout, a `select!` that
-//! took another branch, an aborted task) cannot roll back: async code cannot run
-//! in `drop`. The transaction stays open, with its row locks and its partial
-//! writes, on the connection, and this crate marks the connection's transaction
-//! manager broken, so that:
+//! took another branch, an aborted task, an axum handler whose client went
+//! away) cannot roll back: async code cannot run in `drop`. The transaction
+//! stays open, with its row locks and its partial writes, on the connection.
+//! Two things bound what that costs:
 //!
-//! - a **bb8** pool (diesel-async's `bb8` feature) discards the connection as it
-//!   comes back: the server ends the session, rolls the transaction back and
-//!   releases the locks at once;
-//! - a **deadpool** pool discards it when it next recycles it, on a later `get`:
-//!   until then the locks stay held. Drop such a connection yourself
-//!   (`deadpool::managed::Object::take`) when you cancel a claim;
-//! - a connection of your own refuses any further transaction with
-//!   [`diesel::result::Error::BrokenTransactionManager`]: drop it (closing it
-//!   ends the transaction) and connect again.
+//! - **The server ends it.** Every transaction this module opens (claims, row
+//!   locks, leases) tells the server to end the session once the transaction
+//!   has sat idle for [`IDLE_TRANSACTION_BOUND`] (30 s), in the statement that
+//!   begins it: PostgreSQL's `idle_in_transaction_session_timeout`, for that
+//!   transaction only; MariaDB's `idle_transaction_timeout`, lowered for the
+//!   session (it stays after the transaction; a lower one the session has is
+//!   kept). So a dropped claim holds its locks at most that long, on any pool
+//!   or connection, even one nobody uses again. The price: a closure that awaits something else for
+//!   longer than the bound inside its transaction loses its session (the
+//!   batch fails and rolls back); do such work outside any transaction, with
+//!   a [visibility timeout](crate::ClaimBuilder::visibility_timeout). **MySQL**
+//!   has no such setting: there only `wait_timeout` (8 hours by default)
+//!   bounds an abandoned transaction, so drop such connections yourself.
+//! - **The connection is marked broken**, so that a **bb8** pool (diesel-async's
+//!   `bb8` feature) discards it as it comes back (the server then rolls the
+//!   transaction back and releases the locks at once), a **deadpool** pool
+//!   discards it when it next hands it out, and a connection of your own
+//!   refuses any further transaction with
+//!   [`diesel::result::Error::BrokenTransactionManager`]. Until the bound
+//!   passes, **plain queries on such a connection still run, inside the
+//!   abandoned transaction** (and see its uncommitted writes): drop it and
+//!   connect again (with deadpool, `deadpool::managed::Object::take` it out
+//!   of the pool when you cancel a claim, to free its locks at once).
 //!
 //! Nothing is ever committed half-way: a batch commits whole, after its closure,
 //! or not at all.
@@ -114,6 +128,15 @@ pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use timed::{StampQuery, StampedRow};
 pub use versioned::{retry, VersionedDsl};
 pub use worker::WaitForRows;
+
+/// How long a transaction the async API opens may sit idle before the
+/// server ends the session: the bound on how long a future dropped
+/// mid-transaction (which cannot roll back) holds its locks. PostgreSQL sets
+/// `idle_in_transaction_session_timeout` for each such transaction; MariaDB
+/// lowers the session's `idle_transaction_timeout` to it (a lower one is
+/// kept). MySQL has no such setting. See the module documentation, "Dropped
+/// futures".
+pub const IDLE_TRANSACTION_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The mode of the builders the [`aio::prelude`](prelude)'s traits make: they run
 /// on a diesel-async connection, as futures.

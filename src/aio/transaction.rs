@@ -3,6 +3,7 @@
 
 use std::panic::{self, AssertUnwindSafe};
 
+use diesel::connection::TransactionDepthChange;
 use diesel_async::{AsyncConnection, TransactionManager};
 use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
@@ -30,12 +31,13 @@ where
     E: From<Error>,
 {
     let depth = transaction_depth(conn)?;
-    C::TransactionManager::begin_transaction(conn)
-        .await
-        .map_err(Error::from)?;
     // Until the transaction has ended, a dropped future leaves `open` to mark
     // the connection broken.
     let mut open = OpenTransaction { conn: Some(conn) };
+    if let Err(error) = begin(open.conn(), depth).await {
+        open.close();
+        return Err(error.into());
+    }
     let outcome = AssertUnwindSafe(body(open.conn())).catch_unwind().await;
     let ended = match outcome {
         Ok(Ok(value)) => C::TransactionManager::commit_transaction(open.conn())
@@ -54,6 +56,29 @@ where
     };
     open.close();
     ended
+}
+
+/// Begins a transaction at `depth`. At the top level it is `BEGIN` with the
+/// bound on how long the transaction may sit idle (a dropped future cannot
+/// roll it back: the server ends it then), in one round trip, after which the
+/// transaction manager counts the transaction as its own `BEGIN` would.
+async fn begin<C>(conn: &mut C, depth: u32) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+{
+    if depth > 0 {
+        return Ok(C::TransactionManager::begin_transaction(conn).await?);
+    }
+    if let Err(error) = conn.batch_execute(C::Backend::BEGIN_BOUNDED).await {
+        // The `BEGIN` may have run and the bound failed: end it.
+        let _ = conn.batch_execute("ROLLBACK").await;
+        return Err(error.into());
+    }
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    Ok(status
+        .transaction_state()?
+        .change_transaction_depth(TransactionDepthChange::IncreaseDepth)?)
 }
 
 /// Rolls back every transaction level above `depth`, stopping at the first
