@@ -109,3 +109,20 @@ impl AsyncBackend for diesel::mysql::Mysql {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AsyncBackend;
+
+    /// The statements bound idle transactions by the documented bound.
+    #[test]
+    fn the_begin_statements_set_the_documented_bound() {
+        let seconds = crate::aio::IDLE_TRANSACTION_BOUND.as_secs();
+        #[cfg(feature = "postgres")]
+        assert!(diesel::pg::Pg::BEGIN_BOUNDED.ends_with(&format!("= '{seconds}s'")));
+        #[cfg(feature = "mysql")]
+        assert!(diesel::mysql::Mysql::BEGIN_BOUNDED.contains(&format!(
+            "BETWEEN 1 AND {seconds}, @@idle_transaction_timeout, {seconds})"
+        )));
+    }
+}

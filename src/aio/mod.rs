@@ -10,7 +10,8 @@
 //! [`scoped_futures`](https://docs.rs/scoped-futures), re-exported in the prelude). That keeps every future of
 //! this module `Send`, so claims run in `tokio::spawn`ed tasks and axum
 //! handlers. Options, SQL and outcomes are those of the blocking API: both drive
-//! the same code, so everything the crate documentation says holds here too.
+//! the same code, so everything the crate documentation says holds here too,
+//! with one addition, the bound on idle transactions (see "Dropped futures").
 //!
 //! Queries must own what they bind, or outlive the future (it holds them).
 //!
@@ -86,8 +87,13 @@
 //!   begins it: PostgreSQL's `idle_in_transaction_session_timeout`, for that
 //!   transaction only; MariaDB's `idle_transaction_timeout`, lowered for the
 //!   session (it stays after the transaction; a lower one the session has is
-//!   kept). So a dropped claim holds its locks at most that long, on any pool
-//!   or connection, even one nobody uses again. The price: a closure that awaits something else for
+//!   kept). So a dropped claim holds its locks at most that long after its
+//!   last statement, on any pool or connection, even one nobody uses again.
+//!   (The bound counts idle time only: a future dropped while a statement
+//!   waits for a lock leaves that statement waiting, bounded by the session's
+//!   `lock_timeout` or `innodb_lock_wait_timeout`, then 30 s more. A claim
+//!   run [inside your own transaction](crate::ClaimBuilder::inside_transaction)
+//!   is bounded as your transaction is.) The price: a closure that awaits something else for
 //!   longer than the bound inside its transaction loses its session (the
 //!   batch fails and rolls back); do such work outside any transaction, with
 //!   a [visibility timeout](crate::ClaimBuilder::visibility_timeout). **MySQL**

@@ -107,7 +107,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
             + 'a,
         E: From<Error> + Send + 'a,
     {
-        self.run(conn, EachRow(f)).map(ClaimOutcome::into_result)
+        self.run(conn, EachClaim(f)).map(ClaimOutcome::into_result)
     }
 
     /// Runs the claim, awaiting `f` once per claimed batch with its rows, in
@@ -132,7 +132,8 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
             + 'a,
         E: From<Error> + Send + 'a,
     {
-        self.run(conn, EachBatch(f)).map(ClaimOutcome::into_result)
+        self.run(conn, EachClaimBatch(f))
+            .map(ClaimOutcome::into_result)
     }
 
     /// Runs the claim as [`each`](TimedClaim#method.each-1) does, and returns
@@ -156,7 +157,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
             + 'a,
         E: From<Error> + Send + 'a,
     {
-        self.run(conn, EachRow(f))
+        self.run(conn, EachClaim(f))
     }
 
     /// Runs the claim as [`each_batch`](TimedClaim#method.each_batch-1) does,
@@ -181,7 +182,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
             + 'a,
         E: From<Error> + Send + 'a,
     {
-        self.run(conn, EachBatch(f))
+        self.run(conn, EachClaimBatch(f))
     }
 
     fn run<'a, C, R, E, H>(
@@ -272,7 +273,7 @@ impl<Q, Col: Copy> TimedWorker<Q, Col, Async> {
         async move {
             let mut once = ClaimRows {
                 claim: &self.claim,
-                handler: EachRow(f),
+                handler: EachClaim(f),
                 types: PhantomData,
             };
             self.polling.serve(conn, &mut once).await
@@ -316,12 +317,12 @@ pub(super) trait HandClaims<C, R, Col, K, E>: Send {
 }
 
 /// Awaits the closure for each claim of the batch, in order.
-struct EachRow<F>(F);
+struct EachClaim<F>(F);
 
 /// Awaits the closure once with the whole batch.
-struct EachBatch<F>(F);
+struct EachClaimBatch<F>(F);
 
-impl<'a, C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachRow<F>
+impl<'a, C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachClaim<F>
 where
     C: Send,
     R: Send + 'a,
@@ -348,7 +349,9 @@ where
             let mut handed = Handed::default();
             for row in rows {
                 let key = key_of(&row.row);
-                let done = call((self.0)(&mut *conn, row), keep_going).await;
+                // Called inside the caught future: a panic before the
+                // closure's own future is caught too.
+                let done = call(async { (self.0)(&mut *conn, row).await }, keep_going).await;
                 if !handed.record(vec![key], done, keep_going) {
                     break;
                 }
@@ -358,7 +361,7 @@ where
     }
 }
 
-impl<'a, C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachBatch<F>
+impl<'a, C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachClaimBatch<F>
 where
     C: Send,
     R: Send + 'a,
@@ -387,7 +390,7 @@ where
         Box::pin(async move {
             let keys = rows.iter().map(|row| key_of(&row.row)).collect();
             let mut handed = Handed::default();
-            let done = call((self.0)(conn, rows), keep_going).await;
+            let done = call(async { (self.0)(conn, rows).await }, keep_going).await;
             handed.record(keys, done, keep_going);
             handed
         })

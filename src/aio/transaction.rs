@@ -3,7 +3,9 @@
 
 use std::panic::{self, AssertUnwindSafe};
 
-use diesel::connection::TransactionDepthChange;
+use std::num::NonZeroU32;
+
+use diesel::connection::{InstrumentationEvent, TransactionDepthChange};
 use diesel_async::{AsyncConnection, TransactionManager};
 use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
@@ -35,6 +37,7 @@ where
     // the connection broken.
     let mut open = OpenTransaction { conn: Some(conn) };
     if let Err(error) = begin(open.conn(), depth).await {
+        // `begin` leaves no transaction open, or marks the connection broken.
         open.close();
         return Err(error.into());
     }
@@ -58,10 +61,14 @@ where
     ended
 }
 
+/// A transaction's depth at the top level.
+const TOP_LEVEL: NonZeroU32 = NonZeroU32::MIN;
+
 /// Begins a transaction at `depth`. At the top level it is `BEGIN` with the
 /// bound on how long the transaction may sit idle (a dropped future cannot
 /// roll it back: the server ends it then), in one round trip, after which the
-/// transaction manager counts the transaction as its own `BEGIN` would.
+/// transaction manager counts the transaction, and its instrumentation sees
+/// it begin, as with the manager's own `BEGIN`.
 async fn begin<C>(conn: &mut C, depth: u32) -> Result<(), Error>
 where
     C: AsyncConnection,
@@ -70,9 +77,14 @@ where
     if depth > 0 {
         return Ok(C::TransactionManager::begin_transaction(conn).await?);
     }
+    conn.instrumentation()
+        .on_connection_event(InstrumentationEvent::begin_transaction(TOP_LEVEL));
     if let Err(error) = conn.batch_execute(C::Backend::BEGIN_BOUNDED).await {
-        // The `BEGIN` may have run and the bound failed: end it.
-        let _ = conn.batch_execute("ROLLBACK").await;
+        // The `BEGIN` may have run and the bound failed: end it, or, if that
+        // fails too, leave nothing to run in it.
+        if conn.batch_execute("ROLLBACK").await.is_err() {
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+        }
         return Err(error.into());
     }
     let status = C::TransactionManager::transaction_manager_status_mut(conn);

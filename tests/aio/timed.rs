@@ -196,7 +196,7 @@ on_async_backends! {
         let (_db, pool) = invoices_db(1, 2).await;
         let mut stalled = pool.get().await.unwrap();
         let fresh = &Mutex::new(pool.get_owned().await.unwrap());
-        let ttl = Duration::from_millis(300);
+        let ttl = Duration::from_millis(600);
         let claim = || unsent().build_claim().visibility_timeout(invoices::claimed_until, ttl);
         let late = &Mutex::new(None);
         claim()
@@ -247,7 +247,7 @@ on_async_backends! {
     async fn unfinished_rows_come_back_when_their_stamps_pass() {
         let (_db, pool) = invoices_db(5, 1).await;
         let mut conn = pool.get().await.unwrap();
-        let ttl = Duration::from_millis(400);
+        let ttl = Duration::from_millis(800);
         let claim = || unsent().build_claim().drain().keep_going().visibility_timeout(invoices::claimed_until, ttl);
         // 1 fails, 2 panics, 3 is dropped, 4 is released, 5 is sent.
         let outcome = claim()

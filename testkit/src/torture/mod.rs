@@ -302,7 +302,7 @@ pub fn error_kind(error: &diesel_claim::Error) -> String {
         NotLeaseOwner { .. } => "NotLeaseOwner".into(),
         InvalidArgument(_) => "InvalidArgument".into(),
         Database(Diesel::DatabaseError(kind, _)) => format!("Database({kind:?})"),
-        Database(Diesel::BrokenTransactionManager) => "Database(BrokenTransactionManager)".into(),
+        BrokenConnection(_) => "BrokenConnection".into(),
         Database(_) => "Database".into(),
         Migration(_) => "Migration".into(),
         _ => "other".into(),
