@@ -138,7 +138,8 @@ pub use worker::WaitForRows;
 /// How long a transaction the async API opens may sit idle before the
 /// server ends the session: the bound on how long a future dropped
 /// mid-transaction (which cannot roll back) holds its locks. PostgreSQL sets
-/// `idle_in_transaction_session_timeout` for each such transaction; MariaDB
+/// `idle_in_transaction_session_timeout` for each such transaction, in place
+/// of the session's own setting for its length; MariaDB
 /// lowers the session's `idle_transaction_timeout` to it (a lower one is
 /// kept). MySQL has no such setting. See the module documentation, "Dropped
 /// futures".
