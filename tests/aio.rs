@@ -250,6 +250,97 @@ on_async_backends! {
         assert_eq!((nothing.processed, nothing.skipped), (0, 0));
     }
 
+    /// `mark` and `mark_and_commit`: 8 tasks claim batches marked in the
+    /// statement that takes them; each row comes back marked and is handed
+    /// over once, in its batch's transaction (`mark`) or after its mark
+    /// committed (`mark_and_commit`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn marked_claims_hand_each_row_over_once() {
+        for commit_first in [false, true] {
+            let (_db, pool) = test_db(9).await;
+            insert_pending(&mut pool.get().await.unwrap(), 1000).await;
+            let processed = processed_by_tasks(&pool, 8, move |mut conn| async move {
+                let claim = pending().build_claim().batch(20).drain();
+                let done = orders::email_sent.eq(true);
+                let claim = match commit_first {
+                    true => claim.mark_and_commit(done),
+                    false => claim.mark(done),
+                };
+                claim
+                    .each_batch(&mut *conn, |conn: &mut Conn, orders: Vec<Order>| {
+                        async move {
+                            assert!(orders.iter().all(|order| order.email_sent), "not as marked");
+                            for order in &orders {
+                                write_email(conn, order).await?;
+                            }
+                            Ok::<_, diesel_claim::Error>(())
+                        }
+                        .scope_boxed()
+                    })
+                    .await
+                    .unwrap()
+                    .processed
+            })
+            .await;
+            let mut conn = pool.get().await.unwrap();
+            assert_eq!(processed, 1000, "mark_and_commit: {commit_first}");
+            assert_eq!(email_figures(&mut conn).await, (1000, 0, 0), "mark_and_commit: {commit_first}");
+        }
+    }
+
+    /// The email alone, for claims whose mark sets `email_sent`.
+    async fn write_email(conn: &mut Conn, order: &Order) -> diesel::QueryResult<()> {
+        diesel::insert_into(outbox::table)
+            .values((outbox::order_id.eq(order.id), outbox::worker.eq(0)))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    /// A failing closure rolls `mark`'s mark back with its batch; the mark
+    /// of `mark_and_commit` stands (the batch is reported failed, whole, with
+    /// `keep_going`). Bad marks are refused before any SQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_closure_rolls_back_mark_but_not_mark_and_commit() {
+        let (_db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        insert_pending(&mut conn, 3).await;
+        /// A closure that fails every batch.
+        fn decline<'a, 'c>(
+            _: &'c mut Conn,
+            _: Vec<Order>,
+        ) -> scoped_futures::ScopedBoxFuture<'a, 'c, Result<(), diesel_claim::Error>> {
+            async { Err(diesel_claim::Error::InvalidArgument("declined".into())) }.scope_boxed()
+        }
+        let done = orders::email_sent.eq(true);
+        let failed = pending().build_claim().batch(3).mark(done).each_batch(&mut *conn, decline).await;
+        assert!(matches!(failed, Err(diesel_claim::Error::InvalidArgument(_))), "{failed:?}");
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 3), "mark's mark was not rolled back");
+
+        let outcome = pending()
+            .build_claim()
+            .batch(3)
+            .keep_going()
+            .mark_and_commit(done)
+            .each_batch_outcome(&mut *conn, decline)
+            .await;
+        assert!(outcome.stopped.is_none(), "{:?}", outcome.stopped);
+        assert_eq!(outcome.report.failed, 3);
+        let failed: Vec<_> = outcome.failed.iter().map(|failure| failure.keys.clone()).collect();
+        assert_eq!(failed, [vec![1, 2, 3]]);
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 0), "mark_and_commit's mark was undone");
+
+        insert_pending(&mut conn, 1).await;
+        let key_mark = pending().build_claim().mark(orders::id.eq(99)).each_batch(&mut *conn, decline).await;
+        assert!(
+            matches!(&key_mark, Err(diesel_claim::Error::InvalidArgument(m)) if m.contains("primary key")),
+            "{key_mark:?}"
+        );
+        let nowait = pending().build_claim().nowait().mark_and_commit(done).each_batch(&mut *conn, decline).await;
+        assert!(matches!(nowait, Err(diesel_claim::Error::InvalidArgument(_))), "{nowait:?}");
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1), "a refused claim took a row");
+    }
+
     /// An error from the closure rolls back its whole batch and ends the call
     /// with it; a panic rolls back too and leaves the connection usable.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 
 use diesel::prelude::*;
@@ -173,7 +174,10 @@ impl<Q> ClaimBuilder<Q, Async> {
         let claim = transaction_depth(conn)
             .and_then(|depth| self.start::<C::Backend, R, _>(Taking::Select, &self.query, depth));
         match claim {
-            Ok(claim) => drive(claim, &self.query, conn, handler).await,
+            Ok(claim) => {
+                let select = Select(&self.query, PhantomData);
+                drive(claim, &self.query, &select, conn, handler).await
+            }
             Err(error) => ClaimOutcome::refused(error.into()),
         }
     }
@@ -190,7 +194,7 @@ pub(super) trait Handler<C, R, E>: Send {
 pub(super) struct EachRow<F>(pub(super) F);
 
 /// Calls the closure once with the whole batch.
-struct EachBatch<F>(F);
+pub(super) struct EachBatch<F>(pub(super) F);
 
 impl<'a, C, R, E, F> Handler<C, R, E> for EachRow<F>
 where
@@ -228,14 +232,16 @@ where
 }
 
 /// Runs a claim on an async connection: the blocking driver's steps, awaited.
-async fn drive<'a, Q, C, R, K, E, H>(
+pub(super) async fn drive<'a, Q, T, C, R, K, E, H>(
     mut claim: Claim<Position<K>>,
     query: &Q,
+    taker: &T,
     conn: &mut C,
     handler: &mut H,
 ) -> ClaimOutcome<K, E>
 where
     Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    T: TakeRows<C, R, K>,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
@@ -245,7 +251,7 @@ where
 {
     let span = claim.span::<Q, C::Backend, R>();
     let mut failed = Vec::new();
-    let steps = run_steps(&mut claim, query, conn, handler, &mut failed);
+    let steps = run_steps(&mut claim, query, taker, conn, handler, &mut failed);
     let stopped = steps.instrument(span.clone()).await.err();
     let outcome = ClaimOutcome {
         report: claim.report(),
@@ -257,15 +263,17 @@ where
 }
 
 /// The loop of [`drive`], as in the blocking driver.
-async fn run_steps<'a, Q, C, R, K, E, H>(
+async fn run_steps<'a, Q, T, C, R, K, E, H>(
     claim: &mut Claim<Position<K>>,
     query: &Q,
+    taker: &T,
     conn: &mut C,
     handler: &mut H,
     failed: &mut Vec<RowFailure<K, E>>,
 ) -> Result<(), RowFailure<K, E>>
 where
     Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    T: TakeRows<C, R, K>,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
@@ -276,19 +284,27 @@ where
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
     while let Some((range, limit)) = next_batch(claim, query, conn).await.map_err(outside)? {
         let mut failing = None;
-        let batch = take(
-            claim,
-            query,
-            conn,
-            handler,
-            Take::Batch(range, limit),
-            &mut failing,
-        );
-        let batch = batch.await;
+        let batch = if claim.taking == Taking::MarkAndCommit {
+            let rows = take_and_commit(claim, taker, conn, range, limit, position_of::<Q, _, _>)
+                .await
+                .map_err(outside)?;
+            let processed = rows.len();
+            if processed > 0 {
+                let keys = rows.iter().map(Q::key).collect();
+                let handled = call(handler.handle(conn, rows), claim.keep_going).await;
+                handled.inspect_err(|_| failing = Some(keys))
+            } else {
+                Ok(())
+            }
+            .map(|()| processed)
+        } else {
+            let batch = Take::Batch(range, limit);
+            take(claim, query, taker, conn, handler, batch, &mut failing).await
+        };
         match (batch, failing) {
             (Ok(processed), _) => claim.processed(processed),
             (Err(error), Some(keys)) if claim.keep_going => {
-                if keys.len() > 1 {
+                if keys.len() > 1 && claim.taking != Taking::MarkAndCommit {
                     // Which row failed is unknown: each is claimed again alone.
                     for key in keys {
                         let Some(range) = claim.only(&Position::of_key(key.clone())) else {
@@ -297,7 +313,8 @@ where
                         };
                         let mut failing = None;
                         let retry = Take::Alone(range);
-                        let retried = take(claim, query, conn, handler, retry, &mut failing).await;
+                        let retried =
+                            take(claim, query, taker, conn, handler, retry, &mut failing).await;
                         match (retried, failing) {
                             (Ok(0), _) => claim.gone(),
                             (Ok(processed), _) => claim.processed(processed),
@@ -358,9 +375,10 @@ enum Take<K> {
 /// take that meets a row moved to another partition runs again (see
 /// `crate::transaction::locking_read`). If the handler fails, `failing` holds
 /// the keys of the rows it was given.
-async fn take<'a, Q, C, R, K, E, H>(
+async fn take<'a, Q, T, C, R, K, E, H>(
     claim: &mut Claim<Position<K>>,
     query: &Q,
+    taker: &T,
     conn: &mut C,
     handler: &mut H,
     take: Take<Position<K>>,
@@ -368,6 +386,7 @@ async fn take<'a, Q, C, R, K, E, H>(
 ) -> Result<usize, E>
 where
     Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    T: TakeRows<C, R, K>,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
@@ -390,7 +409,9 @@ where
             let (taking, handler, span) = (&mut *claim, &mut *handler, &span);
             let batch = locking_transaction(conn, |conn| {
                 async move {
-                    let rows = query.rows(conn, range.clone(), limit, &taking.clause).await;
+                    let rows = taker
+                        .take_rows(conn, range.clone(), limit, &taking.clause)
+                        .await;
                     let mut rows = locking_read(rows, moved_read)?;
                     if !alone {
                         rows = taking.taken(rows, limit, position_of::<Q, _, _>)?;
@@ -427,6 +448,123 @@ where
     .await;
     span.record("outcome", transaction_outcome(&taken));
     taken
+}
+
+/// How a batch's rows are taken: selected under the claim's lock, marked, or
+/// stamped.
+pub(super) trait TakeRows<C, R, K>: Sync {
+    fn take_rows<'c>(
+        &'c self,
+        conn: &'c mut C,
+        range: KeyRange<Position<K>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<R>>>
+    where
+        R: 'c,
+        K: 'c;
+}
+
+/// The query's rows, selected under the claim's lock. (`'a` is the query's:
+/// the future holds it.)
+pub(super) struct Select<'q, 'a, Q>(pub(super) &'q Q, pub(super) PhantomData<&'a ()>);
+
+impl<'a, Q, C, R> TakeRows<C, R, Q::Key> for Select<'_, 'a, Q>
+where
+    Q: ClaimQuery<'a, C, R> + Sync,
+    C: AsyncConnection,
+{
+    fn take_rows<'c>(
+        &'c self,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<R>>>
+    where
+        R: 'c,
+        Q::Key: 'c,
+    {
+        Box::pin(self.0.rows(conn, range, limit, lock))
+    }
+}
+
+/// Takes a batch with a statement that commits before any closure runs (or
+/// with MySQL's three statements, in a transaction of their own): a mark that
+/// is committed, or a visibility-timeout stamp; the blocking
+/// `take_and_commit`, awaited. A take that meets a row moved to another
+/// partition runs again (see `crate::transaction::locking_read`).
+pub(super) async fn take_and_commit<T, C, R, K>(
+    claim: &mut Claim<Position<K>>,
+    taker: &T,
+    conn: &mut C,
+    range: KeyRange<Position<K>>,
+    limit: i64,
+    position_of: impl Fn(&R) -> Position<K>,
+) -> Result<Vec<R>, Error>
+where
+    T: TakeRows<C, R, K>,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: Send,
+    K: Clone + Eq + Hash + Send + Sync,
+{
+    let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
+    let mut attempts = 0;
+    let rows = loop {
+        let mut moved = false;
+        let (range, clause) = (range.clone(), &claim.clause);
+        let taken = if claim.one_statement_mark {
+            let rows = taker
+                .take_rows(conn, range, limit, clause)
+                .instrument(span.clone());
+            locking_read(rows.await, &mut moved)
+        } else {
+            let moved = &mut moved;
+            locking_transaction(conn, |conn| {
+                async move { locking_read(taker.take_rows(conn, range, limit, clause).await, moved) }
+                    .scope_boxed()
+            })
+            .instrument(span.clone())
+            .await
+        };
+        match taken {
+            Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
+                attempts += 1;
+                trace::moved_row(attempts);
+            }
+            done => break done?,
+        }
+    };
+    // The rows are committed: the batch's span ends with them, before the
+    // closure runs.
+    span.record("taken", rows.len())
+        .record("outcome", "committed");
+    claim.taken(rows, limit, position_of)
+}
+
+/// Locks up to `limit` matching rows in `range` and returns their keys: the
+/// first of the statements a mark or a stamp takes without `RETURNING`
+/// (MySQL), in the batch's transaction; the blocking `lock_keys`, awaited.
+pub(super) async fn lock_keys<'a, Q, C, R>(
+    query: &Q,
+    conn: &mut C,
+    range: KeyRange<Position<Q::Key>>,
+    limit: i64,
+    lock: &LockClause,
+) -> QueryResult<Vec<Q::Key>>
+where
+    Q: ClaimQuery<'a, C, R>,
+    C: AsyncConnection,
+{
+    let mut keys: Vec<Q::Key> = query
+        .rows(conn, range, limit, lock)
+        .await?
+        .iter()
+        .map(Q::key)
+        .collect();
+    keys.dedup();
+    Ok(keys)
 }
 
 /// Awaits a closure's future; with `catch_panics`, a panic in it becomes

@@ -61,7 +61,9 @@
 //! ```
 //!
 //! What is here: [`ClaimDsl::claim_each`] and the claim builder's `each` and
-//! `each_batch` (per row and batched; not yet `mark`), claims with a
+//! `each_batch` (per row and batched), claims that mark their rows
+//! ([`mark`](crate::ClaimBuilder::mark),
+//! [`mark_and_commit`](crate::ClaimBuilder::mark_and_commit)), claims with a
 //! [visibility timeout](crate::ClaimBuilder::visibility_timeout) (the
 //! closure gets a [`Claimed`](crate::Claimed)`<_, _, Async>`, whose `extend`,
 //! `finish` and `release` are awaited), the worker loop
@@ -122,6 +124,7 @@ mod backend;
 mod claim;
 mod lease;
 mod lock;
+mod mark;
 mod timed;
 mod transaction;
 mod versioned;
@@ -131,6 +134,7 @@ pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
+pub use mark::MarkQuery;
 pub use timed::{StampQuery, StampedRow};
 pub use versioned::{retry, VersionedDsl};
 pub use worker::WaitForRows;

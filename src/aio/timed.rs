@@ -17,7 +17,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
 use super::backend::AsyncBackend;
-use super::claim::{call, next_batch, ClaimQuery};
+use super::claim::{call, lock_keys, next_batch, take_and_commit, ClaimQuery, TakeRows};
 use super::transaction::{locking_transaction, transaction_depth};
 use super::worker::{ClaimOnce, ClaimRows, WaitForRows};
 use super::Async;
@@ -32,8 +32,7 @@ use crate::locking::LockClause;
 use crate::sql::stamp::{CountRows, NewStamp, StampMicros, StampType, ThenUnstamp};
 use crate::sql::{IdShape, InList, KeyColumns, KeyRange, KeyShape, Position, Returning};
 use crate::sql::{SelectWhere, Update};
-use crate::trace::{self, Instrument};
-use crate::transaction::{locking_read, MOVED_ROW_RETRIES};
+use crate::trace::Instrument;
 use crate::{ClaimOutcome, ClaimReport, Claimed, Error, RowFailure, TimedClaim, TimedWorker};
 
 /// The key of the rows `R` of the claimed query `Q`, on the connection `C`.
@@ -419,15 +418,11 @@ where
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
     while let Some((range, limit)) = next_batch(claim, query, conn).await.map_err(outside)? {
-        // The stamps commit on their own: the batch's span ends with them,
-        // before the closure runs outside any transaction.
-        let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
-        let rows = stamp_batch(claim, query, conn, stamp, range, limit)
-            .instrument(span.clone())
+        let taker = Stamp(query, stamp, PhantomData);
+        let position_of = |(row, _): &(R, i64)| Position::of_key(Q::key(row));
+        let rows = take_and_commit(claim, &taker, conn, range, limit, position_of)
             .await
             .map_err(outside)?;
-        span.record("taken", rows.len())
-            .record("outcome", "committed");
         if rows.is_empty() {
             continue;
         }
@@ -442,53 +437,28 @@ where
     Ok(())
 }
 
-/// Stamps a batch and commits, before any closure runs: one statement on
-/// PostgreSQL, three in a transaction of their own on MySQL. A stamp that
-/// meets a row moved to another partition runs again (see
-/// `crate::transaction::locking_read`).
-async fn stamp_batch<'a, Q, C, R, Col>(
-    claim: &mut Claim<Position<Q::Key>>,
-    query: &Q,
-    conn: &mut C,
-    stamp: &NewStamp<Col>,
-    range: KeyRange<Position<Q::Key>>,
-    limit: i64,
-) -> Result<Vec<(R, i64)>, Error>
+/// The query's rows, stamped. (`'a` is the query's: the future holds it.)
+struct Stamp<'q, 'a, Q, Col>(&'q Q, &'q NewStamp<Col>, PhantomData<&'a ()>);
+
+impl<'a, Q, C, R, Col> TakeRows<C, (R, i64), Q::Key> for Stamp<'_, 'a, Q, Col>
 where
     Q: StampQuery<'a, C, R, Col> + Sync,
     C: AsyncConnection,
-    C::Backend: AsyncBackend,
-    R: Send,
-    Col: Copy + Send + Sync,
+    Col: Sync,
 {
-    let mut attempts = 0;
-    let rows = loop {
-        let mut moved = false;
-        let (range, clause) = (range.clone(), &claim.clause);
-        let stamped = if claim.one_statement_mark {
-            locking_read(
-                query.stamp(conn, range, limit, clause, stamp).await,
-                &mut moved,
-            )
-        } else {
-            let moved = &mut moved;
-            locking_transaction(conn, |conn| {
-                async move { locking_read(query.stamp(conn, range, limit, clause, stamp).await, moved) }
-                    .scope_boxed()
-            })
-            .await
-        };
-        match stamped {
-            Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
-                attempts += 1;
-                trace::moved_row(attempts);
-            }
-            done => break done?,
-        }
-    };
-    claim.taken(rows, limit, |(row, _): &(R, i64)| {
-        Position::of_key(Q::key(row))
-    })
+    fn take_rows<'c>(
+        &'c self,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<(R, i64)>>>
+    where
+        (R, i64): 'c,
+        Q::Key: 'c,
+    {
+        Box::pin(self.0.stamp(conn, range, limit, lock, self.1))
+    }
 }
 
 /// A query an async [visibility-timeout
@@ -558,13 +528,7 @@ where
             }
             // Without `RETURNING` (MySQL): lock, stamp by key, and read the
             // rows and their stamps back, in the caller's transaction.
-            let mut keys: Vec<Q::Key> = self
-                .rows(conn, range, limit, lock)
-                .await?
-                .iter()
-                .map(Q::key)
-                .collect();
-            keys.dedup();
+            let keys = lock_keys(self, conn, range, limit, lock).await?;
             if keys.is_empty() {
                 return Ok(Vec::new());
             }

@@ -416,7 +416,9 @@ impl<Q> ClaimBuilder<Q> {
             Err(error) => ClaimOutcome::refused(error.into()),
         }
     }
+}
 
+impl<Q, M> ClaimBuilder<Q, M> {
     /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
     /// WHERE <key> IN (<the query, locked, skipping locked rows, LIMIT batch>)
     /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
@@ -428,7 +430,7 @@ impl<Q> ClaimBuilder<Q> {
     /// inserted into a range already claimed from that comes back ends the call
     /// with [`Error::UnexpectedOutcome`]. The rows' type must be
     /// [`Selectable`](diesel::Selectable) from the claimed table.
-    pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V> {
+    pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V, M> {
         MarkedClaim {
             claim: self,
             changes,
@@ -445,7 +447,7 @@ impl<Q> ClaimBuilder<Q> {
     /// when the mark is the processing (or when losing a batch to a crash is
     /// acceptable), and [`mark`](Self::mark) when the closure's work must succeed
     /// for the mark to stand.
-    pub fn mark_and_commit<V>(self, changes: V) -> MarkedClaim<Q, V> {
+    pub fn mark_and_commit<V>(self, changes: V) -> MarkedClaim<Q, V, M> {
         MarkedClaim {
             claim: self,
             changes,
@@ -478,10 +480,10 @@ impl<Q> ClaimBuilder<Q> {
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct MarkedClaim<Q, V> {
-    claim: ClaimBuilder<Q>,
-    changes: V,
-    taking: Taking,
+pub struct MarkedClaim<Q, V, M = Blocking> {
+    pub(crate) claim: ClaimBuilder<Q, M>,
+    pub(crate) changes: V,
+    pub(crate) taking: Taking,
 }
 
 impl<Q, V> MarkedClaim<Q, V> {

@@ -189,12 +189,14 @@ pub(crate) type LockedKeysQuery<Q, O, Pk, W, K> =
 pub(crate) type RowsQuery<Q, O, Pk, W, K> =
     dsl::Limit<dsl::Order<InQuery<Q, O, W, K>, ClaimOrdering<O, Pk, K>>>;
 pub(crate) type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
-type MarkStatement<R, V, W, K, KQ, DB> = Returning<
+pub(crate) type MarkStatement<R, V, W, K, KQ, DB> = Returning<
     Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<W, Locked<KQ>, K>>,
     dsl::AsSelect<R, DB>,
 >;
-type MarkByKeys<R, V, W, K> = Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
-type ReadByKeys<R, W, K, DB> = SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
+pub(crate) type MarkByKeys<R, V, W, K> =
+    Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
+pub(crate) type ReadByKeys<R, W, K, DB> =
+    SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
 pub(crate) type Stamped<R, Col, DB> = (dsl::AsSelect<R, DB>, StampMicros<Col>);
 pub(crate) type StampStatement<R, Col, W, K, KQ, DB> =
     Returning<Update<FromClause<R>, NewStamp<Col>, KeysIn<W, Locked<KQ>, K>>, Stamped<R, Col, DB>>;
@@ -365,27 +367,7 @@ where
     ReadByKeys<R, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, R>,
 {
     fn check_changes(changes: &V) -> Result<(), Error> {
-        let changeset = changes.clone().as_changeset();
-        if changeset.is_noop(&C::Backend::default())? {
-            return Err(Error::InvalidArgument(
-                "the mark is empty: it must change what the query's filter tests".to_owned(),
-            ));
-        }
-        // A claim follows its rows by their keys (and MySQL reads marked rows
-        // back by them): a mark of a key column would hand over rows the claim
-        // cannot place, or, on MySQL, none.
-        let changeset = rendered::render::<C::Backend>(&changeset)?;
-        let key = rendered::render::<C::Backend>(&R::table().primary_key())?;
-        if rendered::assigns_key::<C::Backend>(&changeset, &key)? {
-            return Err(Error::InvalidArgument(
-                "a mark cannot change a column of the claimed table's primary key, by which \
-                 the claim follows its rows (a table partitioned by state has the state in \
-                 its key): set that column in the closure instead, or declare the key as the \
-                 table's own id in `table!`"
-                    .to_owned(),
-            ));
-        }
-        Ok(())
+        check_mark::<C::Backend, R, V>(changes)
     }
 
     fn mark(
@@ -541,4 +523,38 @@ where
 
 fn primary_key<R: HasTable>() -> PrimaryKey<R> {
     R::table().primary_key()
+}
+
+/// Refuses a mark that changes nothing, or that changes a column of the
+/// claimed table's key: the checks of `MarkQuery::check_changes`, in both
+/// APIs.
+pub(crate) fn check_mark<DB, R, V>(changes: &V) -> Result<(), Error>
+where
+    DB: ClaimBackend,
+    R: HasTable,
+    V: AsChangeset<Target = R::Table> + Clone,
+    V::Changeset: QueryFragment<DB>,
+    PrimaryKey<R>: QueryFragment<DB>,
+{
+    let changeset = changes.clone().as_changeset();
+    if changeset.is_noop(&DB::default())? {
+        return Err(Error::InvalidArgument(
+            "the mark is empty: it must change what the query's filter tests".to_owned(),
+        ));
+    }
+    // A claim follows its rows by their keys (and MySQL reads marked rows
+    // back by them): a mark of a key column would hand over rows the claim
+    // cannot place, or, on MySQL, none.
+    let changeset = rendered::render::<DB>(&changeset)?;
+    let key = rendered::render::<DB>(&R::table().primary_key())?;
+    if rendered::assigns_key::<DB>(&changeset, &key)? {
+        return Err(Error::InvalidArgument(
+            "a mark cannot change a column of the claimed table's primary key, by which \
+             the claim follows its rows (a table partitioned by state has the state in \
+             its key): set that column in the closure instead, or declare the key as the \
+             table's own id in `table!`"
+                .to_owned(),
+        ));
+    }
+    Ok(())
 }

@@ -247,7 +247,8 @@ on_async_backends! {
     async fn unfinished_rows_come_back_when_their_stamps_pass() {
         let (_db, pool) = invoices_db(5, 1).await;
         let mut conn = pool.get().await.unwrap();
-        let ttl = Duration::from_millis(800);
+        // Long enough for the panic below to print its backtrace.
+        let ttl = Duration::from_secs(2);
         let claim = || unsent().build_claim().drain().keep_going().visibility_timeout(invoices::claimed_until, ttl);
         // 1 fails, 2 panics, 3 is dropped, 4 is released, 5 is sent.
         let outcome = claim()
