@@ -664,8 +664,18 @@ pub trait Connect: diesel::r2d2::R2D2Connection + 'static {
 
 #[cfg(feature = "postgres")]
 impl Connect for diesel::PgConnection {
+    /// Opens connections only when asked, never in the background: a worker
+    /// process exits as soon as its work is done, and one that exited while
+    /// r2d2 was still reopening a connection the server had killed crashed
+    /// in the exit's cleanup (SIGSEGV, with TLS connections to a local
+    /// server).
     fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
-        crate::pg_pool(url, size)
+        diesel::r2d2::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            .connection_timeout(std::time::Duration::from_secs(10))
+            .build(diesel::r2d2::ConnectionManager::new(url))
+            .unwrap_or_else(|e| panic!("cannot build a pool for {url}: {e}"))
     }
 }
 
