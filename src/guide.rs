@@ -351,7 +351,9 @@
 //!   `REPEATABLE READ` a locking read keeps the locks of every row it passed,
 //!   done ones included, and of the gaps between them, which holds off inserts
 //!   and makes other claimers skip more. Set `SET SESSION TRANSACTION ISOLATION
-//!   LEVEL READ COMMITTED` on claiming connections.
+//!   LEVEL READ COMMITTED` on claiming connections (with an r2d2 pool, in a
+//!   `CustomizeConnection`; with diesel-async's bb8 and deadpool pools,
+//!   `ManagerConfig::custom_setup` takes `aio::establish_read_committed`).
 //! - **No `UPDATE … RETURNING`.** [`mark`](ClaimBuilder::mark) locks the batch
 //!   with a select, updates it by key and reads it back, in the batch's
 //!   transaction; [`mark_and_commit`](ClaimBuilder::mark_and_commit) runs the same

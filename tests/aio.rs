@@ -1589,3 +1589,64 @@ on_async_backends! {
 
 // Visibility-timeout claims, on the backends above.
 mod timed;
+
+/// A MySQL or MariaDB pool set up with `establish_read_committed` hands out
+/// connections at `READ COMMITTED`, from bb8 and from deadpool; a plain
+/// connection keeps the server's default.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_pools_set_up_for_claimers_run_at_read_committed() {
+    use diesel_async::pooled_connection::{deadpool, ManagerConfig};
+    use diesel_async::AsyncMysqlConnection;
+
+    #[derive(diesel::QueryableByName)]
+    struct Variable {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = Variable_name)]
+        name: String,
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = Value)]
+        value: String,
+    }
+
+    /// The session's isolation level (`tx_isolation` on MariaDB,
+    /// `transaction_isolation` on MySQL 8).
+    async fn isolation(conn: &mut AsyncMysqlConnection) -> String {
+        let variables: Vec<Variable> =
+            diesel::sql_query("SHOW SESSION VARIABLES LIKE '%isolation'")
+                .load(conn)
+                .await
+                .unwrap();
+        let level = variables.into_iter().find(|variable| {
+            variable.name == "tx_isolation" || variable.name == "transaction_isolation"
+        });
+        level.expect("no isolation variable").value
+    }
+
+    let db = testkit::MysqlTestDb::new();
+    let manager = || {
+        let mut config = ManagerConfig::default();
+        config.custom_setup = Box::new(diesel_claim::aio::establish_read_committed);
+        AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(
+            db.url.clone(),
+            config,
+        )
+    };
+    let bb8 = bb8::Pool::builder()
+        .max_size(2)
+        .build(manager())
+        .await
+        .unwrap();
+    assert_eq!(
+        isolation(&mut bb8.get().await.unwrap()).await,
+        "READ-COMMITTED"
+    );
+    let deadpool = deadpool::Pool::builder(manager())
+        .max_size(2)
+        .build()
+        .unwrap();
+    assert_eq!(
+        isolation(&mut deadpool.get().await.unwrap()).await,
+        "READ-COMMITTED"
+    );
+    let mut plain = AsyncMysqlConnection::establish(&db.url).await.unwrap();
+    assert_eq!(isolation(&mut plain).await, "REPEATABLE-READ");
+}

@@ -110,6 +110,40 @@ impl AsyncBackend for diesel::mysql::Mysql {
     }
 }
 
+/// Connects to MySQL or MariaDB with the session at `READ COMMITTED`, as
+/// claiming connections should be (see the guide's "MySQL and MariaDB"): a
+/// pool's setup for every connection it opens, with diesel-async's bb8 or
+/// deadpool pools.
+///
+/// ```no_run
+/// # async fn pools(url: &str) {
+/// use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+/// use diesel_async::AsyncMysqlConnection;
+///
+/// let mut config = ManagerConfig::default();
+/// config.custom_setup = Box::new(diesel_claim::aio::establish_read_committed);
+/// let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(url, config);
+/// let pool = diesel_async::pooled_connection::bb8::Pool::builder().build(manager).await;
+/// # }
+/// ```
+#[cfg(feature = "mysql")]
+pub fn establish_read_committed(
+    url: &str,
+) -> futures_util::future::BoxFuture<'_, diesel::ConnectionResult<diesel_async::AsyncMysqlConnection>>
+{
+    use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    use futures_util::FutureExt;
+
+    async move {
+        let mut conn = diesel_async::AsyncMysqlConnection::establish(url).await?;
+        conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+        Ok(conn)
+    }
+    .boxed()
+}
+
 #[cfg(test)]
 mod tests {
     use super::AsyncBackend;

@@ -130,6 +130,8 @@ mod transaction;
 mod versioned;
 mod worker;
 
+#[cfg(feature = "mysql")]
+pub use backend::establish_read_committed;
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
