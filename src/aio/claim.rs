@@ -253,13 +253,7 @@ where
     let mut failed = Vec::new();
     let steps = run_steps(&mut claim, query, taker, conn, handler, &mut failed);
     let stopped = steps.instrument(span.clone()).await.err();
-    let outcome = ClaimOutcome {
-        report: claim.report(),
-        failed,
-        stopped,
-    };
-    outcome.record(&span);
-    outcome
+    ClaimOutcome::ended(claim.report(), failed, stopped, &span)
 }
 
 /// The loop of [`drive`], as in the blocking driver.

@@ -19,10 +19,11 @@ use super::transaction::transaction_depth;
 use super::Async;
 use crate::backend::strategy::Strategy;
 use crate::claim::query::{
-    check_mark, locked_keys_subquery, MarkByKeys, MarkStatement, PrimaryKey, ReadByKeys,
+    check_mark, read_by_keys, taken_in_one, update_by_keys, MarkByKeys, MarkStatement, PrimaryKey,
+    ReadByKeys,
 };
 use crate::locking::LockClause;
-use crate::sql::{InList, KeyRange, Position, Returning, SelectWhere, Update};
+use crate::sql::{KeyRange, Position};
 use crate::{ClaimOutcome, ClaimReport, Error, MarkedClaim};
 
 impl<Q, V> MarkedClaim<Q, V, Async> {
@@ -219,20 +220,17 @@ where
         lock: &LockClause,
         changes: &V,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
-        let by_keys = |keys: Vec<Q::Key>| InList {
-            column: Q::key_columns(),
-            keys,
-        };
+        let changes = || changes.clone().as_changeset();
         async move {
             if <C::Backend as Strategy>::UPDATE_RETURNING {
-                let statement = Returning {
-                    statement: Update {
-                        from: R::table().from_clause(),
-                        changes: changes.clone().as_changeset(),
-                        filter: locked_keys_subquery(self, range, limit, lock),
-                    },
-                    columns: R::as_select(),
-                };
+                let statement = taken_in_one::<_, _, R, _, _>(
+                    self,
+                    range,
+                    limit,
+                    lock,
+                    changes(),
+                    R::as_select(),
+                );
                 return statement.load(conn).await;
             }
             // Without `RETURNING` (MySQL): lock, mark by key, and read the rows
@@ -241,17 +239,10 @@ where
             if keys.is_empty() {
                 return Ok(Vec::new());
             }
-            let update = Update {
-                from: R::table().from_clause(),
-                changes: changes.clone().as_changeset(),
-                filter: by_keys(keys.clone()),
-            };
+            let key = Q::key_columns();
+            let update = update_by_keys::<R, _, _, _>(key, keys.clone(), changes());
             update.execute(conn).await?;
-            let read_back = SelectWhere {
-                columns: R::as_select(),
-                from: R::table().from_clause(),
-                filter: by_keys(keys),
-            };
+            let read_back = read_by_keys::<R, _, _, _>(key, keys, R::as_select());
             read_back.load(conn).await
         }
     }

@@ -24,13 +24,14 @@ use super::Async;
 use crate::backend::strategy::Strategy;
 use crate::claim::engine::{Claim, Taking};
 use crate::claim::query::{
-    locked_keys_subquery, FromClause, ReadStampedByKeys, StampByKeys, StampStatement,
+    read_by_keys, taken_in_one, update_by_keys, FromClause, ReadStampedByKeys, StampByKeys,
+    StampStatement,
 };
 use crate::claim::timed::{final_changes, Handed, Unclaimed};
 use crate::claim::ClaimStatements;
 use crate::locking::LockClause;
 use crate::sql::stamp::{CountRows, NewStamp, StampMicros, StampType, ThenUnstamp};
-use crate::sql::{IdShape, InList, KeyColumns, KeyRange, KeyShape, Position, Returning};
+use crate::sql::{IdShape, KeyColumns, KeyRange, KeyShape, Position, Returning};
 use crate::sql::{SelectWhere, Update};
 use crate::trace::Instrument;
 use crate::{ClaimOutcome, ClaimReport, Claimed, Error, RowFailure, TimedClaim, TimedWorker};
@@ -234,13 +235,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
             .instrument(span.clone())
             .await
             .err();
-        let outcome = ClaimOutcome {
-            report: run.report(),
-            failed,
-            stopped,
-        };
-        outcome.record(&span);
-        outcome
+        ClaimOutcome::ended(run.report(), failed, stopped, &span)
     }
 }
 
@@ -509,21 +504,10 @@ where
     ) -> impl Future<Output = QueryResult<Vec<(R, i64)>>> + Send {
         let stamp = *stamp;
         let stamped = move || (R::as_select(), StampMicros(stamp.column));
-        let by_keys = |keys: Vec<Q::Key>| InList {
-            column: Q::key_columns(),
-            keys,
-        };
         async move {
             if <C::Backend as Strategy>::UPDATE_RETURNING {
-                let claimed = locked_keys_subquery(self, range, limit, lock);
-                let statement = Returning {
-                    statement: Update {
-                        from: R::table().from_clause(),
-                        changes: stamp,
-                        filter: claimed,
-                    },
-                    columns: stamped(),
-                };
+                let statement =
+                    taken_in_one::<_, _, R, _, _>(self, range, limit, lock, stamp, stamped());
                 return statement.load(conn).await;
             }
             // Without `RETURNING` (MySQL): lock, stamp by key, and read the
@@ -532,17 +516,10 @@ where
             if keys.is_empty() {
                 return Ok(Vec::new());
             }
-            let update = Update {
-                from: R::table().from_clause(),
-                changes: stamp,
-                filter: by_keys(keys.clone()),
-            };
+            let key = Q::key_columns();
+            let update = update_by_keys::<R, _, _, _>(key, keys.clone(), stamp);
             update.execute(conn).await?;
-            let read_back = SelectWhere {
-                columns: stamped(),
-                from: R::table().from_clause(),
-                filter: by_keys(keys),
-            };
+            let read_back = read_by_keys::<R, _, _, _>(key, keys, stamped());
             read_back.load(conn).await
         }
     }

@@ -584,13 +584,7 @@ where
     let stopped = span
         .in_scope(|| run_steps(&mut claim, query, conn, &mut take, &mut f, &mut failed))
         .err();
-    let outcome = ClaimOutcome {
-        report: claim.report(),
-        failed,
-        stopped,
-    };
-    outcome.record(&span);
-    outcome
+    ClaimOutcome::ended(claim.report(), failed, stopped, &span)
 }
 
 /// The loop of [`drive`]: runs the claim's steps until it is done, recording

@@ -189,17 +189,19 @@ pub(crate) type LockedKeysQuery<Q, O, Pk, W, K> =
 pub(crate) type RowsQuery<Q, O, Pk, W, K> =
     dsl::Limit<dsl::Order<InQuery<Q, O, W, K>, ClaimOrdering<O, Pk, K>>>;
 pub(crate) type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
-pub(crate) type MarkStatement<R, V, W, K, KQ, DB> = Returning<
-    Update<FromClause<R>, <V as AsChangeset>::Changeset, KeysIn<W, Locked<KQ>, K>>,
-    dsl::AsSelect<R, DB>,
->;
+/// [`taken_in_one`]: changes `Ch` on the rows at the locked keys `KQ`,
+/// returning `S`.
+pub(crate) type TakenInOne<R, Ch, W, K, KQ, S> =
+    Returning<Update<FromClause<R>, Ch, KeysIn<W, Locked<KQ>, K>>, S>;
+pub(crate) type MarkStatement<R, V, W, K, KQ, DB> =
+    TakenInOne<R, <V as AsChangeset>::Changeset, W, K, KQ, dsl::AsSelect<R, DB>>;
 pub(crate) type MarkByKeys<R, V, W, K> =
     Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
 pub(crate) type ReadByKeys<R, W, K, DB> =
     SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
 pub(crate) type Stamped<R, Col, DB> = (dsl::AsSelect<R, DB>, StampMicros<Col>);
 pub(crate) type StampStatement<R, Col, W, K, KQ, DB> =
-    Returning<Update<FromClause<R>, NewStamp<Col>, KeysIn<W, Locked<KQ>, K>>, Stamped<R, Col, DB>>;
+    TakenInOne<R, NewStamp<Col>, W, K, KQ, Stamped<R, Col, DB>>;
 pub(crate) type StampByKeys<R, Col, W, K> = Update<FromClause<R>, NewStamp<Col>, InList<W, K>>;
 pub(crate) type ReadStampedByKeys<R, Col, W, K, DB> =
     SelectWhere<Stamped<R, Col, DB>, FromClause<R>, InList<W, K>>;
@@ -378,17 +380,16 @@ where
         lock: &LockClause,
         changes: &V,
     ) -> QueryResult<Vec<R>> {
-        let key = Q::key_columns();
+        let changes = || changes.clone().as_changeset();
         if <C::Backend as Strategy>::UPDATE_RETURNING {
-            let claimed = locked_keys_subquery(self, range, limit, lock);
-            return Returning {
-                statement: Update {
-                    from: R::table().from_clause(),
-                    changes: changes.clone().as_changeset(),
-                    filter: claimed,
-                },
-                columns: R::as_select(),
-            }
+            return taken_in_one::<_, _, R, _, _>(
+                self,
+                range,
+                limit,
+                lock,
+                changes(),
+                R::as_select(),
+            )
             .load(conn);
         }
         // Without `RETURNING` (MySQL): lock, mark by key, and read the rows back,
@@ -397,22 +398,11 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let by_keys = || InList {
-            column: key,
-            keys: keys.clone(),
-        };
-        Update {
-            from: R::table().from_clause(),
-            changes: changes.clone().as_changeset(),
-            filter: by_keys(),
-        }
-        .execute(conn)?;
-        SelectWhere {
-            columns: R::as_select(),
-            from: R::table().from_clause(),
-            filter: by_keys(),
-        }
-        .load(conn)
+        let key = Q::key_columns();
+        let update = update_by_keys::<R, _, _, _>(key, keys.clone(), changes());
+        update.execute(conn)?;
+        let read_back = read_by_keys::<R, _, _, _>(key, keys, R::as_select());
+        read_back.load(conn)
     }
 }
 
@@ -438,19 +428,10 @@ where
         lock: &LockClause,
         stamp: &NewStamp<Col>,
     ) -> QueryResult<Vec<(R, i64)>> {
-        let key = Q::key_columns();
         let stamped = (R::as_select(), StampMicros(stamp.column));
         if <C::Backend as Strategy>::UPDATE_RETURNING {
-            let claimed = locked_keys_subquery(self, range, limit, lock);
-            return Returning {
-                statement: Update {
-                    from: R::table().from_clause(),
-                    changes: *stamp,
-                    filter: claimed,
-                },
-                columns: stamped,
-            }
-            .load(conn);
+            return taken_in_one::<_, _, R, _, _>(self, range, limit, lock, *stamp, stamped)
+                .load(conn);
         }
         // Without `RETURNING` (MySQL): lock, stamp by key, and read the rows
         // and their stamps back, in the caller's transaction.
@@ -458,28 +439,83 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let by_keys = || InList {
-            column: key,
-            keys: keys.clone(),
-        };
-        Update {
+        let key = Q::key_columns();
+        let update = update_by_keys::<R, _, _, _>(key, keys.clone(), *stamp);
+        update.execute(conn)?;
+        let read_back = read_by_keys::<R, _, _, _>(key, keys, stamped);
+        read_back.load(conn)
+    }
+}
+
+/// A mark or a stamp in one statement: `UPDATE <table> SET changes WHERE
+/// <key> IN (<up to limit keys of matching rows in range, locked>) RETURNING
+/// columns`. Both APIs run it.
+pub(crate) fn taken_in_one<Q, DB, R, Ch, S>(
+    query: &Q,
+    range: KeyRange<Position<Q::Key>>,
+    limit: i64,
+    lock: &LockClause,
+    changes: Ch,
+    columns: S,
+) -> TakenInOne<R, Ch, Q::KeyColumns, Q::Key, Q::LockedKeys, S>
+where
+    Q: ClaimStatements<DB, R>,
+    R: HasTable,
+{
+    Returning {
+        statement: Update {
             from: R::table().from_clause(),
-            changes: *stamp,
-            filter: by_keys(),
-        }
-        .execute(conn)?;
-        SelectWhere {
-            columns: stamped,
-            from: R::table().from_clause(),
-            filter: by_keys(),
-        }
-        .load(conn)
+            changes,
+            filter: locked_keys_subquery(query, range, limit, lock),
+        },
+        columns,
+    }
+}
+
+/// A mark or a stamp without `RETURNING` (MySQL), once the rows at `keys`
+/// are locked: the update by key, `UPDATE <table> SET changes WHERE <key> IN
+/// (keys)`.
+pub(crate) fn update_by_keys<R, Ch, W, K>(
+    key_columns: W,
+    keys: Vec<K>,
+    changes: Ch,
+) -> Update<FromClause<R>, Ch, InList<W, K>>
+where
+    R: HasTable,
+{
+    Update {
+        from: R::table().from_clause(),
+        changes,
+        filter: InList {
+            column: key_columns,
+            keys,
+        },
+    }
+}
+
+/// The rows a mark or a stamp without `RETURNING` updated, read back:
+/// `SELECT columns FROM <table> WHERE <key> IN (keys)`.
+pub(crate) fn read_by_keys<R, S, W, K>(
+    key_columns: W,
+    keys: Vec<K>,
+    columns: S,
+) -> SelectWhere<S, FromClause<R>, InList<W, K>>
+where
+    R: HasTable,
+{
+    SelectWhere {
+        columns,
+        from: R::table().from_clause(),
+        filter: InList {
+            column: key_columns,
+            keys,
+        },
     }
 }
 
 /// `<key> IN (<up to limit keys of matching rows in range, locked>)`: the
 /// rows a mark or a stamp takes, in one statement.
-pub(crate) fn locked_keys_subquery<Q, DB, R>(
+fn locked_keys_subquery<Q, DB, R>(
     query: &Q,
     range: KeyRange<Position<Q::Key>>,
     limit: i64,

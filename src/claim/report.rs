@@ -103,8 +103,24 @@ impl<K, E> ClaimOutcome<K, E> {
         }
     }
 
-    /// Records what the call did on its span (`Claim::span`).
-    pub(crate) fn record(&self, span: &Span) {
+    /// What a call did, once it has ended, recorded on its span
+    /// (`Claim::span`).
+    pub(crate) fn ended(
+        report: ClaimReport,
+        failed: Vec<RowFailure<K, E>>,
+        stopped: Option<RowFailure<K, E>>,
+        span: &Span,
+    ) -> Self {
+        let outcome = ClaimOutcome {
+            report,
+            failed,
+            stopped,
+        };
+        outcome.record(span);
+        outcome
+    }
+
+    fn record(&self, span: &Span) {
         let report = &self.report;
         span.record("processed", report.processed)
             .record("skipped", report.skipped)

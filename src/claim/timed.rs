@@ -289,13 +289,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
         let stopped = span
             .in_scope(|| drive(&mut run, query, conn, stamp, &mut hand, &mut failed))
             .err();
-        let outcome = ClaimOutcome {
-            report: run.report(),
-            failed,
-            stopped,
-        };
-        outcome.record(&span);
-        outcome
+        ClaimOutcome::ended(run.report(), failed, stopped, &span)
     }
 }
 
