@@ -191,6 +191,34 @@
 //!   claimers queue (set a `busy_timeout`) rather than skip, and the lock options
 //!   have no effect there.
 //!
+//! ## Many workers
+//!
+//! Workers that claim the same query meet at its head. Each locked take passes
+//! over the rows the others hold before it finds free ones, so with `W`
+//! workers a take steps over about `W - 1` batches inside its transaction, and
+//! the work per row grows with `W`. A hand-written `… LIMIT n FOR UPDATE SKIP
+//! LOCKED` does the same. A claim by key that sees it happen (a take passed
+//! over candidates others held or had taken) spreads out for the rest of the
+//! call:
+//!
+//! - Each page of candidates starts at a place of its own, picked at random.
+//!   The takes go from there to the page's end, then from its head to where
+//!   they began, so every candidate is still offered once, and workers that
+//!   read the same page take rows apart from one another.
+//! - Pages grow fourfold, up to 256 batches (at least 16,384 keys, at most
+//!   65,536), while others hold more than a quarter of a page, or while this
+//!   worker got fewer than 64 rows of a page that others took most of. The
+//!   statements each page costs (its read, the read that tells locked rows
+//!   from gone ones, a short take at each end) are then spread over more rows.
+//!
+//! Alone, a claim goes through its pages from their heads, in key order. These
+//! do not spread out: a query's `ORDER BY`, whose order is the claim's promise;
+//! [`nowait`](ClaimBuilder::nowait); [`mark_and_commit`](ClaimBuilder::mark_and_commit),
+//! which holds its rows only while it marks them, so that others meet rows it
+//! marked rather than rows it holds; and a [`page_size`](ClaimBuilder::page_size)
+//! set by the caller, which does not grow. `BENCHMARKS.md` has the figures, up
+//! to 64 workers.
+//!
 //! ## Rows that fail
 //!
 //! [`each`](ClaimBuilder::each) returns the report or the first error. Its

@@ -33,6 +33,15 @@ const BATCHES_PER_PAGE: i64 = 10;
 const ORDERED_PAGE_SIZE: i64 = 5000;
 const ORDERED_BATCHES_PER_PAGE: i64 = 50;
 
+/// How large pages grow, in batches, and in keys at least and at most, once
+/// other workers are seen claiming beside this one (see [`Claim::contended`]).
+const CONTENDED_BATCHES_PER_PAGE: i64 = 256;
+const CONTENDED_PAGE_SIZE: (i64, i64) = (16_384, 65_536);
+
+/// A contended page of which this worker got fewer rows than this is read
+/// again four times larger (see [`Claim::contended`]).
+const MIN_ROWS_PER_PAGE: u64 = 64;
+
 /// The statement a claim takes its rows with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Taking {
@@ -99,6 +108,15 @@ pub(crate) struct Claim<K> {
     /// Takes run past the end of their page: see [`Page::open_ended`].
     open_ended: bool,
     page_size: i64,
+    /// The page size was the caller's: it does not grow.
+    page_size_given: bool,
+    /// Pages may start anywhere in them (see [`Page::new`]): the claim order is
+    /// the key's, a row locked by others is passed over, not an error, and
+    /// rows stay locked while the closure runs.
+    may_stripe: bool,
+    /// Other workers were seen claiming the same rows (see
+    /// [`contended`](Self::contended)): pages start at places of their own.
+    contended: bool,
     drain: bool,
     remaining: u64,
     report: ClaimReport,
@@ -198,6 +216,15 @@ impl<K> Claim<K> {
                 // over the others'.
                 DEFAULT_PAGE_SIZE.max(plan.batch.saturating_mul(BATCHES_PER_PAGE))
             }),
+            page_size_given: plan.page_size.is_some(),
+            // A mark committed on its own holds its rows' locks only while it
+            // runs: others meet rows it marked, which no longer match, rather
+            // than rows it holds, and larger pages would only be read more.
+            may_stripe: plan.row_locks
+                && plan.ordered_by_key
+                && !plan.fail_on_locked
+                && plan.taking != Taking::MarkAndCommit,
+            contended: false,
             drain: plan.drain,
             remaining: plan.max_rows.unwrap_or(u64::MAX),
             report: ClaimReport::default(),
@@ -272,7 +299,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                 State::Retry(mut keys) => {
                     self.state = match keys.next() {
                         Some(key) => {
-                            let page = Page::new(vec![key], false);
+                            let page = Page::new(vec![key], false, 0);
                             State::Page(page, Then::Retry(keys))
                         }
                         None => State::Scan,
@@ -295,7 +322,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                         Then::Retry(keys) => Then::Retry(keys),
                         // An open-ended take that came back short found nothing
                         // claimable beyond.
-                        _ if self.open_ended && page.ran_dry => Then::PassEnd,
+                        _ if page.open_ended && page.ran_dry => Then::PassEnd,
                         scanned => scanned,
                     };
                     if !matches!(then, Then::Retry(_)) {
@@ -304,6 +331,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                     let passed_over = page.passed_over().count() as u64;
                     self.report.not_reached += page.unprocessed().count() as u64 - passed_over;
                     if passed_over > 0 && self.row_locks {
+                        self.contended(page.keys.len() as u64, passed_over, page.taken());
                         // One read tells the candidates locked by others (still
                         // matching) from those gone (processed by others, or
                         // changed) since.
@@ -331,6 +359,42 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         }
     }
 
+    /// A page's takes passed over `passed_over` of its `candidates`, which
+    /// other workers held or had taken, and took `taken` rows: the claim is
+    /// contended. Workers that all start at the head of the same page pass over
+    /// each other's rows inside their locked takes, so that the work per row
+    /// grows with the number of workers; from here on each page starts at a
+    /// place of its own ([`Page::new`]) and keeps to its end. Pages grow while
+    /// this worker got only a few rows of one that others took most of: the
+    /// statements per page are then spread over more rows.
+    fn contended(&mut self, candidates: u64, passed_over: u64, taken: u64) {
+        if !self.may_stripe {
+            return;
+        }
+        self.contended = true;
+        if self.open_ended && !self.page_size_given {
+            self.open_ended = false;
+            self.page_size = DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE));
+        } else if taken < MIN_ROWS_PER_PAGE && passed_over.saturating_mul(2) > candidates {
+            self.grow_pages();
+        }
+    }
+
+    /// Pages four times larger, up to [`CONTENDED_PAGE_SIZE`], unless the
+    /// caller set their size.
+    fn grow_pages(&mut self) {
+        if self.page_size_given || self.open_ended {
+            return;
+        }
+        let (least, most) = CONTENDED_PAGE_SIZE;
+        let most = self
+            .batch
+            .saturating_mul(CONTENDED_BATCHES_PER_PAGE)
+            .clamp(least, most)
+            .max(self.page_size);
+        self.page_size = self.page_size.saturating_mul(4).min(most);
+    }
+
     /// The keys [`Step::Candidates`] read.
     pub(crate) fn candidates(&mut self, mut keys: Vec<K>) {
         let full_page = keys.len() as i64 == self.page_size;
@@ -341,7 +405,12 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             self.state = State::PassEnd;
             return;
         }
-        let page = Page::new(keys, self.open_ended);
+        let start = if self.contended && !self.open_ended {
+            random_below(keys.len())
+        } else {
+            0
+        };
+        let page = Page::new(keys, self.open_ended, start);
         // Closed pages end where they end; open-ended ones where the takes got to.
         let then = if self.open_ended || full_page {
             Then::Scan
@@ -360,6 +429,11 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         let (locked, gone): (Vec<&K>, Vec<&K>) = page
             .passed_over()
             .partition(|key| still_matching.contains(*key));
+        // Rows others hold fill more than a quarter of the page: larger pages
+        // leave workers that start at places of their own room between them.
+        if self.contended && locked.len() * 4 > page.keys.len() {
+            self.grow_pages();
+        }
         self.locked += locked.len() as u64;
         self.report.gone += gone.len() as u64;
         if self.drain && self.remaining > 0 {
@@ -465,16 +539,27 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     }
 }
 
-/// A page of candidates' positions, in the claim order, and what has become of
-/// them.
+/// A page of candidates' positions, in the order its takes go through them,
+/// and what has become of them.
+///
+/// The takes go through a page in one stretch, or in two when it starts
+/// further in ([`Page::new`]): from there to its end, then from its head to
+/// where they started.
 struct Page<K> {
-    /// Where the next batch starts: at the first candidate, then past the
-    /// furthest candidate claimed so far. Not at the cursor: the rows between
-    /// it and the first candidate were done when the page was read (by other
-    /// workers, often), and a take starting there would step over every one of
-    /// them inside its transaction.
+    /// Where the next batch starts: at the first candidate of its stretch, then
+    /// past the furthest candidate claimed so far. Not at the cursor: the rows
+    /// between it and the first candidate were done when the page was read (by
+    /// other workers, often), and a take starting there would step over every
+    /// one of them inside its transaction.
     next: Lower<K>,
+    /// The candidates in the order the takes go through them: in the claim
+    /// order from where the page starts, then from its head.
     keys: Vec<K>,
+    /// Where in `keys` the page's head is (`keys.len()` when the page starts
+    /// at its head).
+    head: usize,
+    /// Where in `keys` the takes' stretch ends (exclusive).
+    stretch_end: usize,
     position: HashMap<K, usize>,
     processed: Vec<bool>,
     /// Rows processed that were not candidates: inserted since the scan, or,
@@ -496,11 +581,20 @@ struct Page<K> {
 }
 
 impl<K: Clone + Eq + Hash> Page<K> {
-    fn new(keys: Vec<K>, open_ended: bool) -> Self {
+    /// A page of `keys`, in the claim order, whose takes begin at `keys[start]`.
+    /// Workers that read the same page at once, each from a place of its own,
+    /// take rows apart from one another rather than pass over each other's.
+    /// An open-ended page starts at its head.
+    fn new(mut keys: Vec<K>, open_ended: bool, start: usize) -> Self {
+        debug_assert!(start < keys.len() && (start == 0 || !open_ended));
+        keys.rotate_left(start);
+        let head = keys.len() - start;
         let position = keys.iter().cloned().zip(0..).collect();
         Page {
             next: Lower::From(keys.first().expect("a page has at least one key").clone()),
             processed: vec![false; keys.len()],
+            head,
+            stretch_end: head,
             keys,
             position,
             newcomers: HashSet::new(),
@@ -512,12 +606,30 @@ impl<K: Clone + Eq + Hash> Page<K> {
         }
     }
 
+    /// The page's first key in the claim order.
     fn first(&self) -> &K {
-        self.keys.first().expect("a page has at least one key")
+        &self.keys[self.head % self.keys.len()]
     }
 
+    /// The page's last key in the claim order.
     fn last(&self) -> &K {
-        self.keys.last().expect("a page has at least one key")
+        &self.keys[self.head - 1]
+    }
+
+    /// The last key of the stretch the takes are in.
+    fn stretch_last(&self) -> &K {
+        &self.keys[self.stretch_end - 1]
+    }
+
+    /// The takes are done with their stretch: they go on from the page's head,
+    /// or, past both stretches, the page has no more to give.
+    fn end_stretch(&mut self) {
+        if self.stretch_end < self.keys.len() {
+            self.next = Lower::From(self.keys[self.stretch_end].clone());
+            self.stretch_end = self.keys.len();
+        } else {
+            self.exhausted = true;
+        }
     }
 
     fn whole_range(&self) -> KeyRange<K> {
@@ -530,7 +642,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
     fn next_range(&self) -> KeyRange<K> {
         KeyRange {
             lower: self.next.clone(),
-            through: (!self.open_ended).then(|| self.last().clone()),
+            through: (!self.open_ended).then(|| self.stretch_last().clone()),
         }
     }
 
@@ -544,7 +656,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
 
     /// Unprocessed candidates the takes went past: all of them, unless the
     /// page was left before its end (`max_rows` reached), when those beyond the
-    /// furthest one processed were not reached.
+    /// furthest one processed, in the order the takes go, were not reached.
     fn passed_over(&self) -> impl Iterator<Item = &K> {
         let end = if self.exhausted {
             self.keys.len()
@@ -556,6 +668,16 @@ impl<K: Clone + Eq + Hash> Page<K> {
             .zip(&self.processed)
             .filter(|(_, processed)| !**processed)
             .map(|(key, _)| key)
+    }
+
+    /// Rows the page's takes processed, candidates or not.
+    fn taken(&self) -> u64 {
+        (self
+            .processed
+            .iter()
+            .filter(|processed| **processed)
+            .count()
+            + self.newcomers.len()) as u64
     }
 
     fn unprocessed(&self) -> impl Iterator<Item = &K> {
@@ -579,7 +701,6 @@ impl<K: Clone + Eq + Hash> Page<K> {
     ) -> Result<Vec<R>, Error> {
         // Fewer rows than asked for: nothing more in the range is claimable now.
         self.ran_dry = (rows.len() as i64) < limit;
-        self.exhausted = self.ran_dry;
         let whole_range = self.next_range().through;
         // A join to many rows repeats a key.
         let mut in_batch = HashSet::with_capacity(rows.len());
@@ -624,29 +745,41 @@ impl<K: Clone + Eq + Hash> Page<K> {
             // Rows that do not tell their positions: past the furthest candidate
             // claimed. A batch that claimed no candidate made no progress
             // through the page.
-            self.exhausted |= furthest.is_none();
             furthest.map(|index| self.keys[index].clone())
         };
         self.reached = match &next {
             Some(next) if !self.ran_dry => Some(next.clone()),
             _ => whole_range,
         };
+        let mut stretch_done = self.ran_dry || next.is_none();
         if let Some(next) = next {
             // Open-ended, a take that ended on a key not in the page went past
             // it (or, rarely, on a row inserted into it since the scan): the
             // scan goes on from there.
-            self.exhausted |=
-                &next == self.last() || (self.open_ended && !self.position.contains_key(&next));
+            stretch_done |= &next == self.stretch_last()
+                || (self.open_ended && !self.position.contains_key(&next));
             self.next = Lower::After(next);
+        }
+        if stretch_done {
+            self.end_stretch();
         }
         Ok(rows)
     }
+}
+
+/// A number below `n` (at least 1), different from call to call: where a
+/// worker starts in a page. `RandomState` is seeded at random per thread and
+/// moves on with every instance, which is all a place to start needs.
+fn random_below(n: usize) -> usize {
+    use std::hash::BuildHasher;
+    (std::collections::hash_map::RandomState::new().hash_one(n) % n as u64) as usize
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::LockStrength;
+    use std::collections::BTreeSet;
 
     /// A claim of rows that are their own keys, per row, pages of two keys,
     /// with row locks.
@@ -709,5 +842,190 @@ mod tests {
                 "drain {drain}: {takes_from:?}"
             );
         }
+    }
+
+    /// The keys of `pending` in `range`.
+    fn in_range<'a>(
+        pending: &'a BTreeSet<i64>,
+        range: &KeyRange<i64>,
+    ) -> impl Iterator<Item = i64> + 'a {
+        use std::ops::Bound;
+        let lower = match range.lower {
+            Lower::Unbounded => Bound::Unbounded,
+            Lower::After(key) => Bound::Excluded(key),
+            Lower::From(key) => Bound::Included(key),
+        };
+        let upper = range.through.map_or(Bound::Unbounded, Bound::Included);
+        pending.range((lower, upper)).copied()
+    }
+
+    /// Runs `claim` to its end as a database would: `pending` rows match, of
+    /// which `held` are locked by others; a take gets the first `limit` rows
+    /// of its range that match and are not held, and processes them. Returns
+    /// the sizes of the pages read and where each take began.
+    fn run(
+        claim: &mut Claim<i64>,
+        pending: &mut BTreeSet<i64>,
+        held: &HashSet<i64>,
+    ) -> (Vec<i64>, Vec<Lower<i64>>) {
+        let (mut pages, mut takes) = (Vec::new(), Vec::new());
+        loop {
+            match claim.next() {
+                Step::Candidates(range, limit) => {
+                    pages.push(limit);
+                    claim.candidates(in_range(pending, &range).take(limit as usize).collect());
+                }
+                Step::StillMatching(range) => {
+                    claim.still_matching(in_range(pending, &range).collect());
+                }
+                Step::Batch(range, limit) => {
+                    let rows: Vec<i64> = in_range(pending, &range)
+                        .filter(|key| !held.contains(key))
+                        .take(limit as usize)
+                        .collect();
+                    takes.push(range.lower);
+                    let rows = claim.taken(rows, limit, |row| *row).unwrap();
+                    for row in &rows {
+                        pending.remove(row);
+                    }
+                    claim.processed(rows.len());
+                }
+                Step::Done => return (pages, takes),
+            }
+        }
+    }
+
+    /// A claim by key, per row, with row locks and the default pages.
+    fn default_claim(drain: bool) -> Claim<i64> {
+        let mut claim = claim(drain);
+        claim.page_size_given = false;
+        claim.page_size = if drain {
+            DEFAULT_PAGE_SIZE
+        } else {
+            MIN_OPEN_PAGE_SIZE
+        };
+        claim
+    }
+
+    /// A page that starts further in is taken from there to its end, then from
+    /// its head to where it started, every candidate once.
+    #[test]
+    fn a_page_starting_further_in_is_taken_in_two_stretches() {
+        let mut page = Page::new((1..=10).collect(), false, 4);
+        assert!(matches!(
+            page.next_range(),
+            KeyRange {
+                lower: Lower::From(5),
+                through: Some(10)
+            }
+        ));
+        page.record(vec![5, 6, 7], 3, true, false, |row| *row)
+            .unwrap();
+        assert!(matches!(
+            page.next_range(),
+            KeyRange {
+                lower: Lower::After(7),
+                through: Some(10)
+            }
+        ));
+        // Row 9 is held by another worker.
+        page.record(vec![8, 10], 3, true, false, |row| *row)
+            .unwrap();
+        assert!(matches!(
+            page.next_range(),
+            KeyRange {
+                lower: Lower::From(1),
+                through: Some(4)
+            }
+        ));
+        assert!(!page.exhausted);
+        page.record(vec![1, 2], 3, true, false, |row| *row).unwrap();
+        assert!(page.exhausted);
+        assert_eq!(page.passed_over().copied().collect::<Vec<_>>(), [9, 3, 4]);
+        assert!(matches!(
+            page.whole_range(),
+            KeyRange {
+                lower: Lower::From(1),
+                through: Some(10)
+            }
+        ));
+        assert_eq!(page.scanned_through(), 10);
+    }
+
+    /// A page left before its end passes over only what its takes went
+    /// through, in the order they went.
+    #[test]
+    fn a_page_left_early_passes_over_what_its_takes_went_through() {
+        let mut page = Page::new((1..=10).collect(), false, 7);
+        // Row 8 is held by another worker; rows 9 and 10 are taken.
+        page.record(vec![9, 10], 2, true, false, |row| *row)
+            .unwrap();
+        assert_eq!(page.passed_over().copied().collect::<Vec<_>>(), [8]);
+        assert_eq!(page.unprocessed().count(), 8);
+    }
+
+    /// Alone, a claim goes through its pages from their heads, in key order.
+    #[test]
+    fn a_claim_alone_takes_rows_in_key_order() {
+        for drain in [false, true] {
+            let mut claim = default_claim(drain);
+            let mut pending = (1..=3000).collect();
+            let (_, takes) = run(&mut claim, &mut pending, &HashSet::new());
+            assert!(pending.is_empty());
+            assert!(!claim.contended, "drain {drain}");
+            // Where each take could first find a row.
+            let from: Vec<i64> = takes
+                .iter()
+                .map(|lower| match lower {
+                    Lower::From(key) => *key,
+                    Lower::After(key) => key + 1,
+                    Lower::Unbounded => i64::MIN,
+                })
+                .collect();
+            assert_eq!(
+                from[..3000],
+                (1..=3000).collect::<Vec<_>>(),
+                "drain {drain}"
+            );
+        }
+    }
+
+    /// Once a take has passed over rows others hold, the next pages start at
+    /// places of their own, grow while others take most of them, and still
+    /// offer every row that matches and is not held.
+    #[test]
+    fn a_contended_claim_spreads_out_over_its_pages() {
+        let mut starts = HashSet::new();
+        for _ in 0..3 {
+            let mut claim = default_claim(false);
+            // Others hold the first 50 rows, and every row but one in eight.
+            let held: HashSet<i64> = (1..=50)
+                .chain((51..=40_000).filter(|key| key % 8 != 0))
+                .collect();
+            let mut pending: BTreeSet<i64> = (1..=40_000).collect();
+            let (pages, takes) = run(&mut claim, &mut pending, &held);
+            assert!(claim.contended);
+            assert!(
+                pending.iter().all(|key| held.contains(key)),
+                "a free row was left"
+            );
+            assert_eq!(claim.report().processed, 40_000 / 8 - 6);
+            // The open-ended first page, then closed ones that grow.
+            assert_eq!(pages[0], MIN_OPEN_PAGE_SIZE);
+            assert!(
+                pages[1..].windows(2).all(|pair| pair[0] <= pair[1]),
+                "{pages:?}"
+            );
+            assert!(pages[1] >= DEFAULT_PAGE_SIZE && pages[pages.len() - 1] > pages[1]);
+            // The first page after the open-ended one starts where it will.
+            starts.extend(takes.iter().find_map(|lower| match lower {
+                Lower::From(key) if *key > 100 => Some(*key),
+                _ => None,
+            }));
+        }
+        assert!(
+            starts.len() > 1,
+            "every page started at its head: {starts:?}"
+        );
     }
 }

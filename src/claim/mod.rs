@@ -222,6 +222,12 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// first candidate, not where the last page ended. When draining, or
     /// marking (whose rows come back in no order), batches keep to their page
     /// and a page holds 1000 keys or ten batches.
+    ///
+    /// Once a take has passed over rows other workers hold or took, a claim by
+    /// key spreads out for the rest of the call: its pages keep to their ends,
+    /// each starts at a place of its own, and they grow while others take most
+    /// of them (see [many workers](crate::guide#many-workers)). A page size
+    /// set here does not grow.
     pub fn page_size(mut self, page_size: u32) -> Self {
         if page_size == 0 {
             self.lock.reject("page_size must be at least 1".to_owned());
