@@ -170,12 +170,9 @@ on_async_backends! {
                         let report = pending()
                             .build_claim()
                             .batch(batch)
-                            .each(&mut *conn, |conn: &mut Conn, order: Order| {
-                                async move {
-                                    send_email(conn, &order, task as i32).await?;
-                                    Ok::<_, diesel_claim::Error>(())
-                                }
-                                .scope_boxed()
+                            .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                                send_email(conn, &order, task as i32).await?;
+                                Ok::<_, diesel_claim::Error>(())
                             })
                             .await
                             .unwrap();
@@ -209,12 +206,9 @@ on_async_backends! {
         let mut conn = pool.get().await.unwrap();
         insert_pending(&mut conn, 7).await;
         let report = pending()
-            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
-                async move {
-                    send_email(conn, &order, 0).await?;
-                    Ok::<_, diesel_claim::Error>(())
-                }
-                .scope_boxed()
+            .claim_each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                send_email(conn, &order, 0).await?;
+                Ok::<_, diesel_claim::Error>(())
             })
             .await
             .unwrap();
@@ -225,15 +219,12 @@ on_async_backends! {
         let report = pending()
             .build_claim()
             .batch(3)
-            .each_batch(&mut *conn, |conn: &mut Conn, orders: Vec<Order>| {
-                async move {
-                    batches.lock().unwrap().push(orders.len());
-                    for order in &orders {
-                        send_email(conn, order, 0).await?;
-                    }
-                    Ok::<_, diesel_claim::Error>(())
+            .each_batch(&mut *conn, async |conn: &mut Conn, orders: Vec<Order>| {
+                batches.lock().unwrap().push(orders.len());
+                for order in &orders {
+                    send_email(conn, order, 0).await?;
                 }
-                .scope_boxed()
+                Ok::<_, diesel_claim::Error>(())
             })
             .await
             .unwrap();
@@ -242,8 +233,8 @@ on_async_backends! {
         assert_eq!(email_figures(&mut conn).await, (14, 0, 0));
 
         let nothing = pending()
-            .claim_each(&mut *conn, |_: &mut Conn, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .claim_each(&mut *conn, async |_: &mut Conn, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await
             .unwrap();
@@ -267,15 +258,12 @@ on_async_backends! {
                     false => claim.mark(done),
                 };
                 claim
-                    .each_batch(&mut *conn, |conn: &mut Conn, orders: Vec<Order>| {
-                        async move {
-                            assert!(orders.iter().all(|order| order.email_sent), "not as marked");
-                            for order in &orders {
-                                write_email(conn, order).await?;
-                            }
-                            Ok::<_, diesel_claim::Error>(())
+                    .each_batch(&mut *conn, async |conn: &mut Conn, orders: Vec<Order>| {
+                        assert!(orders.iter().all(|order| order.email_sent), "not as marked");
+                        for order in &orders {
+                            write_email(conn, order).await?;
                         }
-                        .scope_boxed()
+                        Ok::<_, diesel_claim::Error>(())
                     })
                     .await
                     .unwrap()
@@ -351,15 +339,12 @@ on_async_backends! {
         let result = pending()
             .build_claim()
             .batch(4)
-            .each(&mut *conn, |conn: &mut Conn, order: Order| {
-                async move {
-                    send_email(conn, &order, 0).await?;
-                    if order.id == 3 {
-                        return Err(diesel_claim::Error::InvalidArgument("refused".to_owned()));
-                    }
-                    Ok(())
+            .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                send_email(conn, &order, 0).await?;
+                if order.id == 3 {
+                    return Err(diesel_claim::Error::InvalidArgument("refused".to_owned()));
                 }
-                .scope_boxed()
+                Ok(())
             })
             .await;
         assert!(matches!(
@@ -370,14 +355,11 @@ on_async_backends! {
 
         let panicked = tokio::spawn(async move {
             let _ = pending()
-                .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        panic!("the closure panics after its write");
-                        #[allow(unreachable_code)]
-                        Ok::<_, diesel_claim::Error>(())
-                    }
-                    .scope_boxed()
+                .claim_each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                    send_email(conn, &order, 0).await?;
+                    panic!("the closure panics after its write");
+                    #[allow(unreachable_code)]
+                    Ok::<_, diesel_claim::Error>(())
                 })
                 .await;
         })
@@ -388,12 +370,9 @@ on_async_backends! {
         let mut conn = pool.get().await.unwrap();
         assert_eq!(email_figures(&mut conn).await, (0, 0, 4));
         let report = pending()
-            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
-                async move {
-                    send_email(conn, &order, 0).await?;
-                    Ok::<_, diesel_claim::Error>(())
-                }
-                .scope_boxed()
+            .claim_each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                send_email(conn, &order, 0).await?;
+                Ok::<_, diesel_claim::Error>(())
             })
             .await
             .unwrap();
@@ -413,16 +392,13 @@ on_async_backends! {
                 .build_claim()
                 .batch(batch)
                 .keep_going()
-                .each_outcome(&mut *conn, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        match order.id {
-                            3 => Err(diesel_claim::Error::InvalidArgument("no address".to_owned())),
-                            7 => panic!("deliberate panic on row 7"),
-                            _ => Ok(()),
-                        }
+                .each_outcome(&mut *conn, async |conn: &mut Conn, order: Order| {
+                    send_email(conn, &order, 0).await?;
+                    match order.id {
+                        3 => Err(diesel_claim::Error::InvalidArgument("no address".to_owned())),
+                        7 => panic!("deliberate panic on row 7"),
+                        _ => Ok(()),
                     }
-                    .scope_boxed()
                 })
                 .await;
             assert!(outcome.stopped.is_none(), "batch {batch}: {:?}", outcome.stopped);
@@ -437,12 +413,9 @@ on_async_backends! {
 
             let outcome = pending()
                 .build_claim()
-                .each_outcome(&mut *conn, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        Err(diesel_claim::Error::InvalidArgument(format!("row {}", order.id)))
-                    }
-                    .scope_boxed()
+                .each_outcome(&mut *conn, async |conn: &mut Conn, order: Order| {
+                    send_email(conn, &order, 0).await?;
+                    Err(diesel_claim::Error::InvalidArgument(format!("row {}", order.id)))
                 })
                 .await;
             assert_eq!(outcome.report.processed, 0);
@@ -474,9 +447,8 @@ on_async_backends! {
                     false => worker.poll_interval(Duration::from_millis(2), Duration::from_millis(20)),
                 };
                 worker
-                    .run(&mut *conn, |conn: &mut Conn, order: Order| {
-                        async move { Ok::<_, diesel_claim::Error>(send_email(conn, &order, 0).await?) }
-                            .scope_boxed()
+                    .run(&mut *conn, async |conn: &mut Conn, order: Order| {
+                        Ok::<_, diesel_claim::Error>(send_email(conn, &order, 0).await?)
                     })
                     .await
             })
@@ -503,7 +475,7 @@ on_async_backends! {
                 .build_claim()
                 .worker(&stop)
                 .listen("orders")
-                .run(&mut *conn, |_: &mut Conn, _: Order| async { Ok::<_, diesel_claim::Error>(()) }.scope_boxed())
+                .run(&mut *conn, async |_: &mut Conn, _: Order| { Ok::<_, diesel_claim::Error>(()) })
                 .await;
             assert!(matches!(refused, Err(diesel_claim::Error::InvalidArgument(_))), "{refused:?}");
         }
@@ -517,8 +489,8 @@ on_async_backends! {
         let in_transaction = (*conn)
             .transaction(async |conn: &mut Conn| {
                 pending()
-                    .claim_each(conn, |_: &mut Conn, _: Order| {
-                        async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+                    .claim_each(conn, async |_: &mut Conn, _: Order| {
+                        Ok::<_, diesel_claim::Error>(())
                     })
                     .await
             })
@@ -530,8 +502,8 @@ on_async_backends! {
         let no_batch = pending()
             .build_claim()
             .batch(0)
-            .each(&mut *conn, |_: &mut Conn, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .each(&mut *conn, async |_: &mut Conn, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         assert!(matches!(
@@ -540,8 +512,8 @@ on_async_backends! {
         ));
         let missing = accounts::table
             .find(42)
-            .with_lock(&mut *conn, |_: &mut Conn, _: Account| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .with_lock(&mut *conn, async |_: &mut Conn, _: Account| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         assert!(matches!(missing, Err(diesel_claim::Error::NotFound)));
@@ -585,12 +557,9 @@ on_async_backends! {
                     pending()
                         .build_claim()
                         .batch(10)
-                        .each(&mut *conn, |conn: &mut Conn, order: Order| {
-                            async move {
-                                send_email(conn, &order, task).await?;
-                                Ok::<_, diesel_claim::Error>(())
-                            }
-                            .scope_boxed()
+                        .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                            send_email(conn, &order, task).await?;
+                            Ok::<_, diesel_claim::Error>(())
                         })
                         .await
                         .unwrap()
@@ -639,8 +608,8 @@ on_async_backends! {
         );
         // The crate's own calls say what to do about it.
         let refused = pending()
-            .claim_each(&mut own, |_: &mut Conn, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .claim_each(&mut own, async |_: &mut Conn, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         match refused {
@@ -653,8 +622,8 @@ on_async_backends! {
         let locked = pending()
             .build_lock()
             .nowait()
-            .run(&mut *conn, |_: &mut Conn, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .run(&mut *conn, async |_: &mut Conn, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         assert!(
@@ -751,8 +720,8 @@ on_async_backends! {
         async fn bound_in_lock(conn: &mut Conn, show: &'static str) -> Result<String, diesel_claim::Error> {
             accounts::table
                 .find(1)
-                .with_lock(conn, move |conn: &mut Conn, _: Account| {
-                    async move { Ok(diesel::sql_query(show).get_result::<Bound>(conn).await?.bound) }.scope_boxed()
+                .with_lock(conn, async move |conn: &mut Conn, _: Account| {
+                    Ok(diesel::sql_query(show).get_result::<Bound>(conn).await?.bound)
                 })
                 .await
         }
@@ -776,13 +745,10 @@ on_async_backends! {
     async fn stall_mid_claim(conn: &mut Conn) {
         let stalled = tokio::time::timeout(Duration::from_millis(300), async {
             pending()
-                .claim_each(conn, |conn: &mut Conn, order: Order| {
-                    async move {
-                        send_email(conn, &order, 0).await?;
-                        std::future::pending::<()>().await;
-                        Ok::<_, diesel_claim::Error>(())
-                    }
-                    .scope_boxed()
+                .claim_each(conn, async |conn: &mut Conn, order: Order| {
+                    send_email(conn, &order, 0).await?;
+                    std::future::pending::<()>().await;
+                    Ok::<_, diesel_claim::Error>(())
                 })
                 .await
         })
@@ -801,8 +767,8 @@ on_async_backends! {
             let lock = pending()
                 .build_lock()
                 .nowait()
-                .run(&mut *conn, |_: &mut Conn, order: Order| {
-                    async move { Ok::<_, diesel_claim::Error>(order) }.scope_boxed()
+                .run(&mut *conn, async |_: &mut Conn, order: Order| {
+                    Ok::<_, diesel_claim::Error>(order)
                 })
                 .await;
             match lock {
@@ -842,16 +808,13 @@ on_async_backends! {
                         let moved = accounts::table
                             .filter(accounts::id.eq_any([from, to]))
                             .order(accounts::id)
-                            .with_locks(&mut *conn, |conn: &mut Conn, rows: Vec<Account>| {
-                                async move {
-                                    let source = rows.iter().find(|a| a.id == from).unwrap();
-                                    if source.balance < amount {
-                                        return Ok(false);
-                                    }
-                                    move_money(conn, from, to, amount).await?;
-                                    Ok::<_, diesel_claim::Error>(true)
+                            .with_locks(&mut *conn, async |conn: &mut Conn, rows: Vec<Account>| {
+                                let source = rows.iter().find(|a| a.id == from).unwrap();
+                                if source.balance < amount {
+                                    return Ok(false);
                                 }
-                                .scope_boxed()
+                                move_money(conn, from, to, amount).await?;
+                                Ok::<_, diesel_claim::Error>(true)
                             })
                             .await
                             .unwrap();
@@ -889,25 +852,22 @@ on_async_backends! {
                         retry(
                             &mut *conn,
                             RetryPolicy::attempts(1000),
-                            |conn: &mut Conn| {
-                                async move {
-                                    attempts.fetch_add(1, Ordering::Relaxed);
-                                    let account: Account = accounts::table
-                                        .find(1)
-                                        .select(Account::as_select())
-                                        .get_result(conn)
-                                        .await?;
-                                    accounts::table
-                                        .find(1)
-                                        .update_versioned(
-                                            accounts::version,
-                                            account.version,
-                                            accounts::balance.eq(account.balance + 1),
-                                        )
-                                        .execute(conn)
-                                        .await
-                                }
-                                .scope_boxed()
+                            async |conn: &mut Conn| {
+                                attempts.fetch_add(1, Ordering::Relaxed);
+                                let account: Account = accounts::table
+                                    .find(1)
+                                    .select(Account::as_select())
+                                    .get_result(conn)
+                                    .await?;
+                                accounts::table
+                                    .find(1)
+                                    .update_versioned(
+                                        accounts::version,
+                                        account.version,
+                                        accounts::balance.eq(account.balance + 1),
+                                    )
+                                    .execute(conn)
+                                    .await
                             },
                         )
                         .await
@@ -950,27 +910,21 @@ on_async_backends! {
                     let mut conn = pool.get_owned().await.unwrap();
                     let (both_hold_one, deadlocks) = (&*both_hold_one, &*deadlocks);
                     let first_attempt = &std::sync::atomic::AtomicBool::new(true);
-                    retry(&mut *conn, RetryPolicy::attempts(20), |conn: &mut Conn| {
-                        async move {
-                            let moved = accounts::table
-                                .find(first)
-                                .with_lock(conn, |conn: &mut Conn, _: Account| {
-                                    async move {
-                                        if first_attempt.swap(false, Ordering::SeqCst) {
-                                            both_hold_one.wait().await;
-                                        }
-                                        move_money(conn, first, second, 10).await?;
-                                        Ok::<_, diesel_claim::Error>(())
-                                    }
-                                    .scope_boxed()
-                                })
-                                .await;
-                            if matches!(moved, Err(diesel_claim::Error::Deadlock(_))) {
-                                deadlocks.fetch_add(1, Ordering::SeqCst);
-                            }
-                            moved
+                    retry(&mut *conn, RetryPolicy::attempts(20), async |conn: &mut Conn| {
+                        let moved = accounts::table
+                            .find(first)
+                            .with_lock(conn, async |conn: &mut Conn, _: Account| {
+                                if first_attempt.swap(false, Ordering::SeqCst) {
+                                    both_hold_one.wait().await;
+                                }
+                                move_money(conn, first, second, 10).await?;
+                                Ok::<_, diesel_claim::Error>(())
+                            })
+                            .await;
+                        if matches!(moved, Err(diesel_claim::Error::Deadlock(_))) {
+                            deadlocks.fetch_add(1, Ordering::SeqCst);
                         }
-                        .scope_boxed()
+                        moved
                     })
                     .await
                 })
@@ -1075,16 +1029,13 @@ on_async_backends! {
                 tokio::spawn(async move {
                     let mut conn = pool.get_owned().await.unwrap();
                     stale
-                        .with_lock(&mut *conn, |conn: &mut Conn, fresh: Account| {
-                            async move {
-                                tokio::time::sleep(Duration::from_millis(2)).await;
-                                diesel::update(accounts::table.find(fresh.id))
-                                    .set(accounts::balance.eq(fresh.balance + 10))
-                                    .execute(conn)
-                                    .await?;
-                                Ok::<_, diesel_claim::Error>(())
-                            }
-                            .scope_boxed()
+                        .with_lock(&mut *conn, async |conn: &mut Conn, fresh: Account| {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            diesel::update(accounts::table.find(fresh.id))
+                                .set(accounts::balance.eq(fresh.balance + 10))
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, diesel_claim::Error>(())
                         })
                         .await
                         .unwrap();
@@ -1150,12 +1101,9 @@ on_async_backends! {
                     pending
                         .build_claim()
                         .batch(10)
-                        .each(&mut *conn, |conn: &mut Conn, order: Order| {
-                            async move {
-                                send_email(conn, &order, task).await?;
-                                Ok::<_, diesel_claim::Error>(())
-                            }
-                            .scope_boxed()
+                        .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                            send_email(conn, &order, task).await?;
+                            Ok::<_, diesel_claim::Error>(())
                         })
                         .await
                         .unwrap()
@@ -1188,18 +1136,15 @@ on_async_backends! {
                         .filter(order_lines::packed.eq(false))
                         .build_claim()
                         .batch(5)
-                        .each(&mut *conn, |conn: &mut Conn, line: OrderLine| {
-                            async move {
-                                diesel::update(&line)
-                                    .set((
-                                        order_lines::packed.eq(true),
-                                        order_lines::times_packed.eq(order_lines::times_packed + 1),
-                                    ))
-                                    .execute(conn)
-                                    .await?;
-                                Ok::<_, diesel_claim::Error>(())
-                            }
-                            .scope_boxed()
+                        .each(&mut *conn, async |conn: &mut Conn, line: OrderLine| {
+                            diesel::update(&line)
+                                .set((
+                                    order_lines::packed.eq(true),
+                                    order_lines::times_packed.eq(order_lines::times_packed + 1),
+                                ))
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, diesel_claim::Error>(())
                         })
                         .await
                         .unwrap()
@@ -1240,9 +1185,9 @@ on_async_backends! {
             .build_claim()
             .batch(3)
             .page_size(8)
-            .each(&mut *conn, |conn: &mut Conn, job: Job| {
+            .each(&mut *conn, async |conn: &mut Conn, job: Job| {
                 seen.lock().unwrap().push(job.id);
-                async move { finish(conn, &job).await }.scope_boxed()
+                finish(conn, &job).await
             })
             .await
             .unwrap();
@@ -1256,8 +1201,8 @@ on_async_backends! {
                     queue()
                         .build_claim()
                         .batch(4)
-                        .each(&mut *conn, |conn: &mut Conn, job: Job| {
-                            async move { finish(conn, &job).await }.scope_boxed()
+                        .each(&mut *conn, async |conn: &mut Conn, job: Job| {
+                            finish(conn, &job).await
                         })
                         .await
                         .unwrap()
@@ -1287,19 +1232,16 @@ on_async_backends! {
             .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 2 FOR UPDATE")
             .unwrap();
         let report = pending()
-            .claim_each(&mut *conn, |conn: &mut Conn, order: Order| {
-                async move {
-                    if order.id == 1 {
-                        // Order 3 is emailed by "someone else", in this transaction.
-                        diesel::update(orders::table.find(3))
-                            .set(orders::email_sent.eq(true))
-                            .execute(conn)
-                            .await?;
-                    }
-                    send_email(conn, &order, 0).await?;
-                    Ok::<_, diesel_claim::Error>(())
+            .claim_each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                if order.id == 1 {
+                    // Order 3 is emailed by "someone else", in this transaction.
+                    diesel::update(orders::table.find(3))
+                        .set(orders::email_sent.eq(true))
+                        .execute(conn)
+                        .await?;
                 }
-                .scope_boxed()
+                send_email(conn, &order, 0).await?;
+                Ok::<_, diesel_claim::Error>(())
             })
             .await
             .unwrap();
@@ -1312,8 +1254,8 @@ on_async_backends! {
 
         let boxed = diesel_claim::rebuild(|| pending().order(orders::id.desc()).into_boxed());
         let refused = boxed
-            .claim_each(&mut *conn, |_, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .claim_each(&mut *conn, async |_, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         assert!(
@@ -1330,8 +1272,8 @@ on_async_backends! {
         insert_pending(&mut conn, 5).await;
         let limited = pending()
             .limit(2)
-            .claim_each(&mut *conn, |_, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .claim_each(&mut *conn, async |_, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         assert!(
@@ -1340,8 +1282,8 @@ on_async_backends! {
         );
         let distinct = pending()
             .distinct()
-            .claim_each(&mut *conn, |_, _: Order| {
-                async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            .claim_each(&mut *conn, async |_, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
             })
             .await;
         assert!(matches!(distinct, Err(diesel_claim::Error::InvalidArgument(_))), "{distinct:?}");
@@ -1390,25 +1332,22 @@ on_async_backends! {
             .await
             .unwrap();
         let attempts = AtomicUsize::new(0);
-        let version = retry(&mut *conn, RetryPolicy::attempts(3), |conn| {
+        let version = retry(&mut *conn, RetryPolicy::attempts(3), async |conn| {
             let attempt = attempts.fetch_add(1, Ordering::SeqCst) as i32;
-            async move {
-                let version = accounts::table
-                    .find(1)
-                    .update_versioned(accounts::version, attempt, accounts::balance.eq(11))
-                    .execute(conn)
-                    .await?;
-                Ok::<_, anyhow::Error>(version)
-            }
-            .scope_boxed()
+            let version = accounts::table
+                .find(1)
+                .update_versioned(accounts::version, attempt, accounts::balance.eq(11))
+                .execute(conn)
+                .await?;
+            Ok::<_, anyhow::Error>(version)
         })
         .await
         .unwrap();
         assert_eq!((AtomicUsize::load(&attempts, Ordering::SeqCst), version), (2, 2));
 
-        let refused = retry(&mut *conn, RetryPolicy::attempts(0), |_| {
+        let refused = retry(&mut *conn, RetryPolicy::attempts(0), async |_| {
             attempts.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, diesel_claim::Error>(()) }.scope_boxed()
+            Ok::<_, diesel_claim::Error>(())
         })
         .await;
         assert!(matches!(refused, Err(diesel_claim::Error::InvalidArgument(_))), "{refused:?}");
@@ -1467,38 +1406,32 @@ on_async_backends! {
         let ttl = Duration::from_millis(600);
         let started = std::time::Instant::now();
         let other_ref = &other;
-        let kept = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, |_: &mut Conn, lease| {
-            async move {
-                let mut taken_by_others = 0;
-                while started.elapsed() < 4 * ttl {
-                    tokio::time::sleep(ttl / 6).await;
-                    lease.ensure_held()?;
-                    let mut other = other_ref.lock().await;
-                    taken_by_others += u32::from(Lease::acquire(&mut **other, "report", ttl).await?.is_some());
-                }
-                Ok::<_, diesel_claim::Error>(taken_by_others)
+        let kept = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, async |_: &mut Conn, lease| {
+            let mut taken_by_others = 0;
+            while started.elapsed() < 4 * ttl {
+                tokio::time::sleep(ttl / 6).await;
+                lease.ensure_held()?;
+                let mut other = other_ref.lock().await;
+                taken_by_others += u32::from(Lease::acquire(&mut **other, "report", ttl).await?.is_some());
             }
-            .scope_boxed()
+            Ok::<_, diesel_claim::Error>(taken_by_others)
         })
         .await;
         assert_eq!(kept.unwrap(), Some(0));
 
-        let lost = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, |_: &mut Conn, lease| {
-            async move {
-                let mut other = other_ref.lock().await;
-                diesel::update(leases::table.find("report"))
-                    .set(leases::token.eq(leases::token + 1))
-                    .execute(&mut **other)
-                    .await?;
-                let taken = std::time::Instant::now();
-                while !lease.is_lost() {
-                    assert!(taken.elapsed() < 4 * ttl, "the closure was never told");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                lease.ensure_held()?;
-                Ok::<_, diesel_claim::Error>(())
+        let lost = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, async |_: &mut Conn, lease| {
+            let mut other = other_ref.lock().await;
+            diesel::update(leases::table.find("report"))
+                .set(leases::token.eq(leases::token + 1))
+                .execute(&mut **other)
+                .await?;
+            let taken = std::time::Instant::now();
+            while !lease.is_lost() {
+                assert!(taken.elapsed() < 4 * ttl, "the closure was never told");
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            .scope_boxed()
+            lease.ensure_held()?;
+            Ok::<_, diesel_claim::Error>(())
         })
         .await;
         assert!(matches!(lost, Err(diesel_claim::Error::NotLeaseOwner { token: 2, .. })), "{lost:?}");
@@ -1525,17 +1458,14 @@ on_async_backends! {
                     let (inside, overlaps, entered) = (&*inside, &*overlaps, &*entered);
                     while tokio::time::Instant::now() < deadline {
                         let ttl = Duration::from_secs(10);
-                        with_lease(&mut *conn, "report", ttl, |_: &mut Conn, _: &Lease| {
-                            async move {
-                                if inside.fetch_add(1, Ordering::SeqCst) > 0 {
-                                    overlaps.fetch_add(1, Ordering::SeqCst);
-                                }
-                                entered.fetch_add(1, Ordering::SeqCst);
-                                tokio::time::sleep(Duration::from_millis(1)).await;
-                                inside.fetch_sub(1, Ordering::SeqCst);
-                                Ok::<_, diesel_claim::Error>(())
+                        with_lease(&mut *conn, "report", ttl, async |_: &mut Conn, _: &Lease| {
+                            if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
                             }
-                            .scope_boxed()
+                            entered.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<_, diesel_claim::Error>(())
                         })
                         .await
                         .unwrap();
@@ -1587,6 +1517,8 @@ on_async_backends! {
     }
 }
 
+// Each form of closure the API takes, on the backends above.
+mod closures;
 // Visibility-timeout claims, on the backends above.
 mod timed;
 

@@ -300,7 +300,6 @@ on_partitioned_backends! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_async_lock_on_a_row_moved_away_is_not_found() {
         use diesel_async::AsyncConnection;
-        use scoped_futures::ScopedFutureExt;
 
         let (db, pool) = queue(Partitioning::ByState, 1, 1);
         let committer = move_away_soon(&pool, 1);
@@ -308,7 +307,7 @@ on_partitioned_backends! {
         let moved = diesel_claim::aio::LockDsl::with_lock(
             pending().filter(tasks::id.eq(1)),
             &mut conn,
-            |_: &mut AsyncConn, task: Task| async move { Ok::<_, Error>(task.id) }.scope_boxed(),
+            async |_: &mut AsyncConn, task: Task| { Ok::<_, Error>(task.id) },
         )
         .await;
         committer.join().unwrap();
@@ -321,7 +320,6 @@ on_partitioned_backends! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn async_claims_pass_over_rows_moved_away() {
         use diesel_async::pooled_connection::{bb8, AsyncDieselConnectionManager};
-        use scoped_futures::ScopedFutureExt;
 
         let (db, _blocking) = queue(Partitioning::ByState, ROWS, 1);
         let manager = AsyncDieselConnectionManager::<AsyncConn>::new(db.url.clone());
@@ -339,23 +337,20 @@ on_partitioned_backends! {
                     let claim = diesel_claim::aio::ClaimDsl::build_claim(pending()).drain();
                     let claim = if worker % 2 == 0 { claim } else { claim.batch(10) };
                     claim
-                        .each(&mut *conn, |conn: &mut AsyncConn, task: Task| {
-                            async move {
-                                diesel_async::RunQueryDsl::execute(
-                                    diesel::insert_into(task_log::table)
-                                        .values(task_log::task_id.eq(task.id)),
-                                    conn,
-                                )
-                                .await?;
-                                diesel_async::RunQueryDsl::execute(
-                                    diesel::update(tasks::table.filter(tasks::id.eq(task.id)))
-                                        .set(tasks::done.eq(true)),
-                                    conn,
-                                )
-                                .await?;
-                                Ok::<_, Error>(())
-                            }
-                            .scope_boxed()
+                        .each(&mut *conn, async |conn: &mut AsyncConn, task: Task| {
+                            diesel_async::RunQueryDsl::execute(
+                                diesel::insert_into(task_log::table)
+                                    .values(task_log::task_id.eq(task.id)),
+                                conn,
+                            )
+                            .await?;
+                            diesel_async::RunQueryDsl::execute(
+                                diesel::update(tasks::table.filter(tasks::id.eq(task.id)))
+                                    .set(tasks::done.eq(true)),
+                                conn,
+                            )
+                            .await?;
+                            Ok::<_, Error>(())
                         })
                         .await
                 })

@@ -420,7 +420,6 @@ macro_rules! on_async_backends {
             use diesel_async::{AsyncConnection, RunQueryDsl};
             use diesel_claim::aio::prelude::*;
             use diesel_claim::Error;
-            use scoped_futures::ScopedFutureExt;
             use testkit::fixtures::{orders, Order};
             use tracing_subscriber::layer::SubscriberExt;
             use tracing_subscriber::Registry;
@@ -447,15 +446,12 @@ macro_rules! on_async_backends {
                 let report = pending()
                     .build_claim()
                     .batch(2)
-                    .each(&mut conn, |conn, order: Order| {
-                        async move {
-                            diesel::update(orders::table.find(order.id))
-                                .set(orders::email_sent.eq(true))
-                                .execute(conn)
-                                .await?;
-                            Ok::<_, Error>(())
-                        }
-                        .scope_boxed()
+                    .each(&mut conn, async |conn, order: Order| {
+                        diesel::update(orders::table.find(order.id))
+                            .set(orders::email_sent.eq(true))
+                            .execute(conn)
+                            .await?;
+                        Ok::<_, Error>(())
                     })
                     .await
                     .unwrap();
@@ -520,8 +516,8 @@ macro_rules! on_async_backends {
                     .select(Invoice::as_select())
                     .build_claim()
                     .visibility_timeout(invoices::claimed_until, std::time::Duration::from_secs(60))
-                    .each(&mut conn, |conn, invoice: diesel_claim::Claimed<Invoice, _, diesel_claim::aio::Async>| {
-                        invoice.finish(conn, invoices::sent.eq(true)).scope_boxed()
+                    .each(&mut conn, async |conn, invoice: diesel_claim::Claimed<Invoice, _, diesel_claim::aio::Async>| {
+                        invoice.finish(conn, invoices::sent.eq(true)).await
                     })
                     .await
                     .unwrap();

@@ -30,10 +30,9 @@
 //! connection, before the tokio runtime starts; the stories use the async pool
 //! only.
 //!
-//! The closures given to the crate return a boxed future that borrows the
-//! connection, `|conn, row| async move { … }.scope_boxed()` (`ScopedFutureExt`
-//! is in `diesel_claim::aio::prelude`): such futures are provably `Send`, so the
-//! tasks that await them can be spawned.
+//! The closures given to the crate are `async` closures, `async |conn, row| { … }`,
+//! as diesel-async's `transaction` takes: their futures are `Send`, so the tasks
+//! that await them can be spawned.
 //!
 //! As in `shop`, the stories in `stories/` are written against a concrete
 //! connection type and compiled once per backend (`postgres.rs` and `mysql.rs`

@@ -11,9 +11,10 @@ use diesel::query_builder::Query;
 use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use futures_util::future::{BoxFuture, FutureExt};
-use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
+use scoped_futures::ScopedFutureExt;
 
 use super::backend::AsyncBackend;
+use super::closure::AsyncFnMut2;
 use super::transaction::{locking_transaction, transaction_depth};
 use super::Async;
 use crate::claim::engine::{Claim, Step, Taking};
@@ -32,11 +33,8 @@ pub trait ClaimDsl: Sized {
     /// claims from it, as [`crate::ClaimDsl::claim_each`] does, awaiting the
     /// future `f` returns for each row inside the row's transaction.
     ///
-    /// `f` borrows the connection for the future it returns, the way
-    /// diesel-async's `transaction` takes its closure:
-    /// `|conn, row| async move { … }.scope_boxed()`
-    /// ([`ScopedFutureExt`](scoped_futures::ScopedFutureExt), in the
-    /// [prelude](super::prelude)).
+    /// `f` is an `async` closure, `async |conn, row| { … }`, as diesel-async's
+    /// `transaction` takes: see [Closures](super#closures).
     fn claim_each<'a, C, R, E, F>(
         self,
         conn: &'a mut C,
@@ -47,7 +45,10 @@ pub trait ClaimDsl: Sized {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.build_claim().each(conn, f)
@@ -77,7 +78,10 @@ impl<Q> ClaimBuilder<Q, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachRow(f)).map(ClaimOutcome::into_result)
@@ -96,7 +100,10 @@ impl<Q> ClaimBuilder<Q, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachBatch(f)).map(ClaimOutcome::into_result)
@@ -114,7 +121,10 @@ impl<Q> ClaimBuilder<Q, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachRow(f))
@@ -132,7 +142,10 @@ impl<Q> ClaimBuilder<Q, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachBatch(f))
@@ -196,12 +209,14 @@ pub(super) struct EachRow<F>(pub(super) F);
 /// Calls the closure once with the whole batch.
 pub(super) struct EachBatch<F>(pub(super) F);
 
-impl<'a, C, R, E, F> Handler<C, R, E> for EachRow<F>
+impl<C, R, E, F> Handler<C, R, E> for EachRow<F>
 where
     C: Send,
-    R: Send + 'a,
+    R: Send,
     E: Send,
-    F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send,
+    for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+        + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+        + Send,
 {
     fn handle<'c>(&'c mut self, conn: &'c mut C, rows: Vec<R>) -> BoxFuture<'c, Result<(), E>>
     where
@@ -216,12 +231,14 @@ where
     }
 }
 
-impl<'a, C, R, E, F> Handler<C, R, E> for EachBatch<F>
+impl<C, R, E, F> Handler<C, R, E> for EachBatch<F>
 where
     C: Send,
-    R: Send + 'a,
+    R: Send,
     E: Send,
-    F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send,
+    for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+        + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+        + Send,
 {
     fn handle<'c>(&'c mut self, conn: &'c mut C, rows: Vec<R>) -> BoxFuture<'c, Result<(), E>>
     where

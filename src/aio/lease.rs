@@ -6,12 +6,12 @@ use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use diesel_async::AsyncConnection;
-use futures_util::future::{self, Either};
+use futures_util::future::{self, BoxFuture, Either};
 use futures_util::FutureExt;
-use scoped_futures::ScopedBoxFuture;
 use tokio::sync::Notify;
 
 use super::backend::AsyncBackend;
+use super::closure::AsyncFnOnce2;
 use super::transaction::transaction_depth;
 use crate::lease::{lease_outcome, lease_span, Patience};
 use crate::trace::{self, Instrument};
@@ -107,7 +107,7 @@ impl Lease {
 /// Awaits `f` while holding the lease on `name`, or returns `Ok(None)` at once if
 /// someone else holds it: see [`crate::with_lease`]. The lease is released when
 /// `f` returns or panics; if the future is dropped, the lease is left to expire
-/// at its TTL. `f` is `|conn, lease| async move { … }.scope_boxed()`.
+/// at its TTL. `f` is an `async` closure, `async |conn, lease| { … }`.
 pub fn with_lease<'a, C, T, E, F>(
     conn: &'a mut C,
     name: &'a str,
@@ -118,7 +118,10 @@ where
     C: AsyncConnection,
     C::Backend: AsyncBackend,
     T: Send + 'a,
-    F: for<'c> FnOnce(&'c mut C, &'c Lease) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+    for<'c> F: AsyncFnOnce(&'c mut C, &'c Lease) -> Result<T, E>
+        + AsyncFnOnce2<&'c mut C, &'c Lease, Result<T, E>, Fut: Send>
+        + Send
+        + 'a,
     E: From<Error> + Send + 'a,
 {
     let span = lease_span!(name, ttl);
@@ -129,7 +132,10 @@ where
             return Ok(None);
         };
         span.record("token", lease.token());
-        let outcome = AssertUnwindSafe(f(&mut *conn, &lease)).catch_unwind().await;
+        // Boxed where its `Send` is known: the future borrows the lease too,
+        // and the compiler cannot carry that bound through the `async` block.
+        let work: BoxFuture<'_, _> = Box::pin(f(&mut *conn, &lease));
+        let outcome = AssertUnwindSafe(work).catch_unwind().await;
         let released = lease.release(conn).await;
         lease_outcome(outcome, released, &span)
     }
@@ -157,7 +163,7 @@ where
 /// [`crate::with_lease_kept_alive`]. The renewing runs beside `f` in the same
 /// task, and stops between two renewals when `f` returns or panics; if the
 /// future is dropped, both stop and the lease is left to expire at its TTL.
-/// `f` is `|conn, lease| async move { … }.scope_boxed()`.
+/// `f` is an `async` closure, `async |conn, lease| { … }`.
 pub fn with_lease_kept_alive<'a, C, R, T, E, F>(
     conn: &'a mut C,
     renewer: &'a mut R,
@@ -171,7 +177,8 @@ where
     R: AsyncConnection,
     R::Backend: AsyncBackend,
     T: Send + 'a,
-    F: for<'c> FnOnce(&'c mut C, &'c KeptLease) -> ScopedBoxFuture<'a, 'c, Result<T, E>>
+    for<'c> F: AsyncFnOnce(&'c mut C, &'c KeptLease) -> Result<T, E>
+        + AsyncFnOnce2<&'c mut C, &'c KeptLease, Result<T, E>, Fut: Send>
         + Send
         + 'a,
     E: From<Error> + Send + 'a,
@@ -187,7 +194,8 @@ where
         let kept = KeptLease::new(lease.0);
         let stop = Notify::new();
         let work = async {
-            let outcome = AssertUnwindSafe(f(&mut *conn, &kept)).catch_unwind().await;
+            let work: BoxFuture<'_, _> = Box::pin(f(&mut *conn, &kept));
+            let outcome = AssertUnwindSafe(work).catch_unwind().await;
             stop.notify_one();
             outcome
         };

@@ -8,9 +8,10 @@ use diesel::query_builder::{Query, QueryFragment};
 use diesel::{Identifiable, Selectable};
 use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
-use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
+use scoped_futures::ScopedFutureExt;
 
 use super::backend::AsyncBackend;
+use super::closure::AsyncFnOnce2;
 use super::transaction::locking_transaction;
 use super::Async;
 use crate::lock::{fresh_row, none_left_out, the_one_row, FreshRow};
@@ -30,8 +31,8 @@ use crate::{Error, LockBuilder};
 /// [`crate::LockDsl`].
 pub trait LockDsl: Sized {
     /// Locks the one row this query selects and awaits `f` with it, in a
-    /// transaction: see [`crate::LockDsl::with_lock`]. `f` is written
-    /// `|conn, row| async move { … }.scope_boxed()`.
+    /// transaction: see [`crate::LockDsl::with_lock`]. `f` is an `async`
+    /// closure, `async |conn, row| { … }`: see [Closures](super#closures).
     fn with_lock<'a, C, R, T, E, F>(
         self,
         conn: &'a mut C,
@@ -43,7 +44,10 @@ pub trait LockDsl: Sized {
         C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
-        F: for<'c> FnOnce(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        for<'c> F: AsyncFnOnce(&'c mut C, R) -> Result<T, E>
+            + AsyncFnOnce2<&'c mut C, R, Result<T, E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.build_lock().run(conn, f)
@@ -62,7 +66,10 @@ pub trait LockDsl: Sized {
         C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
-        F: for<'c> FnOnce(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        for<'c> F: AsyncFnOnce(&'c mut C, Vec<R>) -> Result<T, E>
+            + AsyncFnOnce2<&'c mut C, Vec<R>, Result<T, E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.build_lock().run_all(conn, f)
@@ -103,7 +110,10 @@ pub trait LockModelDsl: HasTable + Sized {
         FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>:
             LockQuery<'a, C, Self> + Send + Sync + 'a,
         T: Send + 'a,
-        F: for<'c> FnOnce(&'c mut C, Self) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        for<'c> F: AsyncFnOnce(&'c mut C, Self) -> Result<T, E>
+            + AsyncFnOnce2<&'c mut C, Self, Result<T, E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a;
 }
 
@@ -129,7 +139,10 @@ where
         FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>:
             LockQuery<'a, C, Self> + Send + Sync + 'a,
         T: Send + 'a,
-        F: for<'c> FnOnce(&'c mut C, Self) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        for<'c> F: AsyncFnOnce(&'c mut C, Self) -> Result<T, E>
+            + AsyncFnOnce2<&'c mut C, Self, Result<T, E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         LockBuilder::<_, Async>::new(fresh_row(self)).run(conn, f)
@@ -149,11 +162,14 @@ impl<Q> LockBuilder<Q, Async> {
         C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
-        F: for<'c> FnOnce(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        for<'c> F: AsyncFnOnce(&'c mut C, R) -> Result<T, E>
+            + AsyncFnOnce2<&'c mut C, R, Result<T, E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
-        self.run_all(conn, |conn, rows: Vec<R>| {
-            async move { f(conn, the_one_row(rows)?).await }.scope_boxed()
+        self.run_all(conn, async move |conn: &mut C, rows: Vec<R>| {
+            f(conn, the_one_row(rows)?).await
         })
     }
 
@@ -169,7 +185,10 @@ impl<Q> LockBuilder<Q, Async> {
         C::Backend: AsyncBackend,
         R: Send + 'a,
         T: Send + 'a,
-        F: for<'c> FnOnce(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+        for<'c> F: AsyncFnOnce(&'c mut C, Vec<R>) -> Result<T, E>
+            + AsyncFnOnce2<&'c mut C, Vec<R>, Result<T, E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         async move {

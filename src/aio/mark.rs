@@ -11,10 +11,10 @@ use diesel::query_builder::QueryFragment;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use futures_util::future::{BoxFuture, FutureExt};
-use scoped_futures::ScopedBoxFuture;
 
 use super::backend::AsyncBackend;
 use super::claim::{drive, lock_keys, ClaimQuery, EachBatch, EachRow, Handler, TakeRows};
+use super::closure::AsyncFnMut2;
 use super::transaction::transaction_depth;
 use super::Async;
 use crate::backend::strategy::Strategy;
@@ -40,7 +40,10 @@ impl<Q, V> MarkedClaim<Q, V, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachRow(f)).map(ClaimOutcome::into_result)
@@ -59,7 +62,10 @@ impl<Q, V> MarkedClaim<Q, V, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachBatch(f)).map(ClaimOutcome::into_result)
@@ -78,7 +84,10 @@ impl<Q, V> MarkedClaim<Q, V, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachRow(f))
@@ -98,7 +107,10 @@ impl<Q, V> MarkedClaim<Q, V, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, Vec<R>) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         self.run(conn, EachBatch(f))

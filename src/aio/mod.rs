@@ -4,12 +4,10 @@
 //! The same capabilities under the same names, as futures: bring
 //! [`aio::prelude`](prelude) into scope instead of the crate's prelude (as you
 //! would `diesel_async::RunQueryDsl` instead of Diesel's). Where the blocking API
-//! takes a closure, this one takes a closure that returns a boxed future
-//! borrowing the connection, as diesel-async's `transaction` long did:
-//! `|conn, row| async move { … }.scope_boxed()` (from
-//! [`scoped_futures`](https://docs.rs/scoped-futures), re-exported in the prelude). That keeps every future of
-//! this module `Send`, so claims run in `tokio::spawn`ed tasks and axum
-//! handlers. Options, SQL and outcomes are those of the blocking API: both drive
+//! takes a closure, this one takes an `async` closure, as diesel-async's
+//! `transaction` does: `async |conn, row| { … }` (see [Closures](#closures)).
+//! Every future of this module is `Send` when the closure's is, so claims run
+//! in `tokio::spawn`ed tasks and axum handlers. Options, SQL and outcomes are those of the blocking API: both drive
 //! the same code, so everything the crate documentation says holds here too,
 //! with one addition, the bound on idle transactions (see "Dropped futures").
 //!
@@ -44,15 +42,12 @@
 //!     let report = pending
 //!         .build_claim()
 //!         .batch(100)
-//!         .each(conn, |conn, order: Order| {
-//!             async move {
-//!                 diesel::update(&order)
-//!                     .set(orders::email_sent.eq(true))
-//!                     .execute(conn)
-//!                     .await?;
-//!                 Ok::<_, diesel_claim::Error>(())
-//!             }
-//!             .scope_boxed()
+//!         .each(conn, async |conn, order: Order| {
+//!             diesel::update(&order)
+//!                 .set(orders::email_sent.eq(true))
+//!                 .execute(conn)
+//!                 .await?;
+//!             Ok::<_, diesel_claim::Error>(())
 //!         })
 //!         .await?;
 //!     Ok(report.processed)
@@ -74,6 +69,31 @@
 //! deadpool pool. The crate's migrations are run with a blocking connection
 //! ([`run_migrations`](crate::run_migrations)); `named_lock` and `advisory` are
 //! blocking only.
+//!
+//! # Closures
+//!
+//! Each closure is an `async` closure (`AsyncFnMut` where it is called for
+//! every row or attempt, `AsyncFnOnce` for row locks and leases):
+//!
+//! - `async |conn, row: Order| { … }`, capturing what it uses by reference;
+//! - `async move |conn, row: Order| { … }`, capturing references, or, called
+//!   once (row locks, leases), owning what it captures;
+//! - an `async fn` passed by name: `.claim_each(conn, send_email)`;
+//! - a closure that returns a boxed future, `|conn, row| async move { … }.scope_boxed()`
+//!   (diesel-async's form before 0.9; [`ScopedFutureExt`](scoped_futures::ScopedFutureExt)
+//!   is in the prelude), passed through [`scoped`], or a function that returns
+//!   one, by name.
+//!
+//! **The limit**: a closure called more than once cannot return a future that
+//! borrows the closure's own state, as an `async move` closure that uses what it
+//! owns does (`async move |conn, row| { sender.send(row).await }`), or one that
+//! changes what it captured (`count += 1`). The type of such a future cannot be
+//! named on stable Rust, so nothing can require it to be `Send`, and the
+//! compiler says "async closure does not implement `FnMut` because it captures
+//! state from its environment". Capture a reference instead (`let sender =
+//! &sender;` before an `async move` closure, or a plain `async` closure), share
+//! state through a `Mutex` or an atomic, or change the state in a [`scoped`]
+//! closure before it returns its boxed future.
 //!
 //! # Dropped futures
 //!
@@ -122,6 +142,7 @@
 
 mod backend;
 mod claim;
+mod closure;
 mod lease;
 mod lock;
 mod mark;
@@ -134,6 +155,7 @@ mod worker;
 pub use backend::establish_read_committed;
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
+pub use closure::{scoped, AsyncFnMut1, AsyncFnMut2, AsyncFnOnce2};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use mark::MarkQuery;
@@ -158,7 +180,7 @@ pub enum Async {}
 
 /// The async extension traits, and the crate's other common names.
 pub mod prelude {
-    pub use super::{ClaimDsl, LockDsl, LockModelDsl, VersionedDsl};
+    pub use super::{scoped, ClaimDsl, LockDsl, LockModelDsl, VersionedDsl};
     pub use crate::{ClaimReport, Error, LockStrength, OnLocked, RetryPolicy};
     pub use scoped_futures::ScopedFutureExt;
 }

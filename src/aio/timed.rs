@@ -14,10 +14,11 @@ use diesel::sql_types::{BigInt, HasSqlType};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use futures_util::future::{BoxFuture, FutureExt};
-use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
+use scoped_futures::ScopedFutureExt;
 
 use super::backend::AsyncBackend;
 use super::claim::{call, lock_keys, next_batch, take_and_commit, ClaimQuery, TakeRows};
+use super::closure::AsyncFnMut2;
 use super::transaction::{locking_transaction, transaction_depth};
 use super::worker::{ClaimOnce, ClaimRows, WaitForRows};
 use super::Async;
@@ -76,12 +77,9 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
     ///     let report = unsent
     ///         .build_claim()
     ///         .visibility_timeout(invoices::claimed_until, Duration::from_secs(300))
-    ///         .each(conn, |conn, invoice: Claimed<Invoice, _, Async>| {
-    ///             async move {
-    ///                 mail(&invoice).await?; // no transaction, no lock
-    ///                 invoice.finish(conn, invoices::sent.eq(true)).await
-    ///             }
-    ///             .scope_boxed()
+    ///         .each(conn, async |conn, invoice: Claimed<Invoice, _, Async>| {
+    ///             mail(&invoice).await?; // no transaction, no lock
+    ///             invoice.finish(conn, invoices::sent.eq(true)).await
     ///         })
     ///         .await?;
     ///     Ok(report.processed)
@@ -99,10 +97,8 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(
-                &'c mut C,
-                Claimed<R, Col, Async>,
-            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        for<'c> F: AsyncFnMut(&'c mut C, Claimed<R, Col, Async>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Claimed<R, Col, Async>, Result<(), E>, Fut: Send>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -124,10 +120,8 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(
-                &'c mut C,
-                Vec<Claimed<R, Col, Async>>,
-            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<Claimed<R, Col, Async>>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<Claimed<R, Col, Async>>, Result<(), E>, Fut: Send>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -149,10 +143,8 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(
-                &'c mut C,
-                Claimed<R, Col, Async>,
-            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        for<'c> F: AsyncFnMut(&'c mut C, Claimed<R, Col, Async>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Claimed<R, Col, Async>, Result<(), E>, Fut: Send>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -174,10 +166,8 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
         C: AsyncConnection,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(
-                &'c mut C,
-                Vec<Claimed<R, Col, Async>>,
-            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<Claimed<R, Col, Async>>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<Claimed<R, Col, Async>>, Result<(), E>, Fut: Send>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -256,10 +246,8 @@ impl<Q, Col: Copy> TimedWorker<Q, Col, Async> {
         C: WaitForRows,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(
-                &'c mut C,
-                Claimed<R, Col, Async>,
-            ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+        for<'c> F: AsyncFnMut(&'c mut C, Claimed<R, Col, Async>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Claimed<R, Col, Async>, Result<(), E>, Fut: Send>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
@@ -316,14 +304,15 @@ struct EachClaim<F>(F);
 /// Awaits the closure once with the whole batch.
 struct EachClaimBatch<F>(F);
 
-impl<'a, C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachClaim<F>
+impl<C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachClaim<F>
 where
     C: Send,
-    R: Send + 'a,
-    Col: Send + 'a,
+    R: Send,
+    Col: Send,
     K: Send,
     E: From<Error> + Send,
-    F: for<'c> FnMut(&'c mut C, Claimed<R, Col, Async>) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+    for<'c> F: AsyncFnMut(&'c mut C, Claimed<R, Col, Async>) -> Result<(), E>
+        + AsyncFnMut2<&'c mut C, Claimed<R, Col, Async>, Result<(), E>, Fut: Send>
         + Send,
 {
     fn hand<'c>(
@@ -355,17 +344,15 @@ where
     }
 }
 
-impl<'a, C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachClaimBatch<F>
+impl<C, R, Col, K, E, F> HandClaims<C, R, Col, K, E> for EachClaimBatch<F>
 where
     C: Send,
-    R: Send + 'a,
-    Col: Send + 'a,
+    R: Send,
+    Col: Send,
     K: Send,
     E: From<Error> + Send,
-    F: for<'c> FnMut(
-            &'c mut C,
-            Vec<Claimed<R, Col, Async>>,
-        ) -> ScopedBoxFuture<'a, 'c, Result<(), E>>
+    for<'c> F: AsyncFnMut(&'c mut C, Vec<Claimed<R, Col, Async>>) -> Result<(), E>
+        + AsyncFnMut2<&'c mut C, Vec<Claimed<R, Col, Async>>, Result<(), E>, Fut: Send>
         + Send,
 {
     fn hand<'c>(

@@ -10,9 +10,10 @@ use diesel::query_dsl::methods::FilterDsl;
 use diesel::sql_types::SingleValue;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
-use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
+use scoped_futures::ScopedFutureExt;
 
 use super::backend::AsyncBackend;
+use super::closure::AsyncFnMut1;
 use super::transaction::locking_transaction;
 use super::Async;
 use crate::retry::Attempts;
@@ -182,7 +183,7 @@ where
 /// Awaits `operation` until it succeeds, fails with an error that is not
 /// [transient](Transient), or has been tried `policy.max_attempts` times: the
 /// async twin of [`crate::retry`], pausing with `tokio::time::sleep`. Each
-/// attempt is `|conn| async move { … }.scope_boxed()`.
+/// attempt is an `async` closure, `async |conn| { … }`.
 pub fn retry<'a, C, T, E, F>(
     conn: &'a mut C,
     policy: RetryPolicy,
@@ -191,7 +192,10 @@ pub fn retry<'a, C, T, E, F>(
 where
     C: Send,
     T: Send + 'a,
-    F: for<'c> FnMut(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send + 'a,
+    for<'c> F: AsyncFnMut(&'c mut C) -> Result<T, E>
+        + AsyncFnMut1<&'c mut C, Result<T, E>, Fut: Send>
+        + Send
+        + 'a,
     E: Transient + From<Error> + Send + 'a,
 {
     async move {

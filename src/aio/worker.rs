@@ -7,10 +7,10 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel_async::AsyncConnection;
-use scoped_futures::ScopedBoxFuture;
 
 use super::backend::AsyncBackend;
 use super::claim::{ClaimQuery, EachRow, Handler};
+use super::closure::AsyncFnMut2;
 use super::Async;
 use crate::claim::worker::Wait;
 use crate::trace::Instrument;
@@ -35,7 +35,10 @@ impl<Q> ClaimWorker<Q, Async> {
         C: WaitForRows,
         C::Backend: AsyncBackend,
         R: Send + 'a,
-        F: for<'c> FnMut(&'c mut C, R) -> ScopedBoxFuture<'a, 'c, Result<(), E>> + Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
         E: From<Error> + Send + 'a,
     {
         async move {

@@ -126,15 +126,12 @@ on_async_backends! {
                             .batch(batch)
                             .drain()
                             .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
-                            .each(&mut *conn, move |conn: &mut Conn, invoice: Claim| {
-                                async move {
-                                    diesel::insert_into(invoice_work::table)
-                                        .values((invoice_work::invoice_id.eq(invoice.id), invoice_work::worker.eq(worker)))
-                                        .execute(&mut *conn)
-                                        .await?;
-                                    send(conn, invoice).await
-                                }
-                                .scope_boxed()
+                            .each(&mut *conn, async |conn: &mut Conn, invoice: Claim| {
+                                diesel::insert_into(invoice_work::table)
+                                    .values((invoice_work::invoice_id.eq(invoice.id), invoice_work::worker.eq(worker)))
+                                    .execute(&mut *conn)
+                                    .await?;
+                                send(conn, invoice).await
                             })
                             .await
                             .unwrap()
@@ -167,19 +164,16 @@ on_async_backends! {
         let report = unsent()
             .build_claim()
             .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
-            .each(&mut *conn, |conn: &mut Conn, invoice: Claim| {
-                async move {
-                    let depth = <Conn as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn)
-                        .transaction_depth()?;
-                    assert_eq!(depth, None, "the closure runs in a transaction");
-                    diesel::update(invoices::table.find(invoice.id))
-                        .set(invoices::times_sent.eq(invoices::times_sent + 10))
-                        .execute(&mut **other.lock().await)
-                        .await
-                        .expect("the claimed row is locked");
-                    send(conn, invoice).await
-                }
-                .scope_boxed()
+            .each(&mut *conn, async |conn: &mut Conn, invoice: Claim| {
+                let depth = <Conn as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn)
+                    .transaction_depth()?;
+                assert_eq!(depth, None, "the closure runs in a transaction");
+                diesel::update(invoices::table.find(invoice.id))
+                    .set(invoices::times_sent.eq(invoices::times_sent + 10))
+                    .execute(&mut **other.lock().await)
+                    .await
+                    .expect("the claimed row is locked");
+                send(conn, invoice).await
             })
             .await
             .unwrap();
@@ -200,36 +194,33 @@ on_async_backends! {
         let claim = || unsent().build_claim().visibility_timeout(invoices::claimed_until, ttl);
         let late = &Mutex::new(None);
         claim()
-            .each(&mut *stalled, |conn: &mut Conn, mut invoice: Claim| {
-                async move {
-                    let first = invoice.stamp();
-                    let started = Instant::now();
-                    while started.elapsed() < 2 * ttl {
-                        tokio::time::sleep(ttl / 3).await;
-                        invoice.extend(conn).await?;
-                        let report = claim()
-                            .each(&mut **fresh.lock().await, |_: &mut Conn, _: Claim| {
-                                async { Ok::<_, Error>(()) }.scope_boxed()
-                            })
-                            .await?;
-                        assert_eq!(report.processed, 0, "an extended claim was taken");
-                    }
-                    assert!(invoice.stamp() > first, "extend did not move the stamp on");
-                    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-                    let stamp = invoice.stamp();
+            .each(&mut *stalled, async |conn: &mut Conn, mut invoice: Claim| {
+                let first = invoice.stamp();
+                let started = Instant::now();
+                while started.elapsed() < 2 * ttl {
+                    tokio::time::sleep(ttl / 3).await;
+                    invoice.extend(conn).await?;
                     let report = claim()
-                        .each(&mut **fresh.lock().await, move |conn: &mut Conn, taken: Claim| {
-                            assert!(taken.stamp() > stamp, "a new claim's stamp is later");
-                            send(conn, taken).scope_boxed()
+                        .each(&mut **fresh.lock().await, async |_: &mut Conn, _: Claim| {
+                            Ok::<_, Error>(())
                         })
                         .await?;
-                    assert_eq!(report.processed, 1, "the row was not taken over");
-                    let extended = invoice.extend(conn).await;
-                    assert!(matches!(extended, Err(Error::ClaimLost { .. })), "{extended:?}");
-                    *late.lock().await = Some(send(conn, invoice).await);
-                    Ok::<_, Error>(())
+                    assert_eq!(report.processed, 0, "an extended claim was taken");
                 }
-                .scope_boxed()
+                assert!(invoice.stamp() > first, "extend did not move the stamp on");
+                tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+                let stamp = invoice.stamp();
+                let report = claim()
+                    .each(&mut **fresh.lock().await, async |conn: &mut Conn, taken: Claim| {
+                        assert!(taken.stamp() > stamp, "a new claim's stamp is later");
+                        send(conn, taken).await
+                    })
+                    .await?;
+                assert_eq!(report.processed, 1, "the row was not taken over");
+                let extended = invoice.extend(conn).await;
+                assert!(matches!(extended, Err(Error::ClaimLost { .. })), "{extended:?}");
+                *late.lock().await = Some(send(conn, invoice).await);
+                Ok::<_, Error>(())
             })
             .await
             .unwrap();
@@ -252,20 +243,17 @@ on_async_backends! {
         let claim = || unsent().build_claim().drain().keep_going().visibility_timeout(invoices::claimed_until, ttl);
         // 1 fails, 2 panics, 3 is dropped, 4 is released, 5 is sent.
         let outcome = claim()
-            .each_outcome(&mut *conn, |conn: &mut Conn, invoice: Claim| {
-                async move {
-                    match invoice.id {
-                        1 => Err(Error::InvalidArgument("declined".into())),
-                        2 => panic!("a bug in the closure"),
-                        3 => {
-                            let _row: Invoice = invoice.into_row();
-                            Ok(())
-                        }
-                        4 => invoice.release(conn).await,
-                        _ => send(conn, invoice).await,
+            .each_outcome(&mut *conn, async |conn: &mut Conn, invoice: Claim| {
+                match invoice.id {
+                    1 => Err(Error::InvalidArgument("declined".into())),
+                    2 => panic!("a bug in the closure"),
+                    3 => {
+                        let _row: Invoice = invoice.into_row();
+                        Ok(())
                     }
+                    4 => invoice.release(conn).await,
+                    _ => send(conn, invoice).await,
                 }
-                .scope_boxed()
             })
             .await;
         assert!(outcome.stopped.is_none(), "{:?}", outcome.stopped);
@@ -276,25 +264,22 @@ on_async_backends! {
         // Only the released row is claimable now.
         let mut now = Vec::new();
         claim()
-            .each(&mut *conn, |_: &mut Conn, invoice: Claim| {
+            .each(&mut *conn, scoped(|_: &mut Conn, invoice: Claim| {
                 now.push(invoice.id);
                 async { Ok::<_, Error>(()) }.scope_boxed()
-            })
+            }))
             .await
             .unwrap();
         assert_eq!(now, [4]);
         tokio::time::sleep(ttl + Duration::from_millis(100)).await;
         let later = &Mutex::new(HashSet::new());
         let report = claim()
-            .each_batch(&mut *conn, |conn: &mut Conn, invoices: Vec<Claim>| {
-                async move {
-                    for invoice in invoices {
-                        assert!(later.lock().await.insert(invoice.id), "row {} handed over twice in one call", invoice.id);
-                        send(conn, invoice).await?;
-                    }
-                    Ok::<_, Error>(())
+            .each_batch(&mut *conn, async |conn: &mut Conn, invoices: Vec<Claim>| {
+                for invoice in invoices {
+                    assert!(later.lock().await.insert(invoice.id), "row {} handed over twice in one call", invoice.id);
+                    send(conn, invoice).await?;
                 }
-                .scope_boxed()
+                Ok::<_, Error>(())
             })
             .await
             .unwrap();
@@ -313,9 +298,9 @@ on_async_backends! {
             .build_claim()
             .max_rows(1)
             .visibility_timeout(invoices::claimed_until, ttl)
-            .each(&mut *conn, |_: &mut Conn, invoice: Claim| {
+            .each(&mut *conn, async |_: &mut Conn, invoice: Claim| {
                 let _abandoned: Invoice = invoice.into_row();
-                async { Ok::<_, Error>(()) }.scope_boxed()
+                Ok::<_, Error>(())
             })
             .await
             .unwrap();
@@ -330,7 +315,7 @@ on_async_backends! {
                     .visibility_timeout(invoices::claimed_until, ttl)
                     .worker(&stop)
                     .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
-                    .run(&mut *conn, |conn: &mut Conn, invoice: Claim| send(conn, invoice).scope_boxed())
+                    .run(&mut *conn, send)
                     .await
             })
         };
@@ -356,32 +341,29 @@ on_async_backends! {
         let refused = unsent()
             .build_claim()
             .visibility_timeout(invoices::claimed_until, Duration::from_micros(999))
-            .each(&mut *conn, |_: &mut Conn, _: Claim| async { Ok::<_, Error>(()) }.scope_boxed())
+            .each(&mut *conn, async |_: &mut Conn, _: Claim| { Ok::<_, Error>(()) })
             .await;
         assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("1 ms")), "{refused:?}");
         let refused = unsent()
             .build_claim()
             .nowait()
             .visibility_timeout(invoices::claimed_until, Duration::from_secs(1))
-            .each(&mut *conn, |_: &mut Conn, _: Claim| async { Ok::<_, Error>(()) }.scope_boxed())
+            .each(&mut *conn, async |_: &mut Conn, _: Claim| { Ok::<_, Error>(()) })
             .await;
         assert!(matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("visibility_timeout")), "{refused:?}");
         let outcomes = &Mutex::new(Vec::new());
         unsent()
             .build_claim()
             .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
-            .each(&mut *conn, |conn: &mut Conn, invoice: Claim| {
-                async move {
-                    if invoice.id == 1 {
-                        let null = diesel::dsl::sql::<diesel::sql_types::Nullable<ClaimStamp>>("NULL");
-                        outcomes.lock().await.push(invoice.finish(conn, invoices::claimed_until.eq(null)).await);
-                    } else {
-                        diesel::delete(invoices::table.find(invoice.id)).execute(&mut *conn).await?;
-                        outcomes.lock().await.push(send(conn, invoice).await);
-                    }
-                    Ok::<_, Error>(())
+            .each(&mut *conn, async |conn: &mut Conn, invoice: Claim| {
+                if invoice.id == 1 {
+                    let null = diesel::dsl::sql::<diesel::sql_types::Nullable<ClaimStamp>>("NULL");
+                    outcomes.lock().await.push(invoice.finish(conn, invoices::claimed_until.eq(null)).await);
+                } else {
+                    diesel::delete(invoices::table.find(invoice.id)).execute(&mut *conn).await?;
+                    outcomes.lock().await.push(send(conn, invoice).await);
                 }
-                .scope_boxed()
+                Ok::<_, Error>(())
             })
             .await
             .unwrap();

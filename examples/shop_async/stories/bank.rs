@@ -9,6 +9,7 @@
 //! they were opened with.
 
 use std::ops::AddAssign;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
@@ -81,12 +82,9 @@ async fn transfer_with_locks(
         // two in key order, so two transfers in opposite directions never hold
         // one each while waiting for the other: no deadlock.
         .order(accounts::id)
-        .with_locks(conn, |conn, locked| {
-            async move {
-                let (payer, payee) = payer_and_payee(locked, from)?;
-                pay(conn, &payer, &payee, amount).await
-            }
-            .scope_boxed()
+        .with_locks(conn, async |conn, locked| {
+            let (payer, payee) = payer_and_payee(locked, from)?;
+            pay(conn, &payer, &payee, amount).await
         })
         .await
 }
@@ -103,20 +101,14 @@ async fn transfer_with_lock(
     let (low, high) = (from.min(to), from.max(to));
     accounts::table
         .find(low)
-        .with_lock(conn, |conn, low: Account| {
-            async move {
-                accounts::table
-                    .find(high)
-                    .with_lock(conn, |conn, high: Account| {
-                        async move {
-                            let (payer, payee) = payer_and_payee(vec![low, high], from)?;
-                            pay(conn, &payer, &payee, amount).await
-                        }
-                        .scope_boxed()
-                    })
-                    .await
-            }
-            .scope_boxed()
+        .with_lock(conn, async |conn, low: Account| {
+            accounts::table
+                .find(high)
+                .with_lock(conn, async |conn, high: Account| {
+                    let (payer, payee) = payer_and_payee(vec![low, high], from)?;
+                    pay(conn, &payer, &payee, amount).await
+                })
+                .await
         })
         .await
 }
@@ -154,11 +146,16 @@ async fn transfer_versioned(
     amount: i64,
     attempts: &mut u64,
 ) -> Result<(), ShopError> {
-    diesel_claim::aio::retry(conn, RETRY_POLICY, |conn| {
-        *attempts += 1;
-        pay_if_unchanged(conn, from, to, amount).scope_boxed()
+    // Counted through a shared reference: an `async` closure that changed
+    // `attempts` itself could not promise its future `Send`.
+    let tries = AtomicU64::new(0);
+    let paid = diesel_claim::aio::retry(conn, RETRY_POLICY, async |conn| {
+        tries.fetch_add(1, Ordering::Relaxed);
+        pay_if_unchanged(conn, from, to, amount).await
     })
-    .await
+    .await;
+    *attempts += tries.into_inner();
+    paid
 }
 
 /// One attempt of `transfer_versioned`.

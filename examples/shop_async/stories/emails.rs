@@ -95,14 +95,13 @@ async fn send_pending_emails(
         .filter(orders::email_sent.eq(false))
         .select(Order::as_select());
 
-    // Each closure returns the future that handles one order: `.scope_boxed()`
-    // boxes it with the connection borrowed for just that long, and `Send`, so
-    // that the task running the claim can be spawned.
+    // An `async` closure per order, with the connection borrowed for just that
+    // long; its future is `Send`, so the task running the claim can be spawned.
     match claiming {
         Claiming::PerRow => {
             pending
-                .claim_each(conn, |conn, order| {
-                    send_email(conn, order, worker).scope_boxed()
+                .claim_each(conn, async |conn, order| {
+                    send_email(conn, order, worker).await
                 })
                 .await
         }
@@ -110,8 +109,8 @@ async fn send_pending_emails(
             pending
                 .build_claim()
                 .batch(BATCH)
-                .each(conn, |conn, order| {
-                    send_email(conn, order, worker).scope_boxed()
+                .each(conn, async |conn, order| {
+                    send_email(conn, order, worker).await
                 })
                 .await
         }

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use diesel_claim::aio::prelude::*;
 use diesel_claim::aio::with_lease;
 
 use super::{run_workers, Conn, Pool};
@@ -103,28 +102,25 @@ async fn run_report(
     worker: i32,
     section: &Section,
 ) -> Result<Option<()>, diesel_claim::Error> {
-    with_lease(conn, LEASE, TTL, |conn, lease| {
-        async move {
-            // Anyone already inside means two holders at once.
-            if section.inside.fetch_add(1, Ordering::SeqCst) > 0 {
-                section.overlaps.fetch_add(1, Ordering::SeqCst);
-            }
-            // The report's work. Awaiting lets the other tasks run meanwhile,
-            // and try to get in.
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            // The fencing token goes with the write: a reader can tell which
-            // holder wrote it, and a stale holder's write could be refused.
-            let written = diesel::insert_into(reports::table)
-                .values((reports::token.eq(lease.token()), reports::worker.eq(worker)))
-                .execute(conn)
-                .await;
-            // Left before the lease is released (when this future ends), so the
-            // next holder never finds this one inside.
-            section.inside.fetch_sub(1, Ordering::SeqCst);
-            written?;
-            Ok(())
+    with_lease(conn, LEASE, TTL, async |conn, lease| {
+        // Anyone already inside means two holders at once.
+        if section.inside.fetch_add(1, Ordering::SeqCst) > 0 {
+            section.overlaps.fetch_add(1, Ordering::SeqCst);
         }
-        .scope_boxed()
+        // The report's work. Awaiting lets the other tasks run meanwhile,
+        // and try to get in.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        // The fencing token goes with the write: a reader can tell which
+        // holder wrote it, and a stale holder's write could be refused.
+        let written = diesel::insert_into(reports::table)
+            .values((reports::token.eq(lease.token()), reports::worker.eq(worker)))
+            .execute(conn)
+            .await;
+        // Left before the lease is released (when this future ends), so the
+        // next holder never finds this one inside.
+        section.inside.fetch_sub(1, Ordering::SeqCst);
+        written?;
+        Ok(())
     })
     .await
 }
