@@ -610,7 +610,7 @@
 //! spans, entered only while their futures are polled.
 
 // What the guide's links name.
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 #[allow(unused_imports)]
 use crate::advisory;
 #[allow(unused_imports)]

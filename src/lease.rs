@@ -580,7 +580,7 @@ fn ttl_micros(ttl: Duration) -> Result<i64, Error> {
 /// # Ok(())
 /// # }
 /// ```
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 pub mod advisory {
     use diesel::connection::{Connection, LoadConnection};
     use diesel::pg::Pg;

@@ -14,7 +14,7 @@ mod lease;
 mod lock;
 mod locking;
 pub mod migrations;
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 pub mod named_lock;
 mod retry;
 mod reusable;
@@ -29,7 +29,7 @@ mod versioned;
 pub enum Blocking {}
 
 pub use backend::ClaimBackend;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 pub use claim::notify;
 pub use claim::{
     ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, Claimed, MarkQuery,
@@ -37,7 +37,7 @@ pub use claim::{
     WaitForRows,
 };
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 pub use lease::advisory;
 pub use lease::{with_lease, with_lease_kept_alive, KeptLease, Lease, MAX_NAME_LEN, MAX_TTL};
 pub use lock::{FreshRow, LockBuilder, LockDsl, LockModelDsl, LockQuery};

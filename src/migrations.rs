@@ -19,7 +19,7 @@ use crate::Error;
 
 /// The migrations for PostgreSQL, to run with your own
 /// [`MigrationHarness`](diesel_migrations::MigrationHarness).
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 pub const POSTGRES: diesel_migrations::EmbeddedMigrations =
     <diesel::pg::Pg as Strategy>::MIGRATIONS;
 
@@ -31,7 +31,7 @@ pub const SQLITE: diesel_migrations::EmbeddedMigrations =
 
 /// The migrations for MySQL and MariaDB, to run with your own
 /// [`MigrationHarness`](diesel_migrations::MigrationHarness).
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 pub const MYSQL: diesel_migrations::EmbeddedMigrations =
     <diesel::mysql::Mysql as Strategy>::MIGRATIONS;
 

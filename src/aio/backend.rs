@@ -3,7 +3,9 @@
 
 use std::future::Future;
 
-use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_async::AsyncConnection;
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+use diesel_async::RunQueryDsl;
 
 use crate::backend::LeaseStatement;
 
@@ -11,7 +13,8 @@ use crate::backend::LeaseStatement;
 /// `BEGIN IMMEDIATE`, which diesel-async's transactions do not send.) Sealed.
 #[diagnostic::on_unimplemented(
     message = "diesel-claim's async API does not support the backend `{Self}`",
-    note = "the async API runs on PostgreSQL and MySQL (features `postgres`, `mysql`)"
+    note = "the async API runs on PostgreSQL and MySQL (features `postgres_backend`, \
+            `mysql_backend`, or `postgres`, `mysql` which include them)"
 )]
 pub trait AsyncBackend: crate::ClaimBackend {
     /// `BEGIN`, and the bound on how long the transaction may sit idle
@@ -29,7 +32,7 @@ pub trait AsyncBackend: crate::ClaimBackend {
         C: AsyncConnection<Backend = Self>;
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 impl AsyncBackend for diesel::pg::Pg {
     // For this transaction only, whatever the session's own setting: a
     // `SET` costs next to nothing beside the `BEGIN`, where a `SELECT` that
@@ -58,7 +61,7 @@ impl AsyncBackend for diesel::pg::Pg {
     }
 }
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 impl AsyncBackend for diesel::mysql::Mysql {
     // MariaDB (10.3 and later) only, in the executable comment; MySQL has no
     // such bound and sets a throwaway variable. The setting is the session's
@@ -126,7 +129,7 @@ impl AsyncBackend for diesel::mysql::Mysql {
 /// let pool = diesel_async::pooled_connection::bb8::Pool::builder().build(manager).await;
 /// # }
 /// ```
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 pub fn establish_read_committed(
     url: &str,
 ) -> futures_util::future::BoxFuture<'_, diesel::ConnectionResult<diesel_async::AsyncMysqlConnection>>
@@ -144,7 +147,7 @@ pub fn establish_read_committed(
     .boxed()
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "postgres_backend", feature = "mysql_backend")))]
 mod tests {
     use super::AsyncBackend;
 
@@ -152,9 +155,9 @@ mod tests {
     #[test]
     fn the_begin_statements_set_the_documented_bound() {
         let seconds = crate::aio::IDLE_TRANSACTION_BOUND.as_secs();
-        #[cfg(feature = "postgres")]
+        #[cfg(feature = "postgres_backend")]
         assert!(diesel::pg::Pg::BEGIN_BOUNDED.ends_with(&format!("= '{seconds}s'")));
-        #[cfg(feature = "mysql")]
+        #[cfg(feature = "mysql_backend")]
         assert!(diesel::mysql::Mysql::BEGIN_BOUNDED.contains(&format!(
             "BETWEEN 1 AND {seconds}, @@idle_transaction_timeout, {seconds})"
         )));

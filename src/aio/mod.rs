@@ -1,5 +1,7 @@
-//! The async API, on [`diesel_async`](https://docs.rs/diesel-async) (feature `async`, with `postgres` for
-//! `AsyncPgConnection` and `mysql` for `AsyncMysqlConnection`).
+//! The async API, on [`diesel_async`](https://docs.rs/diesel-async) (feature `async`, with
+//! `postgres_backend` for `AsyncPgConnection` and `mysql_backend` for
+//! `AsyncMysqlConnection`; `postgres` and `mysql` include them, with Diesel's
+//! blocking connections and their C client libraries).
 //!
 //! The same capabilities under the same names, as futures: bring
 //! [`aio::prelude`](prelude) into scope instead of the crate's prelude (as you
@@ -14,7 +16,7 @@
 //! Queries must own what they bind, or outlive the future (it holds them).
 //!
 //! ```no_run
-//! # #[cfg(feature = "postgres")]
+//! # #[cfg(feature = "postgres_backend")]
 //! # mod shop {
 //! use diesel::prelude::*;
 //! use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -67,7 +69,9 @@
 //! with [`retry`], and leases ([`Lease`], [`with_lease`]), on
 //! `AsyncPgConnection` and `AsyncMysqlConnection`, alone or from a bb8 or
 //! deadpool pool. The crate's migrations are run with a blocking connection
-//! ([`run_migrations`](crate::run_migrations)); `named_lock` and `advisory` are
+//! ([`run_migrations`](crate::run_migrations)): without `postgres` or `mysql`,
+//! diesel-async's `AsyncConnectionWrapper` around an async one (its
+//! `async-connection-wrapper` feature); `named_lock` and `advisory` are
 //! blocking only.
 //!
 //! # Closures
@@ -151,7 +155,7 @@ mod transaction;
 mod versioned;
 mod worker;
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 pub use backend::establish_read_committed;
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};

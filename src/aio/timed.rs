@@ -46,7 +46,7 @@ impl<Q, Col: Copy> TimedClaim<Q, Col, Async> {
     /// transaction: see the blocking [`TimedClaim::each`].
     ///
     /// ```no_run
-    /// # #[cfg(feature = "postgres")]
+    /// # #[cfg(feature = "postgres_backend")]
     /// # mod shop {
     /// use std::time::Duration;
     /// use diesel::prelude::*;

@@ -12,12 +12,14 @@ use super::backend::AsyncBackend;
 use super::claim::{ClaimQuery, EachRow, Handler};
 use super::closure::AsyncFnMut2;
 use super::Async;
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::worker::Wait;
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHandle};
 use futures_util::future::BoxFuture;
 
 /// How often a waiting worker looks at its stop handle.
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(5);
 
 impl<Q> ClaimWorker<Q, Async> {
@@ -172,7 +174,7 @@ pub trait WaitForRows: AsyncConnection {
 }
 
 /// Sleeps up to `timeout` in short steps, until `stop` is triggered.
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 async fn sleep_until_stopped(timeout: Duration, stop: &StopHandle) {
     let wait = Wait::new(timeout, stop);
     while let Some(pause) = wait.next_step(STOP_CHECK_EVERY) {
@@ -180,7 +182,7 @@ async fn sleep_until_stopped(timeout: Duration, stop: &StopHandle) {
     }
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 mod pg {
     use std::pin::pin;
 
@@ -246,7 +248,7 @@ mod pg {
     }
 }
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 impl WaitForRows for diesel_async::AsyncMysqlConnection {
     fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
         futures_util::future::ready(crate::claim::worker::no_notifications(channel))

@@ -5,13 +5,15 @@ use diesel::deserialize::{self, FromSql, Queryable};
 use diesel::sql_types::SingleValue;
 
 /// A database backend this crate supports: `diesel::pg::Pg` (feature
-/// `postgres`), `diesel::sqlite::Sqlite` (feature `sqlite`) and
-/// `diesel::mysql::Mysql` (feature `mysql`, for MySQL 8.0.1+ and MariaDB 10.6+).
+/// `postgres` or `postgres_backend`), `diesel::sqlite::Sqlite` (feature
+/// `sqlite`) and `diesel::mysql::Mysql` (feature `mysql` or `mysql_backend`,
+/// for MySQL 8.0.1+ and MariaDB 10.6+).
 ///
 /// The trait is sealed; its methods are the crate's internal backend strategy.
 #[diagnostic::on_unimplemented(
     message = "diesel-claim does not support the backend `{Self}`",
-    note = "enable the diesel-claim feature of your backend: `postgres`, `sqlite` or `mysql`; \
+    note = "enable the diesel-claim feature of your backend: `postgres`, `sqlite` or `mysql` \
+            (`postgres_backend`, `mysql_backend` without Diesel's blocking connections); \
             a `#[derive(MultiConnection)]` backend is not supported: match on your connection \
             enum and claim through the connection inside it"
 )]
@@ -95,10 +97,18 @@ pub enum LeaseStatement<'a> {
     },
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "sqlite",
+    feature = "mysql_backend"
+))]
 pub(crate) use lease_query::{LeaseQuery, LeaseSql};
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "sqlite",
+    feature = "mysql_backend"
+))]
 mod lease_query {
     use diesel::backend::Backend;
     use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
@@ -135,7 +145,7 @@ mod lease_query {
 
 /// Runs a lease statement on a backend whose statements return the lease's
 /// token (`RETURNING`), built by its `acquire` and `expire`.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres_backend", feature = "sqlite"))]
 fn run_returning<'s, C, A, X>(
     conn: &mut C,
     statement: LeaseStatement<'s>,
@@ -159,16 +169,20 @@ where
     .optional()
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "sqlite",
+    feature = "mysql_backend"
+))]
 mod history;
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 pub(crate) mod pg;
 
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 pub(crate) mod mysql;
 
 /// A value of an order column, as the database sent it, to bind back with the

@@ -28,7 +28,7 @@ pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
 pub use timed::{Claimed, StampedRow, TimedClaim, TimedWorker};
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 pub use worker::notify;
 pub use worker::{ClaimWorker, StopHandle, WaitForRows};
 

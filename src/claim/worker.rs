@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::connection::LoadConnection;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 use diesel::r2d2::{ConnectionManager, PooledConnection, R2D2Connection};
 
 use super::{per_row, ClaimBuilder, ClaimOutcome, ClaimQuery, ClaimReport};
@@ -261,13 +262,29 @@ const WAKE_UP_EVERY: Duration = Duration::from_millis(1);
 
 /// A worker's wait between claims, in both APIs: until a deadline, cut short
 /// by its stop handle.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    all(
+        feature = "async",
+        any(feature = "postgres_backend", feature = "mysql_backend")
+    )
+))]
 pub(crate) struct Wait<'a> {
     deadline: std::time::Instant,
     stop: &'a StopHandle,
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    all(
+        feature = "async",
+        any(feature = "postgres_backend", feature = "mysql_backend")
+    )
+))]
 impl<'a> Wait<'a> {
     pub(crate) fn new(timeout: Duration, stop: &'a StopHandle) -> Self {
         Wait {
@@ -306,7 +323,11 @@ fn wait_until(
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "mysql",
+    all(feature = "async", feature = "mysql_backend")
+))]
 pub(crate) fn no_notifications(channel: &str) -> Result<(), Error> {
     Err(Error::InvalidArgument(format!(
         "cannot listen on {channel:?}: LISTEN and NOTIFY are PostgreSQL's; poll instead"
@@ -324,7 +345,10 @@ pub(crate) fn check_channel(channel: &str) -> Result<(), Error> {
 }
 
 /// `channel` as a quoted identifier, for `LISTEN` and `UNLISTEN`.
-#[cfg(feature = "postgres")]
+#[cfg(any(
+    feature = "postgres",
+    all(feature = "async", feature = "postgres_backend")
+))]
 pub(crate) fn quoted(channel: &str) -> String {
     format!("\"{}\"", channel.replace('"', "\"\""))
 }
@@ -332,8 +356,6 @@ pub(crate) fn quoted(channel: &str) -> String {
 #[cfg(feature = "postgres")]
 mod pg {
     use diesel::connection::SimpleConnection;
-    use diesel::prelude::*;
-    use diesel::sql_types::Text;
     use diesel::PgConnection;
 
     use super::*;
@@ -361,26 +383,26 @@ mod pg {
             })
         }
     }
-
-    /// Sends a notification on `channel`, for workers that
-    /// [listen](ClaimWorker::listen) on it: in the transaction that writes
-    /// the rows, PostgreSQL delivers it when that commits. A trigger can send
-    /// it instead: `PERFORM pg_notify('channel', '')` in a function run
-    /// `AFTER INSERT … FOR EACH STATEMENT`.
-    pub fn notify<C>(conn: &mut C, channel: &str) -> Result<(), Error>
-    where
-        C: Connection<Backend = diesel::pg::Pg>,
-    {
-        check_channel(channel)?;
-        diesel::sql_query("SELECT pg_notify($1, '')")
-            .bind::<Text, _>(channel)
-            .execute(conn)?;
-        Ok(())
-    }
 }
 
-#[cfg(feature = "postgres")]
-pub use pg::notify;
+/// Sends a notification on `channel`, for workers that
+/// [listen](ClaimWorker::listen) on it: in the transaction that writes
+/// the rows, PostgreSQL delivers it when that commits. A trigger can send
+/// it instead: `PERFORM pg_notify('channel', '')` in a function run
+/// `AFTER INSERT … FOR EACH STATEMENT`.
+#[cfg(feature = "postgres_backend")]
+pub fn notify<C>(conn: &mut C, channel: &str) -> Result<(), Error>
+where
+    C: diesel::Connection<Backend = diesel::pg::Pg>,
+{
+    use diesel::RunQueryDsl;
+
+    check_channel(channel)?;
+    diesel::sql_query("SELECT pg_notify($1, '')")
+        .bind::<diesel::sql_types::Text, _>(channel)
+        .execute(conn)?;
+    Ok(())
+}
 
 /// Connections without notifications: waiting is sleeping.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -407,6 +429,7 @@ sleeps_while_waiting!(diesel::SqliteConnection);
 #[cfg(feature = "mysql")]
 sleeps_while_waiting!(diesel::MysqlConnection);
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl<C> WaitForRows for PooledConnection<ConnectionManager<C>>
 where
     C: WaitForRows + R2D2Connection + Send + 'static,

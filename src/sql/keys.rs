@@ -463,7 +463,7 @@ where
     }
 }
 
-#[cfg(all(test, feature = "postgres", feature = "mysql"))]
+#[cfg(all(test, feature = "postgres_backend", feature = "mysql_backend"))]
 mod tests {
     use super::*;
     use crate::sql::order::{KeyOrder, Position, Positioned};

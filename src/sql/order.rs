@@ -349,21 +349,21 @@ bare_column!(
     sql_types::Date,
     sql_types::Time,
     sql_types::Timestamp,
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "postgres_backend")]
     sql_types::Timestamptz,
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "postgres_backend")]
     sql_types::Uuid,
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "mysql_backend")]
     sql_types::Datetime,
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "mysql_backend")]
     sql_types::TinyInt,
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "mysql_backend")]
     sql_types::Unsigned<sql_types::TinyInt>,
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "mysql_backend")]
     sql_types::Unsigned<sql_types::SmallInt>,
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "mysql_backend")]
     sql_types::Unsigned<sql_types::Integer>,
-    #[cfg(feature = "mysql")]
+    #[cfg(feature = "mysql_backend")]
     sql_types::Unsigned<sql_types::BigInt>,
 );
 
@@ -565,7 +565,7 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
     }
 }
 
-#[cfg(all(test, feature = "postgres", feature = "mysql"))]
+#[cfg(all(test, feature = "postgres_backend", feature = "mysql_backend"))]
 mod tests {
     use super::*;
     use crate::sql::keys::{KeyRange, One, Row};

@@ -47,7 +47,7 @@ pub trait StampType<DB: Backend> {
     ) -> QueryResult<()>;
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres_backend")]
 mod pg {
     use super::*;
     use diesel::pg::Pg;
@@ -121,7 +121,7 @@ mod pg {
     }
 }
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "mysql_backend")]
 mod mysql {
     use super::*;
     use diesel::mysql::Mysql;

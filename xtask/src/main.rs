@@ -4,8 +4,9 @@
 //! - `cargo xtask test`: makes the machine ready (see [`setup`]), then runs
 //!   every test of the workspace on every backend, and the doc tests.
 //! - `cargo xtask check`: what CI checks besides the tests (`.ci/run` runs
-//!   both): formatting, clippy on every feature set, the docs, the benchmark's
-//!   quick mode, and the worked examples on every backend.
+//!   both): formatting, clippy on every feature set, that the async-only
+//!   build has no C client library, the docs, the benchmark's quick mode, and
+//!   the worked examples on every backend.
 //!
 //! Both stop at the first step that fails, and exit with status 1.
 
@@ -70,17 +71,32 @@ fn test(servers: &setup::Servers, nextest_args: &[String]) -> Result<(), Error> 
     Ok(())
 }
 
-/// Every feature set the crate promises to compile, lint-free: each backend
-/// alone, none, the async API with each of its backends, and tracing.
-const FEATURE_SETS: [&[&str]; 7] = [
+/// Every feature set the crate promises to compile, lint-free: none, each
+/// backend alone (with its blocking connection or without), the async API
+/// alone and with each of its backends (with the blocking connection or
+/// without), and tracing and anyhow beside them.
+const FEATURE_SETS: &[&[&str]] = &[
     &["--no-default-features"],
     &["--features", "postgres"],
     &["--features", "sqlite"],
     &["--features", "mysql"],
+    &["--features", "postgres_backend"],
+    &["--features", "mysql_backend"],
+    &["--features", "async"],
     &["--features", "async,postgres"],
     &["--features", "async,mysql"],
-    &["--features", "tracing,sqlite"],
+    &["--features", "async,postgres_backend"],
+    &["--features", "async,mysql_backend"],
+    &["--features", "tracing,anyhow,sqlite"],
+    &["--features", ASYNC_ONLY],
 ];
+
+/// Everything an async-only service can enable.
+const ASYNC_ONLY: &str = "async,postgres_backend,mysql_backend,tracing,anyhow";
+
+/// What only Diesel's blocking connections need: libpq, libmysqlclient and
+/// the r2d2 pool, none of which an async-only build may depend on.
+const BLOCKING_ONLY: [&str; 3] = ["pq-sys", "mysqlclient-sys", "r2d2"];
 
 fn check(servers: &setup::Servers) -> Result<(), Error> {
     cargo(servers, ["fmt", "--all", "--", "--check"], &[])?;
@@ -89,11 +105,12 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
         ["clippy", "--workspace", "--all-targets", "--all-features"],
         &["--", "-D", "warnings"].map(String::from),
     )?;
-    for features in FEATURE_SETS {
+    for &features in FEATURE_SETS {
         let mut args = vec!["clippy", "--all-targets"];
         args.extend(features);
         cargo(servers, args, &["--", "-D", "warnings"].map(String::from))?;
     }
+    async_only_dependencies()?;
     step(
         servers,
         Command::new(cargo_program())
@@ -141,6 +158,48 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
         }
     }
     println!("\nall checks passed");
+    Ok(())
+}
+
+/// Fails if the crate's dependencies with [`ASYNC_ONLY`] (not its
+/// dev-dependencies, which the tests need) include any of [`BLOCKING_ONLY`].
+fn async_only_dependencies() -> Result<(), Error> {
+    let mut command = Command::new(cargo_program());
+    command.args(["tree", "--edges", "normal", "--package", "diesel-claim"]);
+    command.args([
+        "--features",
+        ASYNC_ONLY,
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ]);
+    println!("\n==> {}", shown(&command));
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", shown(&command)))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!("{} failed ({}):\n{stderr}", shown(&command), output.status).into());
+    }
+    let tree = String::from_utf8_lossy(&output.stdout);
+    // Each line is `name vX.Y.Z`, maybe followed by a path or `(*)`.
+    let names: Vec<&str> = tree
+        .lines()
+        .filter_map(|line| line.split(' ').next())
+        .collect();
+    // A tree without diesel-async is not the one asked for: nothing to conclude.
+    if !names.contains(&"diesel-async") {
+        return Err(format!("{} lists no diesel-async:\n{tree}", shown(&command)).into());
+    }
+    let found: Vec<&str> = BLOCKING_ONLY
+        .into_iter()
+        .filter(|name| names.contains(name))
+        .collect();
+    if !found.is_empty() {
+        return Err(format!("the async-only build ({ASYNC_ONLY}) depends on {found:?}").into());
+    }
+    println!("no {BLOCKING_ONLY:?} with {ASYNC_ONLY}");
     Ok(())
 }
 
