@@ -49,6 +49,8 @@ macro_rules! on_async_backends {
             /// The module's name: `pg` or `mysql`.
             pub const BACKEND: &str = stringify!($module);
             pub type Pool = bb8::Pool<Conn>;
+            /// A fresh database of the backend's, without tables.
+            pub type TestDb = testkit::$test_db;
             /// A visibility-timeout claim's stamp column: its SQL type and
             /// its type in `CREATE TABLE`.
             pub type ClaimStamp = testkit::fixtures::claim_stamp!($module);
@@ -537,6 +539,68 @@ on_async_backends! {
         );
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
         drop(db);
+    }
+
+    /// The tables of the crate, as a blocking connection sees them: the
+    /// versions in the crate's own history, and whether Diesel's exists.
+    fn migrated(url: &str) -> (Vec<String>, bool) {
+        #[derive(diesel::QueryableByName)]
+        struct Version {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            version: String,
+        }
+        let mut conn = blocking(url);
+        let history = diesel::sql_query("SELECT version FROM diesel_claim_schema_migrations");
+        let versions = diesel::RunQueryDsl::load::<Version>(history, &mut conn).unwrap();
+        let diesels = diesel::sql_query("SELECT version FROM __diesel_schema_migrations");
+        let diesels = diesel::RunQueryDsl::execute(diesels, &mut conn).is_ok();
+        (versions.into_iter().map(|row| row.version).collect(), diesels)
+    }
+
+    /// The crate's tables are created from async code, on a connection of
+    /// its own, on the current-thread runtime (the migrations run in a
+    /// blocking task, which needs the runtime's thread free to drive the
+    /// connection); run again, nothing changes, and leases work at once.
+    #[tokio::test]
+    async fn migrations_run_from_async_code() {
+        let db = TestDb::new();
+        let conn = Conn::establish(&db.url).await.unwrap();
+        let conn = diesel_claim::aio::run_migrations(conn).await.unwrap();
+        let mut conn = diesel_claim::aio::run_migrations(conn).await.unwrap();
+        assert_eq!(migrated(&db.url), (vec!["20261122000000".to_owned()], false));
+        let lease = Lease::acquire(&mut conn, "migrated", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("a fresh name is free");
+        lease.release(&mut conn).await.unwrap();
+    }
+
+    /// The same through pools, whose owned connections move into the
+    /// blocking task and come back: a deadpool object and bb8's
+    /// `get_owned`, on the multi-thread runtime.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn migrations_run_on_pooled_connections() {
+        use diesel_async::pooled_connection::deadpool::Pool as Deadpool;
+        let db = TestDb::new();
+        let manager = AsyncDieselConnectionManager::<Conn>::new(db.url.clone());
+        let deadpool = Deadpool::builder(manager).max_size(1).build().unwrap();
+        let object = deadpool.get().await.unwrap();
+        let mut object = diesel_claim::aio::run_migrations(object).await.unwrap();
+        assert_eq!(migrated(&db.url), (vec!["20261122000000".to_owned()], false));
+        // Held until it expires: not released.
+        let _held = Lease::acquire(&mut object, "pooled", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("a fresh name is free");
+        drop(object);
+
+        let manager = AsyncDieselConnectionManager::<Conn>::new(db.url.clone());
+        let pool = bb8::Pool::builder().max_size(1).build(manager).await.unwrap();
+        let owned = pool.get_owned().await.unwrap();
+        let mut owned = diesel_claim::aio::run_migrations(owned).await.unwrap();
+        assert_eq!(migrated(&db.url), (vec!["20261122000000".to_owned()], false));
+        let taken = Lease::acquire(&mut owned, "pooled", Duration::from_secs(5)).await.unwrap();
+        assert!(taken.is_none(), "the lease taken through deadpool is still held");
     }
 
     /// A deadpool pool: tasks drain rows through it, and a claim dropped

@@ -68,11 +68,9 @@
 //! and [`with_locks`](LockDsl::with_locks), [`VersionedDsl::update_versioned`]
 //! with [`retry`], and leases ([`Lease`], [`with_lease`]), on
 //! `AsyncPgConnection` and `AsyncMysqlConnection`, alone or from a bb8 or
-//! deadpool pool. The crate's migrations are run with a blocking connection
-//! ([`run_migrations`](crate::run_migrations)): without `postgres` or `mysql`,
-//! diesel-async's `AsyncConnectionWrapper` around an async one (its
-//! `async-connection-wrapper` feature); `named_lock` and `advisory` are
-//! blocking only.
+//! deadpool pool. The crate's migrations run from async code with
+//! [`run_migrations`], which needs no blocking client library; `named_lock`
+//! and `advisory` are blocking only.
 //!
 //! # Closures
 //!
@@ -150,6 +148,7 @@ mod closure;
 mod lease;
 mod lock;
 mod mark;
+mod migrations;
 mod timed;
 mod transaction;
 mod versioned;
@@ -163,6 +162,7 @@ pub use closure::{scoped, AsyncFnMut1, AsyncFnMut2, AsyncFnOnce2};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use mark::MarkQuery;
+pub use migrations::run_migrations;
 pub use timed::{StampQuery, StampedRow};
 pub use versioned::{retry, VersionedDsl};
 pub use worker::WaitForRows;
