@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::{self, ConnectionManager, CustomizeConnection, Pool};
-use diesel::SqliteConnection;
+use diesel::{QueryResult, SqliteConnection};
 
 /// A fresh SQLite database file, deleted together with its directory
 /// when this value is dropped.
@@ -48,16 +48,20 @@ pub fn sqlite_pool(url: &str, size: u32) -> Pool<ConnectionManager<SqliteConnect
         .unwrap_or_else(|e| panic!("cannot build a pool for {url}: {e}"))
 }
 
+/// Sets up `conn` as [`sqlite_pool`] sets up its connections.
+pub fn set_pragmas(conn: &mut SqliteConnection) -> QueryResult<()> {
+    conn.batch_execute(
+        "PRAGMA busy_timeout = 30000; \
+         PRAGMA journal_mode = WAL; \
+         PRAGMA foreign_keys = ON;",
+    )
+}
+
 #[derive(Debug)]
 struct SqlitePragmas;
 
 impl CustomizeConnection<SqliteConnection, r2d2::Error> for SqlitePragmas {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), r2d2::Error> {
-        conn.batch_execute(
-            "PRAGMA busy_timeout = 30000; \
-             PRAGMA journal_mode = WAL; \
-             PRAGMA foreign_keys = ON;",
-        )
-        .map_err(r2d2::Error::QueryError)
+        set_pragmas(conn).map_err(r2d2::Error::QueryError)
     }
 }

@@ -102,14 +102,13 @@ on_suite_backends! {
         let pause = Duration::from_millis(args.number("pause_ms"));
         let persist = args.get("persist").is_some();
         let batch = args.get("batch").map_or(1, |rows| rows.parse().unwrap());
-        let pool = Conn::pool(args.text("url"), threads as u32);
         in_threads(threads, |index| {
             let worker = first + index as i32;
             let mut figures = Figures::default();
             loop {
-                let mut conn = pool.get().unwrap();
+                let mut conn = Conn::connect(args.text("url"));
                 let claimed = prepare_session(&mut conn, args.get("isolation")).and_then(|()| {
-                    counted_retry(&mut *conn, &mut figures, |conn| {
+                    counted_retry(&mut conn, &mut figures, |conn| {
                         pending()
                             .build_claim()
                             .drain()
@@ -157,8 +156,8 @@ on_suite_backends! {
     /// Worker: claims one row, writes its email, says `locked id=…` and waits,
     /// in the row's transaction, to be killed.
     pub fn hold_worker(args: &Fields) -> Figures {
-        let mut conn = Conn::pool(args.text("url"), 1).get().unwrap();
-        let claimed: Result<_, Error> = pending().build_claim().max_rows(1).each(&mut *conn, |conn, order: Order| {
+        let mut conn = Conn::connect(args.text("url"));
+        let claimed: Result<_, Error> = pending().build_claim().max_rows(1).each(&mut conn, |conn, order: Order| {
             email(conn, &order, -1)?;
             procs::report("locked", Fields::default().set("id", order.id));
             loop {
@@ -177,7 +176,6 @@ on_suite_backends! {
     pub fn loop_worker(args: &Fields) -> Figures {
         let threads = args.number("threads") as usize;
         let first = args.number("first") as i32;
-        let pool = Conn::pool(args.text("url"), threads as u32);
         let terminated = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         signal_hook::flag::register(signal_hook::consts::SIGTERM, terminated.clone())
             .expect("cannot handle SIGTERM");
@@ -186,14 +184,14 @@ on_suite_backends! {
         in_threads(threads, |index| {
             let worker = first + index as i32;
             let mut figures = Figures::default();
-            let mut conn = pool.get().unwrap();
+            let mut conn = Conn::connect(args.text("url"));
             let claim = pending()
                 .build_claim()
                 .batch(10)
                 .worker(&stop)
                 .poll_interval(Duration::from_millis(2), Duration::from_millis(50));
             let claim = if ROW_LOCKS { claim.listen(CHANNEL) } else { claim };
-            match claim.run(&mut *conn, |conn, order: Order| email(conn, &order, worker)) {
+            match claim.run(&mut conn, |conn, order: Order| email(conn, &order, worker)) {
                 Ok(report) => figures.ops += report.processed,
                 Err(error) => figures.check(false, format!("worker {worker}: {error}")),
             }
@@ -280,11 +278,10 @@ on_suite_backends! {
         let first = args.number("first") as i32;
         let (ttl, pause) = (Duration::from_millis(args.number("ttl_ms")), Duration::from_millis(args.number("pause_ms")));
         let batch = args.number("batch") as u32;
-        let pool = Conn::pool(args.text("url"), threads as u32);
         in_threads(threads, |index| {
             let worker = first + index as i32;
             let mut figures = Figures::default();
-            let mut conn = pool.get().unwrap();
+            let mut conn = Conn::connect(args.text("url"));
             let undone = || timed_jobs::table.filter(timed_jobs::done.eq(false));
             loop {
                 let claimed = undone()
@@ -293,7 +290,7 @@ on_suite_backends! {
                     .batch(batch)
                     .drain()
                     .visibility_timeout(timed_jobs::claimed_until, ttl)
-                    .each(&mut *conn, |conn, job: diesel_claim::Claimed<TimedJob, _>| {
+                    .each(&mut conn, |conn, job: diesel_claim::Claimed<TimedJob, _>| {
                         diesel::insert_into(timed_work::table)
                             .values((timed_work::job_id.eq(job.id), timed_work::worker.eq(worker)))
                             .execute(conn)?;
@@ -315,7 +312,7 @@ on_suite_backends! {
                         return figures;
                     }
                 }
-                match undone().count().get_result::<i64>(&mut *conn) {
+                match undone().count().get_result::<i64>(&mut conn) {
                     Ok(0) => return figures,
                     // Rows whose claim has not passed yet: their stamps
                     // belong to a stalled or dead worker, or to a busy one.

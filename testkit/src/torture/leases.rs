@@ -42,11 +42,9 @@ on_suite_backends! {
     pub fn exclusion_worker(args: &Fields) -> Figures {
         let threads = args.number("threads") as usize;
         let until = Instant::now() + Duration::from_millis(args.number("millis"));
-        let pool = Conn::pool(args.text("url"), threads as u32);
         let name = args.text("name");
         in_threads(threads, |_| {
-            let mut conn = pool.get().unwrap();
-            let conn: &mut Conn = &mut conn;
+            let conn = &mut Conn::connect(args.text("url"));
             let mut figures = Figures::default();
             while Instant::now() < until {
                 let Some(lease) = Lease::acquire(conn, name, LONG).unwrap() else {
@@ -78,8 +76,7 @@ on_suite_backends! {
     /// pauses `pause_ms` (the runner stops it meanwhile, or kills it), then
     /// tries a fenced write and a release and says `outcome written=… released=…`.
     pub fn holder_worker(args: &Fields) -> Figures {
-        let mut conn = Conn::pool(args.text("url"), 1).get().unwrap();
-        let conn: &mut Conn = &mut conn;
+        let conn = &mut Conn::connect(args.text("url"));
         let ttl = Duration::from_millis(args.number("ttl_ms"));
         let lease = Lease::acquire(conn, args.text("name"), ttl).unwrap().expect("the lease is free");
         procs::report("leased", Fields::default().set("token", lease.token()));
@@ -100,12 +97,11 @@ on_suite_backends! {
     /// fenced resource with its token at once. Says `outcome result=… lost=…
     /// stalled_write=…` (`none` when it never stalled).
     pub fn kept_holder_worker(args: &Fields) -> Figures {
-        let pool = Conn::pool(args.text("url"), 2);
-        let (mut conn, mut renewer) = (pool.get().unwrap(), pool.get().unwrap());
+        let (mut conn, mut renewer) = (Conn::connect(args.text("url")), Conn::connect(args.text("url")));
         let ttl = Duration::from_millis(args.number("ttl_ms"));
         let work = Duration::from_millis(args.number("work_ms"));
         let (mut lost, mut stalled_write) = (false, None);
-        let held = with_lease_kept_alive(&mut *conn, &mut *renewer, args.text("name"), ttl, |conn: &mut Conn, lease| {
+        let held = with_lease_kept_alive(&mut conn, &mut renewer, args.text("name"), ttl, |conn: &mut Conn, lease| {
             procs::report("leased", Fields::default().set("token", lease.token()));
             let started = Instant::now();
             while started.elapsed() < work && !lease.is_lost() {
@@ -306,9 +302,9 @@ on_suite_backends! {
             let new = Lease::acquire(&mut *conn, &name, LONG).unwrap();
             figures.check(new.as_ref().is_some_and(|new| new.token() > old.token()), "no takeover with a newer token");
             figures.merge(in_threads(stale_holders, |_| {
-                let mut conn = Conn::pool(&url, 1).get().unwrap();
+                let mut conn = Conn::connect(&url);
                 let mut figures = Figures::default();
-                for result in [old.renew(&mut *conn, LONG), old.clone().release(&mut *conn)] {
+                for result in [old.renew(&mut conn, LONG), old.clone().release(&mut conn)] {
                     match result {
                         Err(error @ Error::NotLeaseOwner { .. }) => figures.saw(&error),
                         other => figures.check(false, format!("a stale holder got {other:?}")),
@@ -379,8 +375,7 @@ on_suite_backends! {
         let (_db, url, pool) = lease_database();
         let mut figures = Figures::new(threads, 1);
         figures.merge(in_threads(threads, |index| {
-            let mut conn = Conn::pool(&url, 1).get().unwrap();
-            let conn: &mut Conn = &mut conn;
+            let conn = &mut Conn::connect(&url);
             let mut figures = Figures::default();
             for n in 0..names {
                 // Each client goes through the names in its own order.

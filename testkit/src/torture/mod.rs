@@ -657,31 +657,36 @@ pub fn worker_main(args: &[String]) -> i32 {
     0
 }
 
-/// A pool of `size` connections to `url`, set up as the tests set theirs up.
-pub trait Connect: diesel::r2d2::R2D2Connection + 'static {
-    fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>>;
+/// A connection to `url`, set up as the tests set theirs up, opened on the
+/// calling thread.
+///
+/// The suite's threads open their own connections rather than take them from
+/// an r2d2 pool: r2d2 opens connections on background threads of its own,
+/// which nobody joins (a `get` on an empty pool starts one, and it goes on
+/// even when a connection handed back serves the caller first). A worker
+/// process that returned from `main` while one of them was in libpq's TLS
+/// handshake crashed: `exit` runs OpenSSL's `atexit` cleanup, which frees the
+/// locks the handshake then takes (SIGSEGV in `CRYPTO_THREAD_write_lock`).
+/// On the calling thread, every connection is opened and closed by a thread
+/// the worker joins before it exits.
+pub trait Connect: diesel::Connection + 'static {
+    fn connect(url: &str) -> Self;
 }
 
 #[cfg(feature = "postgres")]
 impl Connect for diesel::PgConnection {
-    /// Opens connections only when asked, never in the background: a worker
-    /// process exits as soon as its work is done, and one that exited while
-    /// r2d2 was still reopening a connection the server had killed crashed
-    /// in the exit's cleanup (SIGSEGV, with TLS connections to a local
-    /// server).
-    fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
-        diesel::r2d2::Pool::builder()
-            .max_size(size)
-            .min_idle(Some(0))
-            .connection_timeout(std::time::Duration::from_secs(10))
-            .build(diesel::r2d2::ConnectionManager::new(url))
-            .unwrap_or_else(|e| panic!("cannot build a pool for {url}: {e}"))
+    fn connect(url: &str) -> Self {
+        diesel::Connection::establish(url)
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
 }
 
 #[cfg(feature = "sqlite")]
 impl Connect for diesel::SqliteConnection {
-    fn pool(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<Self>> {
-        crate::sqlite_pool(url, size)
+    fn connect(url: &str) -> Self {
+        let mut conn = diesel::Connection::establish(url)
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+        crate::sqlite::set_pragmas(&mut conn).expect("cannot set up the connection");
+        conn
     }
 }

@@ -110,16 +110,15 @@ on_suite_backends! {
         let accounts = args.number("accounts");
         let method = Method::parse(args.text("method"));
         let until = Instant::now() + Duration::from_millis(args.number("millis"));
-        let pool = Conn::pool(args.text("url"), threads as u32);
         let first = args.number("first");
         in_threads(threads, |index| {
-            let mut conn = pool.get().unwrap();
+            let mut conn = Conn::connect(args.text("url"));
             let mut random = fastrand::Rng::with_seed(first + index as u64);
             let mut figures = Figures::default();
             while Instant::now() < until {
                 let (from, to) = account_pair(&mut random, accounts);
                 let amount = 1 + random.u64(..300) as i64;
-                let outcome = counted_retry(&mut *conn, &mut figures, |conn| match method {
+                let outcome = counted_retry(&mut conn, &mut figures, |conn| match method {
                     Method::Locked => locked_transfer(conn, from, to, amount),
                     Method::Optimistic => optimistic_transfer(conn, from, to, amount),
                 });
