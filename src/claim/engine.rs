@@ -211,10 +211,7 @@ impl<K> Claim<K> {
             } else if !plan.ordered_by_key {
                 ORDERED_PAGE_SIZE.max(plan.batch.saturating_mul(ORDERED_BATCHES_PER_PAGE))
             } else {
-                // Pages of several batches: workers that arrive at a page
-                // together then take whole batches from it, each passing
-                // over the others'.
-                DEFAULT_PAGE_SIZE.max(plan.batch.saturating_mul(BATCHES_PER_PAGE))
+                closed_page_size(plan.batch)
             }),
             page_size_given: plan.page_size.is_some(),
             // A mark committed on its own holds its rows' locks only while it
@@ -374,16 +371,17 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         self.contended = true;
         if self.open_ended && !self.page_size_given {
             self.open_ended = false;
-            self.page_size = DEFAULT_PAGE_SIZE.max(self.batch.saturating_mul(BATCHES_PER_PAGE));
+            self.page_size = closed_page_size(self.batch);
         } else if taken < MIN_ROWS_PER_PAGE && passed_over.saturating_mul(2) > candidates {
             self.grow_pages();
         }
     }
 
     /// Pages four times larger, up to [`CONTENDED_PAGE_SIZE`], unless the
-    /// caller set their size.
+    /// caller set their size. (A contended claim's pages are closed unless
+    /// the caller set their size.)
     fn grow_pages(&mut self) {
-        if self.page_size_given || self.open_ended {
+        if self.page_size_given {
             return;
         }
         let (least, most) = CONTENDED_PAGE_SIZE;
@@ -765,6 +763,13 @@ impl<K: Clone + Eq + Hash> Page<K> {
         }
         Ok(rows)
     }
+}
+
+/// The keys a page holds, by default, when takes keep to their page in the
+/// key's order: several batches, so that workers that arrive at a page
+/// together take whole batches from it, each passing over the others'.
+fn closed_page_size(batch: i64) -> i64 {
+    DEFAULT_PAGE_SIZE.max(batch.saturating_mul(BATCHES_PER_PAGE))
 }
 
 /// A number below `n` (at least 1), different from call to call: where a
