@@ -15,6 +15,13 @@
 //!
 //! Queries must own what they bind, or outlive the future (it holds them).
 //!
+//! The compiler cannot tell which prelude was meant: with the crate's blocking
+//! prelude in scope, `claim_each`, `with_lock` or `update_versioned` on an
+//! `AsyncPgConnection` or `AsyncMysqlConnection` fails with "the trait bound
+//! `AsyncPgConnection: LoadConnection` is not satisfied" (a blocking
+//! connection's trait). Import `diesel_claim::aio::prelude::*` in its place,
+//! not beside it: with both, the names are ambiguous.
+//!
 //! ```no_run
 //! # #[cfg(feature = "postgres_backend")]
 //! # mod shop {
