@@ -33,8 +33,8 @@ pub use backend::ClaimBackend;
 pub use claim::notify;
 pub use claim::{
     ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, Claimed, MarkQuery,
-    MarkedClaim, RowFailure, StampQuery, StampedRow, StopHandle, TimedClaim, TimedWorker,
-    WaitForRows,
+    MarkedClaim, ReplicaClaim, RowFailure, StampQuery, StampedRow, StopHandle, TimedClaim,
+    TimedWorker, WaitForRows,
 };
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres_backend")]

@@ -23,8 +23,11 @@ mod migrations;
 // Partitioned tables: PostgreSQL and MariaDB.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod partitions;
-// The torture suite covers PostgreSQL and SQLite.
+// Candidates read on a streaming replica the test starts.
+#[cfg(feature = "postgres")]
+mod replica;
 mod timed;
+// The torture suite covers PostgreSQL and SQLite.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod torture;
 // The spans and events of the `tracing` feature.

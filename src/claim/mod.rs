@@ -418,7 +418,146 @@ impl<Q> ClaimBuilder<Q> {
             query.rows(conn, range, limit, clause)
         };
         match claim {
-            Ok(claim) => drive(claim, query, conn, select, f),
+            Ok(claim) => drive(claim, query, conn, select, on_primary(query), f),
+            Err(error) => ClaimOutcome::refused(error.into()),
+        }
+    }
+}
+
+impl<Q> ClaimBuilder<Q> {
+    /// Reads the candidates on `replica`, a connection to a read replica of
+    /// the database the claim runs on: the unlocked reads that find rows to
+    /// claim leave the primary, while every lock, re-check and write stays on
+    /// the connection given to [`each`](ReplicaClaim::each).
+    ///
+    /// The double check makes this safe: a row is handed over only once the
+    /// primary has re-checked it under the row's lock. A replica that lags
+    /// costs re-checks of rows others have processed since (they are passed
+    /// over as gone), and does not show rows committed on the primary after
+    /// its last replay: a claim (a [`drain`](Self::drain) too) ends when the
+    /// replica shows no more, and those rows are found by a later call. What
+    /// is still pending of a page the claim passed over is read on the primary,
+    /// so that [`skipped`](ClaimReport::skipped) counts only rows other workers
+    /// hold. The replica's connection needs no transaction; it runs one
+    /// `SELECT` of keys per page.
+    ///
+    /// ```no_run
+    /// # include!("../doctest_setup.rs");
+    /// use diesel_claim::prelude::*;
+    ///
+    /// # fn main() -> Result<(), diesel_claim::Error> {
+    /// # let mut primary = establish_connection();
+    /// # let mut replica = establish_connection();
+    /// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+    /// let report = pending
+    ///     .build_claim()
+    ///     .batch(100)
+    ///     .candidates_from(&mut replica)
+    ///     .each(&mut primary, |conn, order: Order| {
+    ///         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+    ///         Ok::<_, diesel_claim::Error>(())
+    ///     })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn candidates_from<Rc>(self, replica: &mut Rc) -> ReplicaClaim<'_, Q, Rc> {
+        ReplicaClaim {
+            claim: self,
+            replica,
+        }
+    }
+}
+
+/// A claim that reads its candidates on a replica, made by
+/// [`ClaimBuilder::candidates_from`].
+#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
+pub struct ReplicaClaim<'r, Q, Rc> {
+    claim: ClaimBuilder<Q>,
+    replica: &'r mut Rc,
+}
+
+impl<Q: std::fmt::Debug, Rc> std::fmt::Debug for ReplicaClaim<'_, Q, Rc> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaClaim")
+            .field("claim", &self.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q, Rc> ReplicaClaim<'_, Q, Rc> {
+    /// Runs the claim on `conn`, calling `f` for every claimed row: see
+    /// [`ClaimBuilder::each`].
+    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        Rc: LoadConnection<Backend = C::Backend>,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch_outcome(conn, per_row(f)).into_result()
+    }
+
+    /// Runs the claim on `conn`, calling `f` once per claimed batch: see
+    /// [`ClaimBuilder::each_batch`].
+    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        Rc: LoadConnection<Backend = C::Backend>,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch_outcome(conn, f).into_result()
+    }
+
+    /// Runs the claim as [`each`](Self::each) does, and returns everything it
+    /// did: see [`ClaimBuilder::each_outcome`].
+    pub fn each_outcome<'q, C, R, E, F>(
+        self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>
+    where
+        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        Rc: LoadConnection<Backend = C::Backend>,
+        F: FnMut(&mut C, R) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch_outcome(conn, per_row(f))
+    }
+
+    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
+    /// everything it did: see [`ClaimBuilder::each_outcome`].
+    pub fn each_batch_outcome<'q, C, R, E, F>(
+        self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>
+    where
+        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        Rc: LoadConnection<Backend = C::Backend>,
+        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let ReplicaClaim { claim, replica } = self;
+        let query = &claim.query;
+        let run = transaction_depth(conn)
+            .map_err(Error::from)
+            .and_then(|depth| claim.start::<C::Backend, R, _>(Taking::Select, query, depth));
+        let select = |conn: &mut C, range, limit, clause: &LockClause| {
+            ClaimQuery::<'q, C, R>::rows(query, conn, range, limit, clause)
+        };
+        let candidates =
+            |_: &mut C, range, limit| ClaimQuery::<'q, Rc, R>::keys(query, replica, range, limit);
+        match run {
+            Ok(run) => drive(run, query, conn, select, candidates, f),
             Err(error) => ClaimOutcome::refused(error.into()),
         }
     }
@@ -554,7 +693,7 @@ impl<Q, V> MarkedClaim<Q, V> {
             query.mark(conn, range, limit, clause, &changes)
         };
         match run {
-            Ok(run) => drive(run, query, conn, mark, f),
+            Ok(run) => drive(run, query, conn, mark, on_primary(query), f),
             Err(error) => ClaimOutcome::refused(error.into()),
         }
     }
@@ -569,11 +708,12 @@ pub(crate) fn per_row<C, R, E>(
 
 /// Runs a claim on a blocking connection: its reads, and its batches each in a
 /// transaction of their own, claimed by `take`.
-fn drive<'q, Q, C, R, K, T, E, F>(
+fn drive<'q, Q, C, R, K, T, G, E, F>(
     mut claim: Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
     mut take: T,
+    mut candidates: G,
     mut f: F,
 ) -> ClaimOutcome<K, E>
 where
@@ -582,24 +722,38 @@ where
     C: LoadConnection,
     C::Backend: ClaimBackend,
     T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    G: ReadCandidates<C, K>,
     F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
     E: From<Error>,
 {
     let span = claim.span::<Q, C::Backend, R>();
     let mut failed = Vec::new();
     let stopped = span
-        .in_scope(|| run_steps(&mut claim, query, conn, &mut take, &mut f, &mut failed))
+        .in_scope(|| {
+            let (take, candidates) = (&mut take, &mut candidates);
+            run_steps(
+                &mut claim,
+                query,
+                conn,
+                take,
+                candidates,
+                &mut f,
+                &mut failed,
+            )
+        })
         .err();
     ClaimOutcome::ended(claim.report(), failed, stopped, &span)
 }
 
 /// The loop of [`drive`]: runs the claim's steps until it is done, recording
 /// the failures passed over; an error ends it.
-fn run_steps<'q, Q, C, R, K, T, E, F>(
+#[allow(clippy::too_many_arguments)]
+fn run_steps<'q, Q, C, R, K, T, G, E, F>(
     claim: &mut Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
     take: &mut T,
+    candidates: &mut G,
     f: &mut F,
     failed: &mut Vec<RowFailure<K, E>>,
 ) -> Result<(), RowFailure<K, E>>
@@ -609,12 +763,15 @@ where
     C: LoadConnection,
     C::Backend: ClaimBackend,
     T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    G: ReadCandidates<C, K>,
     F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
     E: From<Error>,
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
     let catch_panics = claim.keep_going;
-    while let Some((range, limit)) = next_batch(claim, query, conn).map_err(outside)? {
+    while let Some((range, limit)) =
+        next_batch_reading(claim, query, conn, candidates).map_err(outside)?
+    {
         // The keys of the rows handed to the closure, once it has failed.
         let mut failing: Option<Vec<K>> = None;
         let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
@@ -695,9 +852,48 @@ where
     C: LoadConnection,
     C::Backend: ClaimBackend,
 {
+    next_batch_reading(claim, query, conn, &mut on_primary(query))
+}
+
+/// Reads a page of candidates' keys, without locks: `(conn, range, limit)`,
+/// where `conn` is the connection the claim locks rows on.
+pub(crate) trait ReadCandidates<C, K>:
+    FnMut(&mut C, KeyRange<Position<K>>, i64) -> QueryResult<Vec<Position<K>>>
+{
+}
+
+impl<C, K, G> ReadCandidates<C, K> for G where
+    G: FnMut(&mut C, KeyRange<Position<K>>, i64) -> QueryResult<Vec<Position<K>>>
+{
+}
+
+/// Candidates read on the connection that locks the rows.
+fn on_primary<'a, 'q, Q, C, R>(query: &'a Q) -> impl ReadCandidates<C, Q::Key> + 'a
+where
+    Q: ClaimQuery<'q, C, R>,
+    C: Connection,
+{
+    move |conn: &mut C, range, limit| query.keys(conn, range, limit)
+}
+
+/// [`next_batch`], with the candidates read by `candidates` (on a replica,
+/// say); what still matches of a page is read on `conn`, as it must be exact.
+pub(crate) fn next_batch_reading<'q, Q, C, R, K, G>(
+    claim: &mut Claim<Position<K>>,
+    query: &Q,
+    conn: &mut C,
+    candidates: &mut G,
+) -> Result<Option<NextBatch<K>>, Error>
+where
+    Q: ClaimQuery<'q, C, R, Key = K>,
+    K: Clone + Eq + Hash,
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+    G: ReadCandidates<C, K>,
+{
     loop {
         match claim.next() {
-            Step::Candidates(range, limit) => claim.candidates(query.keys(conn, range, limit)?),
+            Step::Candidates(range, limit) => claim.candidates(candidates(conn, range, limit)?),
             Step::StillMatching(range) => {
                 claim.still_matching(query.keys(conn, range, i64::MAX)?);
             }

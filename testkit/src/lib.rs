@@ -24,6 +24,8 @@ pub mod fixtures;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(feature = "postgres")]
+mod pg_replica;
 pub mod shop;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -46,5 +48,7 @@ pub mod url;
 pub use mysql::{mysql_pool, mysql_url, MysqlTestDb};
 #[cfg(feature = "postgres")]
 pub use pg::{pg_pool, pg_url, PgTestDb};
+#[cfg(feature = "postgres")]
+pub use pg_replica::PgReplicaPair;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{sqlite_pool, SqliteTestDb};

@@ -132,7 +132,7 @@ pub fn pg_pool(url: &str, size: u32) -> Pool<ConnectionManager<PgConnection>> {
 }
 
 /// The directory holding both `initdb` and `pg_ctl`, newest version first.
-fn postgres_bin_dir() -> Option<PathBuf> {
+pub(crate) fn postgres_bin_dir() -> Option<PathBuf> {
     let mut versioned: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
@@ -262,7 +262,7 @@ fn configured_port(data_dir: &Path) -> u16 {
         .expect("no port in postgresql.conf of the PostgreSQL test server")
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("cannot find a free port")
@@ -271,7 +271,7 @@ fn free_port() -> u16 {
 
 /// PostgreSQL refuses to run as root, so as root the server tools run as
 /// the `postgres` system user.
-fn server_command(program: &Path) -> Command {
+pub(crate) fn server_command(program: &Path) -> Command {
     let running_as_root = fs::metadata("/proc/self").is_ok_and(|proc| proc.uid() == 0);
     let mut command = if running_as_root {
         let mut runuser = Command::new("runuser");
@@ -285,7 +285,7 @@ fn server_command(program: &Path) -> Command {
     command
 }
 
-fn run(command: &mut Command) -> Result<(), String> {
+pub(crate) fn run(command: &mut Command) -> Result<(), String> {
     let output = command
         .stdin(Stdio::null())
         .output()
