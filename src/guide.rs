@@ -179,8 +179,12 @@
 //!   type names that table (`#[derive(Identifiable)]`); with a join, select it
 //!   (`.select(Order::as_select())`). The query's own `LIMIT` is refused: cap a
 //!   call with [`max_rows`](ClaimBuilder::max_rows).
-//! - **Never on a replica.** Candidates must be read from the primary: a lagging
-//!   replica only costs wasted re-checks, but the re-check must see the primary.
+//! - **Candidates from a replica.** The unlocked candidate reads may go to a
+//!   read replica ([`candidates_from`](ClaimBuilder::candidates_from)); the
+//!   locked re-check, the closure and the commit stay on the primary, which is
+//!   what makes the replica safe. A lagging replica costs re-checks of rows
+//!   others have processed since, and leaves rows it has not replayed yet to a
+//!   later call. Never run the whole claim on a replica: it cannot lock rows.
 //! - **Errors and panics.** An `Err` from the closure rolls back that row (or
 //!   batch) and ends the call with it; rows committed before stay committed. A
 //!   panic rolls back, leaves no lock held and no transaction open, and resumes
