@@ -220,3 +220,113 @@ fn candidates_read_on_a_lagging_replica_are_claimed_once_each() {
         "(outbox rows, orders emailed)"
     );
 }
+
+#[cfg(feature = "async")]
+mod aio {
+    use std::time::Duration;
+
+    use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+    use diesel_claim::aio::prelude::*;
+
+    use super::{
+        emails, pending, pending_rows, place, KeyReads, APPLY_DELAY, LATE_ROWS, ROWS, WORKERS,
+    };
+    use testkit::fixtures::{create_schema, orders, outbox, Order, POSTGRES_SCHEMA};
+    use testkit::PgReplicaPair;
+
+    /// The same on diesel-async: candidates from the replica, every row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_candidates_read_on_a_lagging_replica_are_claimed_once_each() {
+        async fn connect(url: &str, reads: &KeyReads) -> AsyncPgConnection {
+            let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+            conn.set_instrumentation(reads.clone());
+            conn
+        }
+        async fn drain(
+            primary: &mut AsyncPgConnection,
+            replica: &mut AsyncPgConnection,
+            worker: i32,
+        ) -> ClaimReport {
+            pending()
+                .build_claim()
+                .drain()
+                .batch(if worker % 2 == 0 { 1 } else { 20 })
+                .candidates_from(replica)
+                .each(
+                    primary,
+                    async |conn: &mut AsyncPgConnection, order: Order| {
+                        diesel::insert_into(outbox::table)
+                            .values((outbox::order_id.eq(order.id), outbox::worker.eq(worker)))
+                            .execute(conn)
+                            .await?;
+                        diesel::update(&order)
+                            .set(orders::email_sent.eq(true))
+                            .execute(conn)
+                            .await?;
+                        Ok::<_, diesel_claim::Error>(())
+                    },
+                )
+                .await
+                .unwrap()
+        }
+
+        let pair = PgReplicaPair::start(APPLY_DELAY);
+        let mut admin = PgConnection::establish(&pair.primary_url).unwrap();
+        admin.batch_execute("CREATE DATABASE claims").unwrap();
+        let (primary_url, replica_url) = pair.urls("claims");
+        let mut primary = PgConnection::establish(&primary_url).unwrap();
+        create_schema(&mut primary, POSTGRES_SCHEMA);
+        place(&mut primary, ROWS);
+        pair.wait_for_replay(Duration::from_secs(30));
+
+        let (primary_reads, replica_reads) = (KeyReads::default(), KeyReads::default());
+        let workers = (0..WORKERS).map(|worker| {
+            let (primary_url, replica_url) = (primary_url.clone(), replica_url.clone());
+            let (primary_reads, replica_reads) = (primary_reads.clone(), replica_reads.clone());
+            tokio::spawn(async move {
+                let mut primary = connect(&primary_url, &primary_reads).await;
+                let mut replica = connect(&replica_url, &replica_reads).await;
+                drain(&mut primary, &mut replica, worker).await
+            })
+        });
+        let workers: Vec<_> = workers.collect();
+        place(&mut primary, LATE_ROWS);
+        let mut processed = 0;
+        for worker in workers {
+            processed += worker.await.unwrap().processed;
+        }
+        let (left, stale) = (pending_rows(&primary_url), pending_rows(&replica_url));
+        assert!(
+            stale > left,
+            "the replica was not behind: {stale} pending there, {left} on the primary"
+        );
+        assert_eq!(
+            primary_reads.get().0,
+            0,
+            "candidates were read on the primary"
+        );
+        assert!(replica_reads.get().0 > 0);
+        eprintln!(
+            "async: {processed} processed, {left} left to a later call (the replica showed {stale})"
+        );
+
+        let mut primary = connect(&primary_url, &KeyReads::default()).await;
+        let mut replica = connect(&replica_url, &KeyReads::default()).await;
+        for _ in 0..10 {
+            if pending_rows(&primary_url) == 0 {
+                break;
+            }
+            pair.wait_for_replay(Duration::from_secs(30));
+            drain(&mut primary, &mut replica, 0).await;
+        }
+        assert_eq!(pending_rows(&primary_url), 0, "rows left pending");
+        let emailed = i64::from(ROWS + LATE_ROWS);
+        assert_eq!(
+            emails(&primary_url),
+            (emailed, emailed),
+            "(outbox rows, orders emailed)"
+        );
+    }
+}

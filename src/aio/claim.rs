@@ -24,7 +24,7 @@ use crate::locking::LockClause;
 use crate::sql::{KeyRange, Locked, Position};
 use crate::trace::{self, Instrument};
 use crate::transaction::{locking_read, transaction_outcome, MOVED_ROW_RETRIES};
-use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error, RowFailure};
+use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error, ReplicaClaim, RowFailure};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries, for diesel-async
 /// connections: the async twin of [`crate::ClaimDsl`].
@@ -189,9 +189,134 @@ impl<Q> ClaimBuilder<Q, Async> {
         match claim {
             Ok(claim) => {
                 let select = Select(&self.query, PhantomData);
-                drive(claim, &self.query, &select, conn, handler).await
+                drive(claim, &self.query, &select, conn, None::<&mut C>, handler).await
             }
             Err(error) => ClaimOutcome::refused(error.into()),
+        }
+    }
+}
+
+impl<'r, Q, Rc> ReplicaClaim<'r, Q, Rc, Async> {
+    /// Runs the claim on `conn`, awaiting `f` for every claimed row, with the
+    /// candidates read on the replica: see
+    /// [`ClaimBuilder::candidates_from`](crate::ClaimBuilder::candidates_from).
+    pub fn each<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        'r: 'a,
+        Q: ClaimQuery<'a, C, R> + ClaimQuery<'a, Rc, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Rc: AsyncConnection<Backend = C::Backend>,
+        R: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachRow(f)).map(ClaimOutcome::into_result)
+    }
+
+    /// Runs the claim on `conn`, awaiting `f` once per claimed batch, with the
+    /// candidates read on the replica.
+    pub fn each_batch<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        'r: 'a,
+        Q: ClaimQuery<'a, C, R> + ClaimQuery<'a, Rc, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Rc: AsyncConnection<Backend = C::Backend>,
+        R: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachBatch(f)).map(ClaimOutcome::into_result)
+    }
+
+    /// Runs the claim as [`each`](ReplicaClaim#method.each-1) does, and
+    /// returns everything it did: see [`crate::ClaimBuilder::each_outcome`].
+    pub fn each_outcome<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>> + Send + 'a
+    where
+        'r: 'a,
+        Q: ClaimQuery<'a, C, R> + ClaimQuery<'a, Rc, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Rc: AsyncConnection<Backend = C::Backend>,
+        R: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachRow(f))
+    }
+
+    /// Runs the claim as [`each_batch`](ReplicaClaim#method.each_batch-1)
+    /// does, and returns everything it did.
+    pub fn each_batch_outcome<'a, C, R, E, F>(
+        self,
+        conn: &'a mut C,
+        f: F,
+    ) -> impl Future<Output = ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>> + Send + 'a
+    where
+        'r: 'a,
+        Q: ClaimQuery<'a, C, R> + ClaimQuery<'a, Rc, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Rc: AsyncConnection<Backend = C::Backend>,
+        R: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, Vec<R>) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, Vec<R>, Result<(), E>, Fut: Send>
+            + Send
+            + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.run(conn, EachBatch(f))
+    }
+
+    fn run<'a, C, R, E, H>(
+        self,
+        conn: &'a mut C,
+        mut handler: H,
+    ) -> impl Future<Output = ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>> + Send + 'a
+    where
+        'r: 'a,
+        Q: ClaimQuery<'a, C, R> + ClaimQuery<'a, Rc, R> + Send + Sync + 'a,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        Rc: AsyncConnection<Backend = C::Backend>,
+        R: Send + 'a,
+        H: Handler<C, R, E> + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        async move {
+            let ReplicaClaim { claim, replica } = self;
+            let query = &claim.query;
+            let started = transaction_depth(conn)
+                .and_then(|depth| claim.start::<C::Backend, R, _>(Taking::Select, query, depth));
+            match started {
+                Ok(run) => {
+                    let select = Select(query, PhantomData);
+                    drive(run, query, &select, conn, Some(replica), &mut handler).await
+                }
+                Err(error) => ClaimOutcome::refused(error.into()),
+            }
         }
     }
 }
@@ -248,52 +373,69 @@ where
     }
 }
 
-/// Runs a claim on an async connection: the blocking driver's steps, awaited.
-pub(super) async fn drive<'a, Q, T, C, R, K, E, H>(
+/// Runs a claim on an async connection: the blocking driver's steps, awaited;
+/// the candidates read on `replica` when there is one.
+pub(super) async fn drive<'a, Q, T, C, Rc, R, K, E, H>(
     mut claim: Claim<Position<K>>,
     query: &Q,
     taker: &T,
     conn: &mut C,
+    replica: Option<&mut Rc>,
     handler: &mut H,
 ) -> ClaimOutcome<K, E>
 where
-    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    Q: ClaimQuery<'a, C, R, Key = K> + ClaimQuery<'a, Rc, R, Key = K> + Sync,
     T: TakeRows<C, R, K>,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
+    Rc: AsyncConnection<Backend = C::Backend>,
     R: Send,
     H: Handler<C, R, E>,
     E: From<Error> + Send,
 {
     let span = claim.span::<Q, C::Backend, R>();
     let mut failed = Vec::new();
-    let steps = run_steps(&mut claim, query, taker, conn, handler, &mut failed);
+    let steps = run_steps(
+        &mut claim,
+        query,
+        taker,
+        conn,
+        replica,
+        handler,
+        &mut failed,
+    );
     let stopped = steps.instrument(span.clone()).await.err();
     ClaimOutcome::ended(claim.report(), failed, stopped, &span)
 }
 
 /// The loop of [`drive`], as in the blocking driver.
-async fn run_steps<'a, Q, T, C, R, K, E, H>(
+#[allow(clippy::too_many_arguments)]
+async fn run_steps<'a, Q, T, C, Rc, R, K, E, H>(
     claim: &mut Claim<Position<K>>,
     query: &Q,
     taker: &T,
     conn: &mut C,
+    mut replica: Option<&mut Rc>,
     handler: &mut H,
     failed: &mut Vec<RowFailure<K, E>>,
 ) -> Result<(), RowFailure<K, E>>
 where
-    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    Q: ClaimQuery<'a, C, R, Key = K> + ClaimQuery<'a, Rc, R, Key = K> + Sync,
     T: TakeRows<C, R, K>,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
+    Rc: AsyncConnection<Backend = C::Backend>,
     R: Send,
     H: Handler<C, R, E>,
     E: From<Error> + Send,
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-    while let Some((range, limit)) = next_batch(claim, query, conn).await.map_err(outside)? {
+    while let Some((range, limit)) = next_batch(claim, query, conn, replica.as_deref_mut())
+        .await
+        .map_err(outside)?
+    {
         let mut failing = None;
         let batch = if claim.taking == Taking::MarkAndCommit {
             let rows = take_and_commit(claim, taker, conn, range, limit, position_of::<Q, _, _>)
@@ -349,24 +491,35 @@ where
 
 /// Reads candidates until the claim's next batch is known, as the blocking
 /// `next_batch` does: its range and limit, or `None` once the claim is done.
-pub(super) async fn next_batch<'a, Q, C, R, K>(
+/// The candidates are read on `replica` when there is one; what still matches
+/// of a page, on `conn`, as it must be exact.
+pub(super) async fn next_batch<'a, Q, C, Rc, R, K>(
     claim: &mut Claim<Position<K>>,
     query: &Q,
     conn: &mut C,
+    mut replica: Option<&mut Rc>,
 ) -> Result<Option<NextBatch<K>>, Error>
 where
-    Q: ClaimQuery<'a, C, R, Key = K> + Sync,
+    Q: ClaimQuery<'a, C, R, Key = K> + ClaimQuery<'a, Rc, R, Key = K> + Sync,
     K: Clone + Eq + Hash + Send + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
+    Rc: AsyncConnection<Backend = C::Backend>,
 {
     loop {
         match claim.next() {
             Step::Candidates(range, limit) => {
-                claim.candidates(query.keys(conn, range, limit).await?);
+                let keys = match replica.as_deref_mut() {
+                    Some(replica) => {
+                        ClaimQuery::<'a, Rc, R>::keys(query, replica, range, limit).await
+                    }
+                    None => ClaimQuery::<'a, C, R>::keys(query, conn, range, limit).await,
+                };
+                claim.candidates(keys?);
             }
             Step::StillMatching(range) => {
-                claim.still_matching(query.keys(conn, range, i64::MAX).await?);
+                let keys = ClaimQuery::<'a, C, R>::keys(query, conn, range, i64::MAX).await;
+                claim.still_matching(keys?);
             }
             Step::Batch(range, limit) => return Ok(Some((range, limit))),
             Step::Done => return Ok(None),

@@ -144,7 +144,7 @@ impl<Q, V> MarkedClaim<Q, V, Async> {
             match started {
                 Ok(run) => {
                     let mark = Mark(query, changes, PhantomData);
-                    drive(run, query, &mark, conn, &mut handler).await
+                    drive(run, query, &mark, conn, None::<&mut C>, &mut handler).await
                 }
                 Err(error) => ClaimOutcome::refused(error.into()),
             }

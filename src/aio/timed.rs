@@ -399,7 +399,10 @@ where
     E: From<Error> + Send,
 {
     let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-    while let Some((range, limit)) = next_batch(claim, query, conn).await.map_err(outside)? {
+    while let Some((range, limit)) = next_batch(claim, query, conn, None::<&mut C>)
+        .await
+        .map_err(outside)?
+    {
         let taker = Stamp(query, stamp, PhantomData);
         let position_of = |(row, _): &(R, i64)| Position::of_key(Q::key(row));
         let rows = take_and_commit(claim, &taker, conn, range, limit, position_of)

@@ -424,7 +424,7 @@ impl<Q> ClaimBuilder<Q> {
     }
 }
 
-impl<Q> ClaimBuilder<Q> {
+impl<Q, M> ClaimBuilder<Q, M> {
     /// Reads the candidates on `replica`, a connection to a read replica of
     /// the database the claim runs on: the unlocked reads that find rows to
     /// claim leave the primary, while every lock, re-check and write stays on
@@ -460,7 +460,7 @@ impl<Q> ClaimBuilder<Q> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn candidates_from<Rc>(self, replica: &mut Rc) -> ReplicaClaim<'_, Q, Rc> {
+    pub fn candidates_from<Rc>(self, replica: &mut Rc) -> ReplicaClaim<'_, Q, Rc, M> {
         ReplicaClaim {
             claim: self,
             replica,
@@ -471,12 +471,12 @@ impl<Q> ClaimBuilder<Q> {
 /// A claim that reads its candidates on a replica, made by
 /// [`ClaimBuilder::candidates_from`].
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct ReplicaClaim<'r, Q, Rc> {
-    claim: ClaimBuilder<Q>,
-    replica: &'r mut Rc,
+pub struct ReplicaClaim<'r, Q, Rc, M = Blocking> {
+    pub(crate) claim: ClaimBuilder<Q, M>,
+    pub(crate) replica: &'r mut Rc,
 }
 
-impl<Q: std::fmt::Debug, Rc> std::fmt::Debug for ReplicaClaim<'_, Q, Rc> {
+impl<Q: std::fmt::Debug, Rc, M: std::fmt::Debug> std::fmt::Debug for ReplicaClaim<'_, Q, Rc, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaClaim")
             .field("claim", &self.claim)
