@@ -121,8 +121,9 @@ pub(crate) struct Claim<K> {
     remaining: u64,
     report: ClaimReport,
     /// Candidates found locked by others in this pass, to retry in the next
-    /// (only when draining, on backends with row locks).
-    retry: Vec<K>,
+    /// (only when draining, on backends with row locks): those of each page,
+    /// in the claim order, make a page of their own.
+    retry: Vec<Vec<K>>,
     state: State<K>,
     /// The highest key scanned for candidates so far.
     cursor: Option<K>,
@@ -150,8 +151,8 @@ pub(crate) enum Step<K> {
 enum State<K> {
     /// A pass begins: the candidates found locked in the last pass come first.
     Pass,
-    /// Retrying those, one page each.
-    Retry(std::vec::IntoIter<K>),
+    /// Retrying those, page by page.
+    Retry(std::vec::IntoIter<Vec<K>>),
     /// Reading the next page of candidates.
     Scan,
     /// Waiting for a page of candidates.
@@ -167,7 +168,7 @@ enum State<K> {
 
 /// Where a claim goes after a page.
 enum Then<K> {
-    Retry(std::vec::IntoIter<K>),
+    Retry(std::vec::IntoIter<Vec<K>>),
     Scan,
     PassEnd,
 }
@@ -293,11 +294,20 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                     // rows found locked, then rows beyond the highest key seen.
                     self.state = State::Retry(std::mem::take(&mut self.retry).into_iter());
                 }
-                State::Retry(mut keys) => {
-                    self.state = match keys.next() {
-                        Some(key) => {
-                            let page = Page::new(vec![key], false, 0);
-                            State::Page(page, Then::Retry(keys))
+                State::Retry(mut pages) => {
+                    self.state = match pages.next() {
+                        Some(keys) => {
+                            // Taken as a page, not one transaction per key: the
+                            // rows others held are mostly done by now, and a
+                            // take passes over those in one read.
+                            let start = if self.contended {
+                                random_below(keys.len())
+                            } else {
+                                0
+                            };
+                            let mut page = Page::new(keys, false, start);
+                            page.retrying = true;
+                            State::Page(page, Then::Retry(pages))
                         }
                         None => State::Scan,
                     };
@@ -434,8 +444,18 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         }
         self.locked += locked.len() as u64;
         self.report.gone += gone.len() as u64;
-        if self.drain && self.remaining > 0 {
-            self.retry.extend(locked.into_iter().cloned());
+        if self.drain && self.remaining > 0 && !locked.is_empty() {
+            let locked: HashSet<&K> = locked.into_iter().collect();
+            let in_claim_order = page.in_claim_order().filter(|key| locked.contains(key));
+            if self.taking == Taking::Select {
+                self.retry.push(in_claim_order.cloned().collect());
+            } else {
+                // A mark or a stamp changes every row its statement takes,
+                // before the rows could be told apart: one key per page, so
+                // that it takes no row this call has taken before.
+                self.retry
+                    .extend(in_claim_order.map(|key| vec![key.clone()]));
+            }
         }
         self.state = then.into();
     }
@@ -576,6 +596,9 @@ struct Page<K> {
     reached: Option<K>,
     /// The furthest candidate processed, by its place in the page.
     furthest: Option<usize>,
+    /// Made of candidates found locked in the last pass: rows of its range
+    /// that are not among them are not handed over.
+    retrying: bool,
 }
 
 impl<K: Clone + Eq + Hash> Page<K> {
@@ -601,12 +624,18 @@ impl<K: Clone + Eq + Hash> Page<K> {
             ran_dry: false,
             reached: None,
             furthest: None,
+            retrying: false,
         }
     }
 
     /// The page's first key in the claim order.
     fn first(&self) -> &K {
         &self.keys[self.head % self.keys.len()]
+    }
+
+    /// The page's keys in the claim order.
+    fn in_claim_order(&self) -> impl Iterator<Item = &K> {
+        self.keys[self.head..].iter().chain(&self.keys[..self.head])
     }
 
     /// The page's last key in the claim order.
@@ -709,6 +738,7 @@ impl<K: Clone + Eq + Hash> Page<K> {
             let place = |row: &R| self.position.get(&key_of(row)).copied();
             rows.sort_by_cached_key(|row| place(row).unwrap_or(usize::MAX));
         }
+        let last = rows.last().map(&key_of);
         let mut furthest = None;
         let mut seen_before = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -718,6 +748,10 @@ impl<K: Clone + Eq + Hash> Page<K> {
                     furthest = furthest.max(Some(index));
                     std::mem::replace(&mut self.processed[index], true)
                 }
+                // A retried page's range holds rows this call processed
+                // before, which the closure may have left matching: only its
+                // own keys are handed over (the others' locks go at commit).
+                None if self.retrying => true,
                 None => !self.newcomers.insert(key),
             });
         }
@@ -738,7 +772,8 @@ impl<K: Clone + Eq + Hash> Page<K> {
         }
         self.furthest = self.furthest.max(furthest);
         let next = if ordered {
-            rows.last().map(&key_of)
+            // The last row taken, handed over or not: the takes go on past it.
+            last
         } else {
             // Rows that do not tell their positions: past the furthest candidate
             // claimed. A batch that claimed no candidate made no progress
@@ -784,7 +819,7 @@ fn random_below(n: usize) -> usize {
 mod tests {
     use super::*;
     use crate::LockStrength;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashMap};
 
     /// A claim of rows that are their own keys, per row, pages of two keys,
     /// with row locks.
@@ -910,6 +945,57 @@ mod tests {
             MIN_OPEN_PAGE_SIZE
         };
         claim
+    }
+
+    /// A drain retries the candidates it found locked as pages, each take
+    /// passing over as many rows as a batch holds, rather than one
+    /// transaction per row; rows of a retried page's range that the call
+    /// processed before and the closure left matching are not handed over
+    /// again.
+    #[test]
+    fn a_drain_retries_the_rows_it_found_locked_page_by_page() {
+        let mut claim = default_claim(true);
+        claim.batch = 10;
+        let mut pending: BTreeSet<i64> = (1..=100).collect();
+        // Held by other workers during the first pass.
+        let held = |key: &i64| key % 2 == 0;
+        // Left matching by the closure.
+        let left_matching = |key: &i64| key % 10 == 1;
+        let mut handed: HashMap<i64, u32> = HashMap::new();
+        let mut takes_in_pass: HashMap<u32, u32> = HashMap::new();
+        loop {
+            match claim.next() {
+                Step::Candidates(range, limit) => {
+                    claim.candidates(in_range(&pending, &range).take(limit as usize).collect());
+                }
+                Step::StillMatching(range) => {
+                    claim.still_matching(in_range(&pending, &range).collect());
+                }
+                Step::Batch(range, limit) => {
+                    let first_pass = claim.report.passes == 1;
+                    let rows: Vec<i64> = in_range(&pending, &range)
+                        .filter(|key| !(first_pass && held(key)))
+                        .take(limit as usize)
+                        .collect();
+                    *takes_in_pass.entry(claim.report.passes).or_default() += 1;
+                    let rows = claim.taken(rows, limit, |row| *row).unwrap();
+                    for row in &rows {
+                        *handed.entry(*row).or_default() += 1;
+                        if !left_matching(row) {
+                            pending.remove(row);
+                        }
+                    }
+                    claim.processed(rows.len());
+                }
+                Step::Done => break,
+            }
+        }
+        assert_eq!(handed.len(), 100, "every row handed over");
+        assert!(handed.values().all(|times| *times == 1), "{handed:?}");
+        assert_eq!(claim.report.processed, 100);
+        // 50 rows retried in batches of 10: a few takes, not 50.
+        let retry_takes = takes_in_pass[&2];
+        assert!(retry_takes <= 10, "{retry_takes} takes retried 50 rows");
     }
 
     /// A page that starts further in is taken from there to its end, then from

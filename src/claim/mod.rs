@@ -202,8 +202,10 @@ impl<Q, M> ClaimBuilder<Q, M> {
     ///
     /// A row is never processed twice in one call, even when the closure leaves it
     /// matching the filter: later passes revisit only the rows found locked
-    /// (one read per page tells those from rows others processed; they are then
-    /// retried one row at a time) and the rows beyond the highest key scanned.
+    /// (one read per page tells those from rows others processed; those of a
+    /// page are then retried as a page of their own, and only they are handed
+    /// over from its range; with `mark`, one row at a time) and the rows
+    /// beyond the highest key scanned.
     /// To tell what to retry, a drain keeps each batch within the page of
     /// candidates it was read from: with many workers, every worker then reads
     /// every page (see [`page_size`](Self::page_size)).
