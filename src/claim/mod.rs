@@ -730,9 +730,9 @@ where
 {
     let span = claim.span::<Q, C::Backend, R>();
     let mut failed = Vec::new();
+    let (take, candidates) = (&mut take, &mut candidates);
     let stopped = span
         .in_scope(|| {
-            let (take, candidates) = (&mut take, &mut candidates);
             run_steps(
                 &mut claim,
                 query,
