@@ -227,17 +227,18 @@ on_async_backends! {
         let mut own = None;
         loop {
             let mut conn = shared.open(kind, &mut own).await;
-            // Rows until the one this claim stalls on; 0 for none. Not on a
-            // row a dropped claim held before: a row freed at once (by bb8)
-            // and held again by another drop would seem held for the bound.
+            // Rows until the one this claim stalls on; 0 for none. Rows a
+            // dropped claim held before are not counted: one freed at once
+            // (by bb8) and held again by another drop would seem held for
+            // the bound.
             let countdown = AtomicU32::new(if drops > 0 { fastrand::u32(1..=8) } else { 0 });
             let stalled = Notify::new();
             let stalled_on = OnceLock::new();
             let claim = pending().build_claim().drain().page_size(100).each(
                 &mut *conn,
                 async |conn: &mut AsyncConn, order: Order| {
-                    let stall = countdown.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) == Ok(1)
-                        && !shared.held_before(order.id);
+                    let stall = !shared.held_before(order.id)
+                        && countdown.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) == Ok(1);
                     email(conn, &order, if stall { -worker } else { worker }).await?;
                     if stall {
                         let _ = stalled_on.set(order.id);
