@@ -378,6 +378,7 @@ impl Running {
         self.0.load(Ordering::Relaxed)
     }
 
+    /// Clears the flag now (from a thread that decides to stop the others).
     pub fn stop(&self) {
         self.0.store(false, Ordering::Relaxed);
     }
