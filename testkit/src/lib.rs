@@ -12,8 +12,9 @@
 //!   scale by the tests and at any scale by the `torture` example.
 //! - [`shop`]: the plumbing of the two worked examples.
 //!
-//! Its features (`postgres`, `sqlite`, `mysql`) follow the crate's: the
-//! crate's own features turn them on for its tests, examples and benchmark.
+//! Its features (`postgres`, `sqlite`, `mysql`, `async`) follow the crate's:
+//! the crate's own features turn them on for its tests, examples and
+//! benchmark. `async` adds the scenarios of the async API.
 
 // A throwaway database or a scenario's state is made for one use, never
 // defaulted.

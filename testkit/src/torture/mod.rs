@@ -43,6 +43,8 @@ macro_rules! on_suite_backends {
 }
 
 mod bad_input;
+#[cfg(feature = "async")]
+mod cancellation;
 mod claiming;
 mod leases;
 mod money;
@@ -376,6 +378,11 @@ impl Running {
         self.0.load(Ordering::Relaxed)
     }
 
+    /// Clears the flag now (from a thread that decides to stop the others).
+    pub fn stop(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
     /// Clears the flag when the returned guard goes, however it goes.
     pub fn stop_on_drop(&self) -> impl Drop + '_ {
         struct Stop<'a>(&'a AtomicBool);
@@ -450,6 +457,12 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         Backend::Postgres => {
             let mut all = shared_scenarios!(on_postgres);
             all.extend(pg_faults::scenarios());
+            #[cfg(feature = "async")]
+            all.push(Scenario {
+                number: 26,
+                name: "async-cancellation",
+                run: cancellation::on_postgres::dropped_futures,
+            });
             all.sort_by_key(|s| s.number);
             all
         }
@@ -643,6 +656,12 @@ pub fn worker_main(args: &[String]) -> i32 {
                 }
             }
         };
+    }
+    // The async workers report fields of their own (see `cancellation`).
+    #[cfg(all(feature = "async", feature = "postgres"))]
+    if (backend.as_str(), kind.as_str()) == ("postgres", "cancel") {
+        procs::report("done", &cancellation::on_postgres::cancel_worker(&fields));
+        return 0;
     }
     match backend.as_str() {
         #[cfg(feature = "postgres")]
