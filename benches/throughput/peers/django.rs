@@ -149,9 +149,11 @@ pub fn drain<C: BenchConn>(
 ) -> Result<DrainRun, String> {
     let python = python()?;
     let mut started_workers = Vec::new();
-    let outcome = (0..workers)
-        .try_for_each(|_| Ok(started_workers.push(Worker::start(python, &db.url)?)))
-        .and_then(|()| converse(db, &mut started_workers));
+    let mut outcome = Ok(());
+    while started_workers.len() < workers && outcome.is_ok() {
+        outcome = Worker::start(python, &db.url).map(|worker| started_workers.push(worker));
+    }
+    let outcome = outcome.and_then(|()| converse(db, &mut started_workers));
     for worker in &mut started_workers {
         // On failure, the others would wait for `go` forever; on success,
         // they have already exited.
