@@ -15,6 +15,9 @@ pub const INDEX_EFFECT: &str = "IX";
 /// The id `--only` knows the pickup-latency measurement by.
 pub const PICKUP: &str = "PL";
 
+/// The id `--only` knows the seed's Django loop by: left out of `--quick`.
+const DJANGO: &str = "DJ";
+
 /// Hidden option: run one memory measurement and print `VmHWM` (see
 /// `memory.rs`): `--memory-child BACKEND URL ROWS MODE`.
 pub const MEMORY_CHILD: &str = "memory-child";
@@ -38,7 +41,7 @@ servers the benchmark works in a database of its own, created and dropped by its
 )]
 pub struct Options {
     /// Smoke test: ~300 rows, workers 1,2,4, short B5 runs, no SVG unless --svg
-    /// is given; checks correctness only
+    /// is given, no DJ unless --only names it; checks correctness only
     #[arg(long)]
     pub quick: bool,
     /// Pending rows per drain (300 with --quick)
@@ -64,8 +67,9 @@ pub struct Options {
     #[arg(long = "backend", value_name = "B", value_parser = backends, default_value = "all")]
     // Qualified, so that clap takes one value (a backend or all), not a list.
     pub backends: std::vec::Vec<BackendKind>,
-    /// Run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4 O3 O3h, B5 (contention), IX (the
-    /// index effect), PL (the worker loop's pickup latency)
+    /// Run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4 O3 O3h, the peers DJ (the seed's
+    /// Django loop) D0 D3 (Diesel alone, per row and n=100) FQ (the fang job queue),
+    /// B5 (contention), IX (the index effect), PL (the worker loop's pickup latency)
     #[arg(long, value_name = "MODE,...", value_delimiter = ',')]
     only: Vec<String>,
     /// Batch sizes of B3, B3d and B3h
@@ -169,8 +173,9 @@ impl Options {
     /// Whether the mode with this id (`B0`, `B3h`, `B5`, `IX`, …) is to run.
     pub fn runs(&self, id: &str) -> bool {
         if self.only.is_empty() && !self.index_effect {
-            // The index effect fills a million rows: not in a smoke test.
-            return !(self.quick && id == INDEX_EFFECT);
+            // The index effect fills a million rows, and the Django loop may
+            // first install Django from PyPI: neither in a smoke test.
+            return !(self.quick && (id == INDEX_EFFECT || id == DJANGO));
         }
         (self.index_effect && id == INDEX_EFFECT)
             || self.only.iter().any(|o| o.trim().eq_ignore_ascii_case(id))

@@ -271,6 +271,13 @@ pub trait BenchConn: Connection + Send + Sized + 'static {
     /// runs, otherwise (M2) the mark and the closure share one transaction.
     fn claim_marked(&mut self, n: u32, commit_first: bool) -> Result<u64, diesel_claim::Error>;
 
+    /// D0 (`n` = 1) and D3: Diesel alone, as a user would write the claim
+    /// without the crate: a transaction around the pending query with
+    /// `.limit(n).for_update().skip_locked()`, then the processing. Returns
+    /// the rows processed, 0 once none is found. Not on SQLite, which has no
+    /// row locks (Diesel has no `FOR UPDATE` there).
+    fn diesel_alone(&mut self, n: u32) -> QueryResult<u64>;
+
     // B5: add 1 to an account's balance.
     /// With `update_versioned` under `retry`; `attempts` counts closure runs.
     fn add_one_optimistic(
@@ -342,10 +349,11 @@ fn outbox_body(id: i64) -> String {
     format!("Order {id} has shipped")
 }
 
-/// Implements [`BenchConn`] for one connection type; `$db` is its backend and
-/// `$open` opens a connection.
+/// Implements [`BenchConn`] for one connection type; `$db` is its backend,
+/// `$open` opens a connection, and `$locks` (`row_locks` or `no_row_locks`)
+/// says whether Diesel can lock rows there.
 macro_rules! impl_bench_conn {
-    ($conn:ty, $db:ty, $kind:expr, $open:expr) => {
+    ($conn:ty, $db:ty, $kind:expr, $open:expr, $locks:ident) => {
         impl BenchConn for $conn {
             const BACKEND: BackendKind = $kind;
 
@@ -504,6 +512,10 @@ macro_rules! impl_bench_conn {
                 Ok(report.processed)
             }
 
+            fn diesel_alone(&mut self, n: u32) -> QueryResult<u64> {
+                diesel_alone!($locks, $db, self, n)
+            }
+
             fn add_one_optimistic(
                 &mut self,
                 account: i32,
@@ -546,6 +558,34 @@ macro_rules! impl_bench_conn {
     };
 }
 
+/// The body of [`BenchConn::diesel_alone`]: Diesel's `.for_update()` exists
+/// only where the backend has row locks.
+macro_rules! diesel_alone {
+    (row_locks, $db:ty, $conn:expr, $n:expr) => {
+        $conn.transaction(|conn| {
+            // The same query the crate modes claim from, in key order, as the
+            // hand-written twins read it.
+            let orders: Vec<Order> = pending!($db)
+                .order(schema::orders::id)
+                .limit(i64::from($n))
+                .for_update()
+                .skip_locked()
+                .load(conn)?;
+            match orders.as_slice() {
+                [] => {}
+                // One row: the same `UPDATE … WHERE id = ?` and `INSERT` as B0.
+                [order] => conn.process_row(order.id)?,
+                orders => conn.process_batch(&ids_of(orders))?,
+            }
+            Ok(orders.len() as u64)
+        })
+    };
+    (no_row_locks, $db:ty, $conn:expr, $n:expr) => {{
+        let _ = ($conn, $n);
+        unreachable!("Diesel alone runs where there are row locks only")
+    }};
+}
+
 /// The pending orders, as a user of the crate would write the query: the
 /// filter matches the partial index's predicate (`NOT shipped_email_sent`
 /// rather than `= false`, which would be a bind parameter the planner cannot
@@ -567,19 +607,22 @@ impl_bench_conn!(
     PgConnection,
     diesel::pg::Pg,
     BackendKind::Postgres,
-    PgConnection::establish
+    PgConnection::establish,
+    row_locks
 );
 impl_bench_conn!(
     diesel::SqliteConnection,
     diesel::sqlite::Sqlite,
     BackendKind::Sqlite,
-    open_sqlite
+    open_sqlite,
+    no_row_locks
 );
 impl_bench_conn!(
     MysqlConnection,
     diesel::mysql::Mysql,
     BackendKind::Mysql,
-    open_mysql
+    open_mysql,
+    row_locks
 );
 
 /// An SQLite connection that waits for the write lock instead of failing.

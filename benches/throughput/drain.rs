@@ -1,6 +1,6 @@
 //! Draining the queue: the modes B0–B4, M1, M2, O3 and O3h (and some of them
-//! on partitioned orders), the timed run of one mode, and the empty-queue
-//! check.
+//! on partitioned orders), the peers DJ, D0, D3 and FQ (see `peers`), the
+//! timed run of one mode, and the empty-queue check.
 
 use std::fmt;
 use std::sync::{Arc, Barrier};
@@ -12,6 +12,7 @@ use diesel::QueryResult;
 use crate::counting::{count_statements, stop_counting, Counters, Counts};
 use crate::database::BenchDb;
 use crate::db::{ids_of, reset_orders, BackendKind, BenchConn, Checks, RowLock};
+use crate::peers;
 use crate::schema::ORDER_COLUMNS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,10 +42,28 @@ pub enum ModeId {
     O3h,
     /// The crate's batched claim of a query ordered by `priority DESC`.
     O3,
+    /// Peer: the seed's loop in Django, one Python process per worker (see
+    /// `peers::django`).
+    DJ,
+    /// Peer: Diesel alone, per row: a transaction around the pending query
+    /// with `.limit(1).for_update().skip_locked()`, until it finds none.
+    D0,
+    /// Peer: D0 with `.limit(100)`.
+    D3,
+    /// Peer: the fang job queue, one job per order (see `peers::job_queue`).
+    FQ,
 }
 
 /// The batch sizes B3, B3d and B3h run at (unless `--batches` says otherwise).
 pub const BATCH_SIZES: [u32; 3] = [10, 100, 1000];
+
+/// The peers, in the order they run, after every other mode.
+pub const PEERS: [Mode; 4] = [
+    Mode::new(ModeId::DJ, 1),
+    Mode::new(ModeId::D0, 1),
+    Mode::new(ModeId::D3, 100),
+    Mode::new(ModeId::FQ, 1),
+];
 
 /// A mode, its batch size (1 for the per-row modes), and whether it drains
 /// the orders table partitioned by its pending flag.
@@ -104,6 +123,9 @@ impl Mode {
                 modes.extend([twin.on_partitions(), mode.on_partitions()]);
             }
         }
+        // The peers last: each is compared with several crate modes, which
+        // have all run at the same worker count just before.
+        modes.extend(PEERS);
         modes
     }
 
@@ -133,6 +155,12 @@ impl Mode {
         self.twin().is_some()
     }
 
+    /// Whether the mode is one of the peers: the same work done without the
+    /// crate, the way its users would otherwise do it.
+    pub fn is_peer(self) -> bool {
+        matches!(self.id, ModeId::DJ | ModeId::D0 | ModeId::D3 | ModeId::FQ)
+    }
+
     /// Whether workers leave each other's rows alone: every mode but the
     /// negative control.
     pub fn skips_locked(self) -> bool {
@@ -140,7 +168,13 @@ impl Mode {
     }
 
     pub fn runs_on(self, backend: BackendKind) -> bool {
-        (self.id != ModeId::B4 || backend.has_row_locks())
+        let needs_row_locks = matches!(self.id, ModeId::B4 | ModeId::D0 | ModeId::D3);
+        // Django is measured on PostgreSQL only (on MariaDB it would need
+        // Python's mysqlclient, a C build), and fang's blocking queue is
+        // PostgreSQL's alone.
+        let postgres_only = matches!(self.id, ModeId::DJ | ModeId::FQ);
+        (!needs_row_locks || backend.has_row_locks())
+            && (!postgres_only || backend == BackendKind::Postgres)
             && (!self.partitioned || backend.has_partitions())
     }
 }
@@ -148,7 +182,9 @@ impl Mode {
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.id {
-            ModeId::B0 | ModeId::B2 | ModeId::B4 => write!(f, "{:?}", self.id)?,
+            ModeId::B0 | ModeId::B2 | ModeId::B4 | ModeId::DJ | ModeId::D0 | ModeId::FQ => {
+                write!(f, "{:?}", self.id)?
+            }
             _ => write!(f, "{:?} n={}", self.id, self.batch)?,
         }
         if self.partitioned {
@@ -218,6 +254,8 @@ fn round<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<u64, diesel_claim::Er
         ModeId::O3 => conn.claim_batches_by_priority(n)?,
         ModeId::M1 => conn.claim_marked(n, true)?,
         ModeId::M2 => conn.claim_marked(n, false)?,
+        ModeId::D0 | ModeId::D3 => conn.diesel_alone(n)?,
+        ModeId::DJ | ModeId::FQ => unreachable!("{mode} runs in `peers`, not in a drain loop"),
     })
 }
 
@@ -415,6 +453,12 @@ pub fn run_drain<C: BenchConn>(
     trace: bool,
 ) -> Result<DrainRun, String> {
     db.setup(|conn| reset_orders(conn, rows))?;
+    // The Django loop and the job queue bring their own workers.
+    match mode.id {
+        ModeId::DJ => return peers::django::drain(db, workers, rows),
+        ModeId::FQ => return peers::job_queue::drain(db, workers, rows),
+        _ => {}
+    }
     if trace {
         eprintln!("{} {mode} W={workers}, statements sent:", C::BACKEND.name());
     }

@@ -25,7 +25,8 @@
 //! Layout: `cli` (options), `schema` (tables and their SQL), `db` (what a
 //! connection does, per backend), `database` (the benchmark's own database),
 //! `counting` (statements and transactions sent), `drain` (the modes and a
-//! timed drain), `contention` (B5), `index_effect` (claiming with and without
+//! timed drain), `peers` (the Django loop and the fang job queue, which drain
+//! outside the modes' loop), `contention` (B5), `index_effect` (claiming with and without
 //! the partial index), `memory` (peak RSS, in child processes), `pickup` (the
 //! worker loop's pickup latency), `report`
 //! (medians, tables and bars) and `svg` (the plot).
@@ -41,6 +42,7 @@ mod db;
 mod drain;
 mod index_effect;
 mod memory;
+mod peers;
 mod pickup;
 mod report;
 mod schema;
@@ -55,7 +57,7 @@ use cli::{MemoryChild, Options};
 use contention::{run_contention, Approach, HOT_SETS};
 use database::BenchDb;
 use db::{BackendKind, BenchConn};
-use drain::{check_empty_queue, run_drain, Mode};
+use drain::{check_empty_queue, run_drain, Mode, ModeId};
 use report::{DrainRuns, Results};
 
 fn main() -> ExitCode {
@@ -164,6 +166,7 @@ fn run_drains<C: BenchConn>(
     let modes: Vec<Mode> = Mode::all()
         .into_iter()
         .filter(|mode| mode.runs_on(C::BACKEND) && options.runs_mode(*mode))
+        .filter(|mode| can_run(*mode, results))
         .collect();
     // Not reported: the first mode measured in each database should not pay
     // for cold caches.
@@ -210,6 +213,26 @@ fn run_drains<C: BenchConn>(
     drains.sort_by_key(|drain| (order(&drain.mode), drain.workers));
     results.drains.extend(drains);
     Ok(())
+}
+
+/// Whether the mode can run here: DJ needs Python with Django (see
+/// `peers::django`). When it cannot, the run says why, in the report too, and
+/// goes on without it.
+fn can_run(mode: Mode, results: &mut Results) -> bool {
+    if mode.id != ModeId::DJ {
+        return true;
+    }
+    match peers::django::python() {
+        Ok(_) => true,
+        Err(why) => {
+            let note = format!("DJ (the seed's Django loop) skipped: {why}");
+            eprintln!("{note}");
+            if !results.notes.contains(&note) {
+                results.notes.push(note);
+            }
+            false
+        }
+    }
 }
 
 fn run_contentions<C: BenchConn>(
@@ -290,6 +313,14 @@ fn print_report(options: &Options, machine: &str, results: &Results) {
             report::drain_table(results),
             report::aborted_lines(results),
             report::DRAIN_TABLE_NOTES
+        );
+    }
+    if results.drains.iter().any(|runs| runs.mode.is_peer()) || !results.notes.is_empty() {
+        println!(
+            "## Against the peers\n\n{}\n{}{}\n",
+            report::peers_table(results),
+            report::peer_lines(results),
+            report::PEERS_NOTES
         );
     }
     if !results.contention.is_empty() {

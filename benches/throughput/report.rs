@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use crate::contention::ContentionRun;
 use crate::db::BackendKind;
-use crate::drain::{DrainRun, EmptyQueueCheck, Mode};
+use crate::drain::{DrainRun, EmptyQueueCheck, Mode, ModeId};
 use crate::index_effect::{IndexEffect, IndexRun};
 use crate::memory::{MemoryMode, MemoryRun};
 use crate::pickup::{PickupRun, WakeUp, POLL};
@@ -20,6 +20,8 @@ pub struct Results {
     pub memory: Vec<MemoryRun>,
     pub index_effect: Vec<IndexEffect>,
     pub pickup: Vec<PickupRun>,
+    /// What could not run, and why (a peer without its runtime, for one).
+    pub notes: Vec<String>,
 }
 
 /// Every run of one backend, mode and worker count (`--repeat` of them).
@@ -94,6 +96,17 @@ impl Results {
     pub fn versus_twin(&self, runs: &DrainRuns) -> Option<f64> {
         let twin = self.drain(runs.backend, runs.mode.twin()?, runs.workers)?;
         Some(runs.median() / twin.median())
+    }
+
+    /// Median rows/s of `crate_mode` over the peer's at the same backend and
+    /// W; `None` when either was not measured, or the pair would compare a
+    /// per-row claim with a batched peer.
+    pub fn versus_peer(&self, peer: &DrainRuns, crate_mode: Mode) -> Option<f64> {
+        if crate_mode.batch == 1 && peer.mode.batch > 1 {
+            return None;
+        }
+        let runs = self.drain(peer.backend, crate_mode, peer.workers)?;
+        Some(runs.median() / peer.median())
     }
 
     /// Every correctness failure, of every run: these, and only these, fail
@@ -204,6 +217,105 @@ pub const DRAIN_TABLE_NOTES: &str = "\
 - partitioned (`--partitioned`): the same mode on an `orders` table partitioned by
   its pending flag (`LIST`, two partitions, the flag in the primary key), so
   that processing a row moves it to the other partition.";
+
+/// The crate modes every peer is held against: per row, batched, and batched
+/// with the mark in the claim.
+const AGAINST_PEERS: [Mode; 3] = [
+    Mode::new(ModeId::B2, 1),
+    Mode::new(ModeId::B3, 100),
+    Mode::new(ModeId::M1, 100),
+];
+
+/// The peers' drains, by backend, then W, then peer.
+fn peer_drains(results: &Results) -> Vec<&DrainRuns> {
+    let mut peers: Vec<&DrainRuns> = results
+        .drains
+        .iter()
+        .filter(|runs| runs.mode.is_peer())
+        .collect();
+    let backend = |runs: &DrainRuns| BackendKind::ALL.iter().position(|b| *b == runs.backend);
+    let mode = |runs: &DrainRuns| Mode::all().iter().position(|m| *m == runs.mode);
+    peers.sort_by_key(|runs| (backend(runs), runs.workers, mode(runs)));
+    peers
+}
+
+/// One row per peer and W: its figures, and each crate mode's rows/s over
+/// the peer's (above 1: the crate is ahead).
+pub fn peers_table(results: &Results) -> String {
+    let names: Vec<String> = AGAINST_PEERS
+        .iter()
+        .map(|mode| format!("{mode} ÷ peer"))
+        .collect();
+    let mut header = vec![
+        ("backend", Text),
+        ("W", Number),
+        ("peer", Text),
+        ("rows/s (median)", Number),
+        ("commits/row", Number),
+        ("statements/row", Number),
+    ];
+    header.extend(names.iter().map(|name| (name.as_str(), Number)));
+    let rows = peer_drains(results).into_iter().map(|runs| {
+        let mut row = vec![
+            runs.backend.name().to_owned(),
+            runs.workers.to_string(),
+            runs.mode.to_string(),
+            format!("{:.0}", runs.median()),
+            format!("{:.3}", runs.per_row(|run| run.commits)),
+            format!("{:.3}", runs.per_row(|run| run.statements)),
+        ];
+        row.extend(AGAINST_PEERS.iter().map(|&mode| {
+            results
+                .versus_peer(runs, mode)
+                .map_or_else(|| "—".to_owned(), |ratio| format!("{ratio:.2}"))
+        }));
+        row
+    });
+    markdown_table(&header, rows)
+}
+
+/// The cells where a peer is ahead of a crate mode, and what could not run.
+pub fn peer_lines(results: &Results) -> String {
+    let mut out = String::new();
+    for runs in peer_drains(results) {
+        for &mode in &AGAINST_PEERS {
+            if let Some(ratio) = results.versus_peer(runs, mode).filter(|&r| r < 1.0) {
+                let _ = writeln!(
+                    out,
+                    "- {} W={}: {mode} ÷ {} = {ratio:.2}, the peer ahead by {:.1}%",
+                    runs.backend.name(),
+                    runs.workers,
+                    runs.mode,
+                    (1.0 / ratio - 1.0) * 100.0
+                );
+            }
+        }
+    }
+    for note in &results.notes {
+        let _ = writeln!(out, "- {note}");
+    }
+    out
+}
+
+pub const PEERS_NOTES: &str = "\
+- The peers do the same work on the same table, each worker with its own connection:
+  DJ, the seed's loop in Django 5.2 on psycopg 3 (an unlocked queryset, then per
+  order `atomic()` and `select_for_update(of=('self',), skip_locked=True)` on it
+  filtered by id, the order's `save()` and its outbox row), one Python process per
+  worker; D0, Diesel alone, per row: a transaction around the pending query with
+  `.order(id).limit(1).for_update().skip_locked()`, then B0's update and insert, until
+  none is found; D3, the same with `.limit(100)` and B3h's writes; FQ, the fang job
+  queue (blocking, 0.11): one job per order, enqueued before the clock starts, each
+  marking its order and writing its outbox row in a transaction, run by fang's
+  `Worker` on a pool of one connection (r2d2's defaults) until a fetch finds none.
+- ÷ peer: the crate mode's median rows/s over the peer's at the same backend and W;
+  above 1, the crate is ahead. B2 is not held against the batched D3 (—).
+- DJ and FQ run on PostgreSQL only (Django on MariaDB would need Python's mysqlclient,
+  a C build; fang's blocking queue is PostgreSQL's); D0 and D3 need row locks, which
+  SQLite has not (Diesel offers no `FOR UPDATE` there).
+- DJ's statements: those Django executed, plus the BEGIN and COMMIT psycopg sends
+  around each `atomic()`; FQ's: both of each worker's connections, r2d2's `SELECT 1`
+  on each checkout included.";
 
 pub fn contention_table(runs: &[ContentionRun]) -> String {
     let header = [
@@ -458,9 +570,11 @@ pub fn bars(results: &Results) -> Vec<Bar> {
     }
     for runs in results.drains.iter().filter(|runs| runs.workers == 1) {
         let at_four = results.drain(runs.backend, runs.mode, 4);
+        // The peers' scaling is theirs; the bar is the crate's (and its
+        // hand-written twins', which it is held against).
         if let (true, true, Some(at_four)) = (
             runs.backend.has_row_locks(),
-            runs.mode.skips_locked(),
+            runs.mode.skips_locked() && !runs.mode.is_peer(),
             at_four,
         ) {
             bars.push(Bar::at_least(
@@ -468,6 +582,29 @@ pub fn bars(results: &Results) -> Vec<Bar> {
                 at_four.median() / runs.median(),
                 1.0,
             ));
+        }
+    }
+    // The design's bars against the seed's Django loop.
+    for django in results
+        .drains
+        .iter()
+        .filter(|runs| runs.mode.id == ModeId::DJ)
+    {
+        for (mode, times) in [
+            (Mode::new(ModeId::B2, 1), 2.0),
+            (Mode::new(ModeId::B3, 100), 25.0),
+        ] {
+            if let Some(ratio) = results.versus_peer(django, mode) {
+                bars.push(Bar::at_least(
+                    format!(
+                        "{} {mode} ≥ {times} × DJ, W={}",
+                        django.backend.name(),
+                        django.workers
+                    ),
+                    ratio,
+                    times,
+                ));
+            }
         }
     }
     for (backend, mode) in BackendKind::ALL
