@@ -447,12 +447,14 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         if self.drain && self.remaining > 0 && !locked.is_empty() {
             let locked: HashSet<&K> = locked.into_iter().collect();
             let in_claim_order = page.in_claim_order().filter(|key| locked.contains(key));
-            if self.taking == Taking::Select {
+            if self.rows_tell_positions {
                 self.retry.push(in_claim_order.cloned().collect());
             } else {
                 // A mark or a stamp changes every row its statement takes,
-                // before the rows could be told apart: one key per page, so
-                // that it takes no row this call has taken before.
+                // before the rows could be told apart, and rows that do not
+                // tell their positions could not move the takes past the
+                // ones not handed over: one key per page, which holds no row
+                // this call has taken before.
                 self.retry
                     .extend(in_claim_order.map(|key| vec![key.clone()]));
             }
