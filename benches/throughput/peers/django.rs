@@ -20,7 +20,7 @@ const SCRIPT: &str = concat!(
     "/benches/throughput/peers/django_loop.py"
 );
 
-/// What the virtual environment holds, as the design measured the seed.
+/// What the virtual environment holds: Django 5.2 on psycopg 3.
 const REQUIREMENTS: [&str; 2] = ["Django>=5.2,<5.3", "psycopg[binary]"];
 
 /// Where the virtual environment is made unless this names another.
