@@ -443,6 +443,35 @@ impl DrainRun {
     }
 }
 
+/// Runs `work(index, ready, go)` on `workers` threads, each of which waits on
+/// `ready` once connected and on `go` to start: `before_go` runs once all are
+/// ready (the server's commit count), then the clock starts. Returns what
+/// `before_go` returned, when the clock started, and each thread's result.
+pub fn start_together<B, T: Send>(
+    workers: usize,
+    before_go: impl FnOnce() -> B,
+    work: impl Fn(usize, &Barrier, &Barrier) -> T + Sync,
+) -> (B, Instant, Vec<T>) {
+    let (ready, go) = (Barrier::new(workers + 1), Barrier::new(workers + 1));
+    thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|index| {
+                let (work, ready, go) = (&work, &ready, &go);
+                scope.spawn(move || work(index, ready, go))
+            })
+            .collect();
+        ready.wait();
+        let before = before_go();
+        go.wait();
+        let started = Instant::now();
+        let results = handles
+            .into_iter()
+            .map(|handle| handle.join().expect("a worker panicked"))
+            .collect();
+        (before, started, results)
+    })
+}
+
 /// Refills the queue with `rows` pending orders and times `workers` threads,
 /// each with a connection of its own, draining it in `mode`.
 pub fn run_drain<C: BenchConn>(
@@ -464,25 +493,11 @@ pub fn run_drain<C: BenchConn>(
     }
     let url = db.url.clone();
     let counters = Counters::new(!C::BACKEND.counts_commits(), trace);
-    // Everyone connects first (`ready`); the clock starts when all go (`go`).
-    let (ready, go) = (Barrier::new(workers + 1), Barrier::new(workers + 1));
-    let (commits_before, started, outcomes) = thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|index| {
-                let (url, counters, ready, go) = (&url, &counters, &ready, &go);
-                scope.spawn(move || worker::<C>(index, url, mode, counters, ready, go))
-            })
-            .collect();
-        ready.wait();
-        let commits_before = db.server_commits();
-        go.wait();
-        let started = Instant::now();
-        let outcomes: Vec<_> = handles
-            .into_iter()
-            .map(|handle| handle.join().expect("a worker panicked"))
-            .collect();
-        (commits_before, started, outcomes)
-    });
+    let (commits_before, started, outcomes) = start_together(
+        workers,
+        || db.server_commits(),
+        |index, ready, go| worker::<C>(index, &url, mode, &counters, ready, go),
+    );
     let outcomes = outcomes.into_iter().collect::<Result<Vec<_>, _>>()?;
     let commits = match (commits_before?, db.server_commits()?) {
         // Less each worker's final statistics flush.

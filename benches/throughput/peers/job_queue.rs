@@ -10,7 +10,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Barrier};
-use std::thread;
 use std::time::Instant;
 
 use diesel::connection::SimpleConnection;
@@ -24,7 +23,7 @@ use super::PeerOutcome;
 use crate::counting::{count_statements, stop_counting, Counters};
 use crate::database::BenchDb;
 use crate::db::BenchConn;
-use crate::drain::{DrainRun, Mode, ModeId};
+use crate::drain::{start_together, DrainRun, Mode, ModeId};
 
 /// The job: ship the email of one order.
 #[derive(fang::Serialize, fang::Deserialize)]
@@ -88,21 +87,11 @@ pub fn drain<C: BenchConn>(
     let url = db.url.clone();
     enqueue(&url)?;
     let counters = Counters::new(false, false);
-    let (ready, go) = (Barrier::new(workers + 1), Barrier::new(workers + 1));
-    let (commits_before, started, outcomes) = thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| scope.spawn(|| worker(&url, &counters, &ready, &go)))
-            .collect();
-        ready.wait();
-        let commits_before = db.server_commits();
-        go.wait();
-        let started = Instant::now();
-        let outcomes: Vec<_> = handles
-            .into_iter()
-            .map(|handle| handle.join().expect("a worker panicked"))
-            .collect();
-        (commits_before, started, outcomes)
-    });
+    let (commits_before, started, outcomes) = start_together(
+        workers,
+        || db.server_commits(),
+        |_, ready, go| worker(&url, &counters, ready, go),
+    );
     let outcomes = outcomes.into_iter().collect::<Result<Vec<_>, _>>()?;
     let outcome = PeerOutcome {
         started,
