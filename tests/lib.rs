@@ -27,8 +27,6 @@ mod partitions;
 #[cfg(feature = "postgres")]
 mod replica;
 mod timed;
-// The torture suite covers PostgreSQL and SQLite.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod torture;
 // The spans and events of the `tracing` feature.
 #[cfg(feature = "tracing")]

@@ -46,3 +46,9 @@ fn light_postgres() {
 fn light_sqlite() {
     light("sqlite", "torture::light_sqlite");
 }
+
+#[cfg(feature = "mysql")]
+#[test]
+fn light_mysql() {
+    light("mysql", "torture::light_mysql");
+}

@@ -23,7 +23,7 @@ fn short_ttl(scale: Scale) -> Duration {
 on_suite_backends! {
     fn lease_database() -> (impl Sized, String, Pool) {
         let (db, pool) = test_db(2);
-        tables::create(&mut *pool.get().unwrap(), ROW_LOCKS);
+        tables::create(&mut *pool.get().unwrap(), BACKEND);
         let url = db.url.clone();
         (db, url, pool)
     }
@@ -52,10 +52,15 @@ on_suite_backends! {
                     thread::sleep(Duration::from_millis(1));
                     continue;
                 };
-                let inside: i32 = diesel::update(occupancy::table.find(1))
-                    .set(occupancy::inside.eq(occupancy::inside + 1))
-                    .returning(occupancy::inside)
-                    .get_result(conn)
+                // The count this holder's increment made, read under its row
+                // lock (MySQL has no `RETURNING`).
+                let inside: i32 = conn
+                    .transaction(|conn| {
+                        diesel::update(occupancy::table.find(1))
+                            .set(occupancy::inside.eq(occupancy::inside + 1))
+                            .execute(conn)?;
+                        occupancy::table.find(1).select(occupancy::inside).get_result(conn)
+                    })
                     .unwrap();
                 figures.check(inside == 1, format!("{inside} holders inside at once"));
                 thread::sleep(Duration::from_micros(200));
@@ -75,8 +80,13 @@ on_suite_backends! {
     /// Worker: takes lease `name` for `ttl_ms`, says `leased token=…`, then
     /// pauses `pause_ms` (the runner stops it meanwhile, or kills it), then
     /// tries a fenced write and a release and says `outcome written=… released=…`.
+    /// On MariaDB its session runs in `mysql_time_zone`, if given.
     pub fn holder_worker(args: &Fields) -> Figures {
         let conn = &mut Conn::connect(args.text("url"));
+        // MariaDB's session time zone (PostgreSQL's comes from `PGTZ`).
+        if let (Some(zone), "mysql") = (args.get("mysql_time_zone"), BACKEND) {
+            diesel::sql_query(format!("SET time_zone = '{zone}'")).execute(conn).unwrap();
+        }
         let ttl = Duration::from_millis(args.number("ttl_ms"));
         let lease = Lease::acquire(conn, args.text("name"), ttl).unwrap().expect("the lease is free");
         procs::report("leased", Fields::default().set("token", lease.token()));
@@ -254,9 +264,11 @@ on_suite_backends! {
         let (_db, url, pool) = lease_database();
         let mut conn = pool.get().unwrap();
         let conn: &mut Conn = &mut conn;
-        if ROW_LOCKS {
-            diesel::sql_query("SET TIME ZONE 'Etc/GMT+12'").execute(conn).unwrap();
-        }
+        match BACKEND {
+            "pg" => diesel::sql_query("SET TIME ZONE 'Etc/GMT+12'").execute(conn).unwrap(),
+            "mysql" => diesel::sql_query("SET time_zone = '-12:00'").execute(conn).unwrap(),
+            _ => 0,
+        };
         let ttl = short_ttl(ctx.scale);
         let mut figures = Figures::new(2, 2);
         let (mut earliest, mut latest) = (Duration::MAX, Duration::ZERO);
@@ -267,6 +279,7 @@ on_suite_backends! {
                 ("name", name.clone()),
                 ("ttl_ms", ttl.as_millis().to_string()),
                 ("pause_ms", "3600000".to_owned()),
+                ("mysql_time_zone", "+13:00".to_owned()),
             ];
             let skew = [("PGTZ", "Pacific/Kiritimati"), ("TZ", "Pacific/Kiritimati")];
             let mut holder = ctx.spawn_with_env("lease-holder", &args, &skew);

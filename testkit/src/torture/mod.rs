@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 pub mod procs;
 
 /// `on_every_backend!` (of the tests' fixtures) for the backends the suite
-/// covers, PostgreSQL and SQLite, whose modules it also makes reachable from
-/// here as `on_postgres` and `on_sqlite` (`on_every_backend!` keeps its own
-/// modules private).
+/// covers, whose modules it also makes reachable from here as `on_postgres`,
+/// `on_sqlite` and `on_mysql` (`on_every_backend!` keeps its own modules
+/// private).
 macro_rules! on_suite_backends {
     ($($items:tt)*) => {
         #[cfg(feature = "postgres")]
@@ -30,6 +30,9 @@ macro_rules! on_suite_backends {
         #[cfg(feature = "sqlite")]
         crate::fixtures::on_every_backend!(@backend sqlite, diesel::SqliteConnection, false,
             SqliteTestDb, sqlite_pool, SQLITE_SCHEMA, $($items)*);
+        #[cfg(feature = "mysql")]
+        crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
+            MysqlTestDb, mysql_pool, MYSQL_SCHEMA, $($items)*);
 
         #[cfg(feature = "postgres")]
         pub mod on_postgres {
@@ -38,6 +41,10 @@ macro_rules! on_suite_backends {
         #[cfg(feature = "sqlite")]
         pub mod on_sqlite {
             pub use super::sqlite::*;
+        }
+        #[cfg(feature = "mysql")]
+        pub mod on_mysql {
+            pub use super::mysql::*;
         }
     };
 }
@@ -83,6 +90,7 @@ impl Scale {
 pub enum Backend {
     Postgres,
     Sqlite,
+    Mysql,
 }
 
 impl Backend {
@@ -93,6 +101,8 @@ impl Backend {
             Backend::Postgres,
             #[cfg(feature = "sqlite")]
             Backend::Sqlite,
+            #[cfg(feature = "mysql")]
+            Backend::Mysql,
         ];
         match text {
             "all" => Some(all.to_vec()),
@@ -104,6 +114,7 @@ impl Backend {
         match self {
             Backend::Postgres => "postgres",
             Backend::Sqlite => "sqlite",
+            Backend::Mysql => "mysql",
         }
     }
 }
@@ -120,7 +131,7 @@ impl Ctx<'_> {
     pub fn workers(&self) -> (usize, usize) {
         match (self.scale, self.backend) {
             (Scale::Light, _) => (4, 2),
-            (Scale::Heavy, Backend::Postgres) => (32, 4),
+            (Scale::Heavy, Backend::Postgres | Backend::Mysql) => (32, 4),
             // SQLite commits one writer at a time: more workers only queue.
             (Scale::Heavy, Backend::Sqlite) => (8, 4),
         }
@@ -129,9 +140,9 @@ impl Ctx<'_> {
     /// Rows to drain.
     pub fn rows(&self) -> usize {
         match (self.scale, self.backend) {
-            (Scale::Light, Backend::Postgres) => 400,
+            (Scale::Light, Backend::Postgres | Backend::Mysql) => 400,
             (Scale::Light, Backend::Sqlite) => 200,
-            (Scale::Heavy, Backend::Postgres) => 100_000,
+            (Scale::Heavy, Backend::Postgres | Backend::Mysql) => 100_000,
             (Scale::Heavy, Backend::Sqlite) => 10_000,
         }
     }
@@ -468,6 +479,8 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         }
         #[cfg(feature = "sqlite")]
         Backend::Sqlite => shared_scenarios!(on_sqlite),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => shared_scenarios!(on_mysql),
         #[allow(unreachable_patterns)]
         _ => Vec::new(),
     }
@@ -668,6 +681,8 @@ pub fn worker_main(args: &[String]) -> i32 {
         "postgres" => dispatch!(on_postgres),
         #[cfg(feature = "sqlite")]
         "sqlite" => dispatch!(on_sqlite),
+        #[cfg(feature = "mysql")]
+        "mysql" => dispatch!(on_mysql),
         _ => {
             eprintln!("unknown backend {backend:?}");
             return 2;
@@ -707,5 +722,13 @@ impl Connect for diesel::SqliteConnection {
             .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
         crate::sqlite::set_pragmas(&mut conn).expect("cannot set up the connection");
         conn
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Connect for diesel::MysqlConnection {
+    fn connect(url: &str) -> Self {
+        diesel::Connection::establish(url)
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
 }

@@ -1,5 +1,7 @@
-//! Tables the scenarios need beyond the tests' shop schema. None of them has a
-//! UNIQUE constraint the invariant could lean on: the crate alone must keep it.
+//! Tables the scenarios need beyond the tests' shop schema (the claiming
+//! scenarios declare `timed_jobs`, whose stamp column's type is the
+//! backend's). None of them has a UNIQUE constraint the invariant could lean
+//! on: the crate alone must keep it.
 
 diesel::table! {
     /// Every committed transfer, to find lost updates: each balance must equal
@@ -40,17 +42,6 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// Jobs claimed with a visibility timeout: `times_done` counts the final
-    /// writes that landed, which must be one per job.
-    timed_jobs (id) {
-        id -> Integer,
-        done -> Bool,
-        times_done -> Integer,
-        claimed_until -> Nullable<Timestamp>,
-    }
-}
-
-diesel::table! {
     /// Every run of a timed job's work, outside any transaction: the runs
     /// of claims that were lost stay.
     timed_work (id) {
@@ -62,15 +53,16 @@ diesel::table! {
 
 diesel::allow_tables_to_appear_in_same_query!(ledger, occupancy, fenced, reservations);
 
-/// The SQL creating the tables above, and the index the claim's candidate scan
-/// needs (as the crate's documentation says): without it each page of the scan
-/// reads every row after the cursor, and a drain of 10^5 rows slows to a crawl
-/// at its end, when few rows are left pending.
-pub fn create_sql(row_locks: bool) -> String {
-    let serial = if row_locks {
-        "SERIAL PRIMARY KEY"
-    } else {
-        "INTEGER PRIMARY KEY"
+/// The SQL creating the tables above on `backend` (`pg`, `sqlite` or
+/// `mysql`), and the index the claim's candidate scan needs (as the crate's
+/// documentation says): without it each page of the scan reads every row after
+/// the cursor, and a drain of 10^5 rows slows to a crawl at its end, when few
+/// rows are left pending.
+pub fn create_sql(backend: &str) -> String {
+    let (serial, timestamp) = match backend {
+        "pg" => ("SERIAL PRIMARY KEY", "TIMESTAMPTZ"),
+        "mysql" => ("INTEGER AUTO_INCREMENT PRIMARY KEY", "DATETIME(6)"),
+        _ => ("INTEGER PRIMARY KEY", "TIMESTAMP"),
     };
     format!(
         "CREATE TABLE ledger (id {serial}, from_id INTEGER NOT NULL, to_id INTEGER NOT NULL, \
@@ -81,14 +73,14 @@ pub fn create_sql(row_locks: bool) -> String {
          INSERT INTO fenced (id, token, writer) VALUES (1, 0, 'nobody');
          CREATE TABLE reservations (id {serial}, name TEXT NOT NULL, holder INTEGER NOT NULL);
          CREATE TABLE timed_jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL, \
-             times_done INTEGER NOT NULL, claimed_until TIMESTAMP);
+             times_done INTEGER NOT NULL, claimed_until {timestamp} NULL);
          CREATE TABLE timed_work (id {serial}, job_id INTEGER NOT NULL, worker INTEGER NOT NULL);
          CREATE INDEX orders_pending ON orders (email_sent, shipped, id);"
     )
 }
 
-/// Creates the tables above in a database that has the shop schema.
-pub fn create(conn: &mut impl diesel::connection::SimpleConnection, row_locks: bool) {
-    conn.batch_execute(&create_sql(row_locks))
+/// Creates the tables above in a database of `backend` that has the shop schema.
+pub fn create(conn: &mut impl diesel::connection::SimpleConnection, backend: &str) {
+    conn.batch_execute(&create_sql(backend))
         .expect("cannot create the torture tables");
 }
