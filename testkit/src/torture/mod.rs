@@ -56,7 +56,9 @@ mod claiming;
 mod leases;
 mod money;
 #[cfg(feature = "postgres")]
-mod pg_faults;
+mod pg_partitions;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod row_locks;
 mod tables;
 
 use procs::{Fields, Launcher, Worker};
@@ -467,7 +469,12 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         #[cfg(feature = "postgres")]
         Backend::Postgres => {
             let mut all = shared_scenarios!(on_postgres);
-            all.extend(pg_faults::scenarios());
+            all.extend(row_locks::on_postgres::scenarios());
+            all.push(Scenario {
+                number: 22,
+                name: "partitioned-drain",
+                run: pg_partitions::partitioned_drain,
+            });
             #[cfg(feature = "async")]
             all.push(Scenario {
                 number: 26,
@@ -480,7 +487,12 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         #[cfg(feature = "sqlite")]
         Backend::Sqlite => shared_scenarios!(on_sqlite),
         #[cfg(feature = "mysql")]
-        Backend::Mysql => shared_scenarios!(on_mysql),
+        Backend::Mysql => {
+            let mut all = shared_scenarios!(on_mysql);
+            all.extend(row_locks::on_mysql::scenarios());
+            all.sort_by_key(|s| s.number);
+            all
+        }
         #[allow(unreachable_patterns)]
         _ => Vec::new(),
     }
