@@ -373,6 +373,8 @@ macro_rules! on_every_backend {
             /// The SQL type of a claim stamp column, and its column type.
             pub type ClaimStamp = $crate::fixtures::claim_stamp!($module);
             pub const CLAIM_STAMP_COLUMN: &str = $crate::fixtures::claim_stamp!(column $module);
+            /// The SQL creating the shop schema on this backend.
+            pub const SCHEMA: &str = $crate::fixtures::$schema;
 
             pub fn test_db(size: u32) -> ($crate::$test_db, Pool) {
                 let db = $crate::$test_db::new();

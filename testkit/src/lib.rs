@@ -27,13 +27,15 @@ mod mysql;
 mod pg;
 #[cfg(feature = "postgres")]
 mod pg_replica;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod private_server;
 pub mod shop;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-// The suite is written for both backends; with one of them, parts go unused.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+// The suite is written for every backend; without one of them, parts go unused.
 #[cfg_attr(
-    not(all(feature = "postgres", feature = "sqlite")),
+    not(all(feature = "postgres", feature = "sqlite", feature = "mysql")),
     allow(
         dead_code,
         unreachable_code,
@@ -51,5 +53,7 @@ pub use mysql::{mysql_pool, mysql_url, MysqlTestDb};
 pub use pg::{pg_pool, pg_url, PgTestDb};
 #[cfg(feature = "postgres")]
 pub use pg_replica::PgReplicaPair;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use private_server::PrivateServer;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{sqlite_pool, SqliteTestDb};

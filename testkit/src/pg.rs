@@ -5,7 +5,6 @@ use std::cmp::Reverse;
 use std::env;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{self, Command, Stdio};
@@ -17,6 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::sql_query;
+
+pub(crate) use crate::private_server::free_port;
 
 /// The URL of a PostgreSQL server the tests may create databases on.
 ///
@@ -260,13 +261,6 @@ fn configured_port(data_dir: &Path) -> u16 {
         .next_back()
         .and_then(|port| port.trim().parse().ok())
         .expect("no port in postgresql.conf of the PostgreSQL test server")
-}
-
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("cannot find a free port")
-        .port()
 }
 
 /// PostgreSQL refuses to run as root, so as root the server tools run as

@@ -17,7 +17,10 @@ use diesel_claim::Error;
 
 use super::procs::{self, Fields};
 use super::tables::timed_work;
-use super::{counted_retry, in_threads, tables, Connect, Ctx, Figures, Running, DELIBERATE};
+use super::{
+    connect_patiently, counted_retry, in_threads, tables, Connect, Ctx, Figures, Running,
+    DELIBERATE,
+};
 use crate::fixtures::{orders, outbox, Order};
 
 /// Shipped orders whose email is not sent yet: what the scenarios claim.
@@ -33,7 +36,7 @@ const CHANNEL: &str = "torture_orders";
 
 /// Inserts `count` pending orders in one statement, on `backend` (`pg`,
 /// `sqlite` or `mysql`).
-fn insert_orders(conn: &mut impl SimpleConnection, backend: &str, count: usize) {
+pub(super) fn insert_orders(conn: &mut impl SimpleConnection, backend: &str, count: usize) {
     insert_numbered(conn, backend, count, "orders (shipped)", "TRUE");
 }
 
@@ -117,7 +120,9 @@ on_suite_backends! {
     /// candidates `page_size` at a time (default 100, so that a light run has
     /// several pages; `default`: the crate's own paging), optionally under
     /// `isolation` and pausing `pause_ms` in each transaction; with `persist`,
-    /// a claim that fails for any reason starts over on a new connection.
+    /// a claim that fails for any reason starts over on a new connection,
+    /// waiting out a server that is down. Reports the rows each call
+    /// committed, counted up to where it ended (its outcome).
     pub fn drain_worker(args: &Fields) -> Figures {
         let threads = args.number("threads") as usize;
         let first = args.number("first") as i32;
@@ -133,25 +138,30 @@ on_suite_backends! {
             let worker = first + index as i32;
             let mut figures = Figures::default();
             loop {
-                let mut conn = Conn::connect(args.text("url"));
+                let mut conn = if persist {
+                    connect_patiently::<Conn>(args.text("url"), &mut figures)
+                } else {
+                    Conn::connect(args.text("url"))
+                };
+                let mut committed = 0;
                 let claimed = prepare_session(&mut conn, args.get("isolation")).and_then(|()| {
                     counted_retry(&mut conn, &mut figures, |conn| {
                         let claim = pending().build_claim().drain().batch(batch);
-                        match page_size {
+                        let outcome = match page_size {
                             Some(keys) => claim.page_size(keys),
                             None => claim,
                         }
-                        .each_batch(conn, |conn, orders: Vec<Order>| {
+                        .each_batch_outcome(conn, |conn, orders: Vec<Order>| {
                             thread::sleep(pause);
                             orders.iter().try_for_each(|order| email(conn, order, worker))
-                        })
+                        });
+                        committed += outcome.report.processed;
+                        outcome.into_result()
                     })
                 });
+                figures.ops += committed;
                 match claimed {
-                    Ok(report) => {
-                        figures.ops += report.processed;
-                        return figures;
-                    }
+                    Ok(_) => return figures,
                     // Each call makes progress: rows committed before a failure
                     // stay committed. A transient error that outlasted `retry`
                     // is worth another call; with `persist`, so is any error (a

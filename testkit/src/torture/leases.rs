@@ -29,7 +29,7 @@ on_suite_backends! {
     }
 
     /// Writes to the fenced resource with `token`; whether it was accepted.
-    fn fenced_write(conn: &mut Conn, token: i64, writer: &str) -> QueryResult<bool> {
+    pub fn fenced_write(conn: &mut Conn, token: i64, writer: &str) -> QueryResult<bool> {
         let written = diesel::update(fenced::table.find(1).filter(fenced::token.le(token)))
             .set((fenced::token.eq(token), fenced::writer.eq(writer)))
             .execute(conn)?;

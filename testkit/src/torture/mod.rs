@@ -49,10 +49,50 @@ macro_rules! on_suite_backends {
     };
 }
 
+/// `on_every_backend!` for the backends with row locks and servers to crash,
+/// PostgreSQL and MariaDB, in modules `on_postgres` and `on_mysql` that see
+/// the claiming scenarios' helpers of their backend, and
+/// `start_private_server(durable)`: a server of their own (see
+/// [`PrivateServer`](crate::PrivateServer)), with its durability defaults or
+/// (`false`) with commits acknowledged before their log is written.
+macro_rules! on_row_lock_backends {
+    ($($items:tt)*) => {
+        #[cfg(feature = "postgres")]
+        crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
+            PgTestDb, pg_pool, POSTGRES_SCHEMA,
+            use super::super::claiming::on_postgres::{check_emails, database, email as email_by};
+            use super::super::leases::on_postgres::fenced_write;
+            fn start_private_server(durable: bool) -> crate::PrivateServer {
+                crate::PrivateServer::postgres(if durable { "" } else { "synchronous_commit = off" })
+            }
+            $($items)*);
+        #[cfg(feature = "mysql")]
+        crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
+            MysqlTestDb, mysql_pool, MYSQL_SCHEMA,
+            use super::super::claiming::on_mysql::{check_emails, database, email as email_by};
+            use super::super::leases::on_mysql::fenced_write;
+            fn start_private_server(durable: bool) -> crate::PrivateServer {
+                crate::PrivateServer::mariadb(if durable { &[] } else { &["--innodb-flush-log-at-trx-commit=0"] })
+            }
+            $($items)*);
+
+        #[cfg(feature = "postgres")]
+        pub mod on_postgres {
+            pub use super::pg::*;
+        }
+        #[cfg(feature = "mysql")]
+        pub mod on_mysql {
+            pub use super::mysql::*;
+        }
+    };
+}
+
 mod bad_input;
 #[cfg(feature = "async")]
 mod cancellation;
 mod claiming;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod crash;
 mod leases;
 mod money;
 #[cfg(feature = "postgres")]
@@ -471,6 +511,11 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
             let mut all = shared_scenarios!(on_postgres);
             all.extend(row_locks::on_postgres::scenarios());
             all.push(Scenario {
+                number: 27,
+                name: "server-crash",
+                run: crash::on_postgres::server_crash,
+            });
+            all.push(Scenario {
                 number: 22,
                 name: "partitioned-drain",
                 run: pg_partitions::partitioned_drain,
@@ -490,6 +535,11 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         Backend::Mysql => {
             let mut all = shared_scenarios!(on_mysql);
             all.extend(row_locks::on_mysql::scenarios());
+            all.push(Scenario {
+                number: 27,
+                name: "server-crash",
+                run: crash::on_mysql::server_crash,
+            });
             all.sort_by_key(|s| s.number);
             all
         }
@@ -716,31 +766,49 @@ pub fn worker_main(args: &[String]) -> i32 {
 /// On the calling thread, every connection is opened and closed by a thread
 /// the worker joins before it exits.
 pub trait Connect: diesel::Connection + 'static {
-    fn connect(url: &str) -> Self;
+    fn try_connect(url: &str) -> diesel::ConnectionResult<Self>;
+
+    fn connect(url: &str) -> Self {
+        Self::try_connect(url).unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+    }
 }
 
 #[cfg(feature = "postgres")]
 impl Connect for diesel::PgConnection {
-    fn connect(url: &str) -> Self {
+    fn try_connect(url: &str) -> diesel::ConnectionResult<Self> {
         diesel::Connection::establish(url)
-            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
 }
 
 #[cfg(feature = "sqlite")]
 impl Connect for diesel::SqliteConnection {
-    fn connect(url: &str) -> Self {
-        let mut conn = diesel::Connection::establish(url)
-            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+    fn try_connect(url: &str) -> diesel::ConnectionResult<Self> {
+        let mut conn: Self = diesel::Connection::establish(url)?;
         crate::sqlite::set_pragmas(&mut conn).expect("cannot set up the connection");
-        conn
+        Ok(conn)
+    }
+}
+
+/// A connection to `url`, waiting out a server that is down or restarting
+/// as a worker should: a new attempt every 100 ms, each refusal counted as a
+/// `ConnectionError`, for at most a minute.
+pub fn connect_patiently<C: Connect>(url: &str, figures: &mut Figures) -> C {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match C::try_connect(url) {
+            Ok(conn) => return conn,
+            Err(_) if Instant::now() < deadline => {
+                figures.count_error("ConnectionError");
+                thread::sleep(Duration::from_millis(100));
+            }
+            Err(error) => panic!("{url} refused connections for a minute: {error}"),
+        }
     }
 }
 
 #[cfg(feature = "mysql")]
 impl Connect for diesel::MysqlConnection {
-    fn connect(url: &str) -> Self {
+    fn try_connect(url: &str) -> diesel::ConnectionResult<Self> {
         diesel::Connection::establish(url)
-            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
 }
