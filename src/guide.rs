@@ -316,6 +316,56 @@
 //! the same loop as a future, waiting with tokio timers and, on PostgreSQL,
 //! on diesel-async's notification stream.
 //!
+//! ### When the database goes away
+//!
+//! A connection does not outlive its session: when the server crashes or
+//! restarts, fails over, or ends the session, every call on that connection
+//! fails, and a worker on it returns the error. That is
+//! [`Error::Database`](crate::Error::Database) (PostgreSQL's
+//! `ClosedConnection`; MariaDB's "Lost connection to server during query" or
+//! "Server has gone away", of kind `Unknown`), or
+//! [`Error::BrokenConnection`](crate::Error::BrokenConnection) when the
+//! rollback after it failed too; never a report that says nothing is pending.
+//! Run the worker in a loop of your own that starts over on a new connection
+//! and waits while the server is away:
+//!
+//! ```rust,no_run
+//! # include!("doctest_setup.rs");
+//! use std::thread;
+//! use std::time::Duration;
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::StopHandle;
+//!
+//! # fn main() {
+//! let stop = StopHandle::new();
+//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+//! while !stop.is_stopped() {
+//!     // In a service, a connection from the pool: r2d2 tests each one as it
+//!     // hands it out and replaces those a restart broke.
+//!     let mut conn = establish_connection();
+//!     let worked = pending.clone().build_claim().worker(&stop).run(&mut conn, |conn, order: Order| {
+//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!         Ok::<_, diesel_claim::Error>(())
+//!     });
+//!     if let Err(error) = worked {
+//!         eprintln!("the worker stopped ({error}); starting over in a second");
+//!         thread::sleep(Duration::from_secs(1));
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! What a worker saw committed stays committed if the server keeps its
+//! durable defaults (PostgreSQL `synchronous_commit = on`, InnoDB
+//! `innodb_flush_log_at_trx_commit = 1`): turned off, a crash loses
+//! acknowledged commits, and their rows are claimed and processed again. A
+//! commit the crash cut off may have happened without the worker hearing of
+//! it; the row then counts as failed in the worker's report though it was
+//! processed. Leases live in a table: a crash neither frees one nor lets its
+//! fencing tokens go back. The repository's torture suite SIGKILLs
+//! PostgreSQL and MariaDB servers under a drain, a bank and a held lease
+//! (`RELIABILITY.md`, scenario 27).
+//!
 //! ## Long work outside a transaction: visibility timeouts
 //!
 //! A claim holds its row's transaction open while the closure runs: for a

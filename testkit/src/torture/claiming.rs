@@ -32,7 +32,7 @@ pub fn pending() -> _ {
 }
 
 /// The channel the worker loops listen on (PostgreSQL).
-const CHANNEL: &str = "torture_orders";
+pub(super) const CHANNEL: &str = "torture_orders";
 
 /// Inserts `count` pending orders in one statement, on `backend` (`pg`,
 /// `sqlite` or `mysql`).
@@ -49,8 +49,28 @@ fn insert_numbered(
     table_columns: &str,
     select: &str,
 ) {
+    try_insert_numbered(conn, backend, count, table_columns, select)
+        .unwrap_or_else(|e| panic!("cannot insert into {table_columns}: {e}"));
+}
+
+/// [`insert_orders`], for a server that may be down.
+pub(super) fn try_insert_orders(
+    conn: &mut impl SimpleConnection,
+    backend: &str,
+    count: usize,
+) -> QueryResult<()> {
+    try_insert_numbered(conn, backend, count, "orders (shipped)", "TRUE")
+}
+
+fn try_insert_numbered(
+    conn: &mut impl SimpleConnection,
+    backend: &str,
+    count: usize,
+    table_columns: &str,
+    select: &str,
+) -> QueryResult<()> {
     if count == 0 {
-        return;
+        return Ok(());
     }
     let numbers =
         format!("RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {count})");
@@ -64,7 +84,6 @@ fn insert_numbered(
         _ => format!("WITH {numbers} INSERT INTO {table_columns} SELECT {select} FROM n"),
     };
     conn.batch_execute(&sql)
-        .unwrap_or_else(|e| panic!("cannot insert into {table_columns}: {e}"));
 }
 
 on_suite_backends! {
@@ -213,6 +232,7 @@ on_suite_backends! {
     /// (batches of 10, polling every 2 ms up to every 50 ms, and on
     /// PostgreSQL listening on `torture_orders`) until SIGTERM, which they
     /// handle by stopping gracefully; says `ready` once the handler is in.
+    /// With `persist`, a loop that ends on an error starts over.
     pub fn loop_worker(args: &Fields) -> Figures {
         let threads = args.number("threads") as usize;
         let first = args.number("first") as i32;
@@ -221,19 +241,36 @@ on_suite_backends! {
             .expect("cannot handle SIGTERM");
         let stop = diesel_claim::StopHandle::from(terminated);
         procs::report("ready", &Fields::default());
+        let persist = args.get("persist").is_some();
         in_threads(threads, |index| {
             let worker = first + index as i32;
             let mut figures = Figures::default();
-            let mut conn = Conn::connect(args.text("url"));
-            let claim = pending()
-                .build_claim()
-                .batch(10)
-                .worker(&stop)
-                .poll_interval(Duration::from_millis(2), Duration::from_millis(50));
-            let claim = if BACKEND == "pg" { claim.listen(CHANNEL) } else { claim };
-            match claim.run(&mut conn, |conn, order: Order| email(conn, &order, worker)) {
-                Ok(report) => figures.ops += report.processed,
-                Err(error) => figures.check(false, format!("worker {worker}: {error}")),
+            // With `persist`, as the guide's "When the database goes away"
+            // says: a worker that stopped on an error starts over on a new
+            // connection (the rows it committed before are not reported).
+            while !stop.is_stopped() {
+                let mut conn = if persist {
+                    connect_patiently(args.text("url"), &mut figures)
+                } else {
+                    Conn::connect(args.text("url"))
+                };
+                let claim = pending()
+                    .build_claim()
+                    .batch(10)
+                    .worker(&stop)
+                    .poll_interval(Duration::from_millis(2), Duration::from_millis(50));
+                let claim = if BACKEND == "pg" { claim.listen(CHANNEL) } else { claim };
+                match claim.run(&mut conn, |conn, order: Order| email(conn, &order, worker)) {
+                    Ok(report) => figures.ops += report.processed,
+                    Err(error) if persist => {
+                        figures.saw(&error);
+                        thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(error) => {
+                        figures.check(false, format!("worker {worker}: {error}"));
+                        break;
+                    }
+                }
             }
             figures
         })

@@ -10,7 +10,8 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, Lease};
 
-use super::claiming::{insert_orders, pending};
+use super::claiming::{insert_orders, pending, try_insert_orders, CHANNEL};
+use super::money::OPENING;
 use super::procs::time_until;
 use super::{connect_patiently, tables, Connect, Ctx, Figures, Running};
 use crate::fixtures::{outbox, Order};
@@ -18,30 +19,35 @@ use crate::fixtures::{outbox, Order};
 on_row_lock_backends! {
     /// Scenario 27: the server is SIGKILLed and started again, while
     /// workers in several processes drain the orders (persisting: a failed
-    /// claim starts over on a new connection, waiting out the outage), and
-    /// while a lease is held. Commits are acknowledged only once durable (the
+    /// claim starts over on a new connection, waiting out the outage), while
+    /// they move money between accounts with row locks (the same), and while
+    /// a lease is held. Commits are acknowledged only once durable (the
     /// servers' defaults). Invariants after recovery: no row emailed twice,
     /// none left, no commit a worker saw lost (the rows workers report as
-    /// committed never exceed the emails), the claim of a connection the
-    /// crash broke fails at once (never an empty report), the lease is
+    /// committed never exceed the emails, the transfers never the ledger's
+    /// entries), money conserved and every balance as the ledger says, the
+    /// claim of a connection the crash broke fails at once (never an empty
+    /// report), a pool hands out working connections again, the lease is
     /// neither lost nor doubled by the crash, and fencing tokens keep
     /// increasing across it.
     pub fn server_crash(ctx: &Ctx) -> Figures {
         let (threads, processes) = ctx.workers();
         let mut figures = Figures::new(threads, processes);
         let server = start_private_server(true);
-        let url = torture_database(&server, ctx.rows());
+        let url = torture_database(&server, "torture", ctx.rows());
         crash_mid_drain(ctx, &server, &url, &mut figures);
+        crash_mid_bank(ctx, &server, &url, &mut figures);
         crash_with_a_lease(ctx, &server, &url, &mut figures);
+        crash_under_worker_loops(ctx, &server, &mut figures);
         figures
     }
 
-    /// A database `torture` on `server` with the shop schema, the torture
+    /// A database `name` on `server` with the shop schema, the torture
     /// tables and `rows` pending orders; its URL.
-    fn torture_database(server: &crate::PrivateServer, rows: usize) -> String {
+    fn torture_database(server: &crate::PrivateServer, name: &str, rows: usize) -> String {
         let mut admin = Conn::connect(&server.admin_url);
-        diesel::sql_query("CREATE DATABASE torture").execute(&mut admin).unwrap();
-        let url = server.url("torture");
+        diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin).unwrap();
+        let url = server.url(name);
         let mut conn = Conn::connect(&url);
         crate::fixtures::create_schema(&mut conn, SCHEMA);
         tables::create(&mut conn, BACKEND);
@@ -63,6 +69,13 @@ on_row_lock_backends! {
         thread::scope(|scope| {
             let crasher = scope.spawn(|| {
                 let mut figures = Figures::default();
+                // A pool whose idle connections the crash breaks: r2d2 tests
+                // each on checkout and replaces the broken ones.
+                let pool = Pool::builder()
+                    .max_size(2)
+                    .connection_timeout(Duration::from_secs(10))
+                    .build(diesel::r2d2::ConnectionManager::new(url))
+                    .unwrap();
                 let (mut slowest_failure, mut slowest_restart) = (Duration::ZERO, Duration::ZERO);
                 for crash in 1..=crashes {
                     let mut watcher = Conn::connect(url);
@@ -88,6 +101,10 @@ on_row_lock_backends! {
                     let restarting = Instant::now();
                     server.start();
                     slowest_restart = slowest_restart.max(restarting.elapsed());
+                    let pooled = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
+                        pending().count().get_result::<i64>(&mut conn).map_err(|e| e.to_string())
+                    });
+                    figures.check(pooled.is_ok(), format!("crash {crash}: the pool after the restart: {pooled:?}"));
                 }
                 figures.note(format!(
                     "{crashes} crashes mid-drain, down {:?} each: a claim on a broken connection failed within {slowest_failure:.0?}; restart and recovery took up to {slowest_restart:.1?}",
@@ -106,6 +123,104 @@ on_row_lock_backends! {
             figures.merge(crasher.join().expect("the crashing thread panicked"));
         });
         check_emails(&mut Conn::connect(url), figures, rows as u64);
+    }
+
+    /// Crashes the server `repeats` times, evenly through the run time, while
+    /// bank workers transfer money between 10 accounts with `with_locks`.
+    fn crash_mid_bank(ctx: &Ctx, server: &crate::PrivateServer, url: &str, figures: &mut Figures) {
+        let accounts = 10;
+        seed_accounts(&mut Conn::connect(url), &vec![OPENING; accounts]);
+        let (threads, processes) = ctx.workers();
+        let crashes = ctx.repeats();
+        let mut bank = Figures::default();
+        thread::scope(|scope| {
+            let crasher = scope.spawn(|| {
+                for _ in 0..crashes {
+                    thread::sleep(ctx.run_time() / (crashes as u32 + 1));
+                    server.crash();
+                    thread::sleep(outage(ctx));
+                    server.start();
+                }
+            });
+            let args = [
+                ("url", url.to_owned()),
+                ("method", "locked".to_owned()),
+                ("accounts", accounts.to_string()),
+                ("millis", ctx.run_time().as_millis().to_string()),
+                ("persist", "1".to_owned()),
+            ];
+            for done in ctx.run_workers("bank", threads, processes, &args) {
+                bank.absorb(&done);
+            }
+            crasher.join().expect("the crashing thread panicked");
+        });
+        check_ledger(&mut Conn::connect(url), &mut bank, accounts, false);
+        figures.note(format!("{crashes} crashes mid-bank: {} transfers reported", bank.ops));
+        figures.merge(bank);
+    }
+
+    /// Crashes the server `repeats` times while worker loops in several
+    /// processes (starting over after an error, as the guide shows) keep up
+    /// with a producer; then stops them with SIGTERM. Every order in the
+    /// table, however many the producer's cut-off inserts placed, is emailed
+    /// exactly once.
+    fn crash_under_worker_loops(ctx: &Ctx, server: &crate::PrivateServer, figures: &mut Figures) {
+        let url = torture_database(server, "loops", 0);
+        let (threads, processes) = ctx.workers();
+        let share = (threads / processes).max(1);
+        let workers: Vec<_> = (0..processes)
+            .map(|p| {
+                let args = [
+                    ("url", url.clone()),
+                    ("threads", share.to_string()),
+                    ("first", (1 + p * share).to_string()),
+                    ("persist", "1".to_owned()),
+                ];
+                let mut worker = ctx.spawn("loop", &args);
+                worker.expect("ready");
+                worker
+            })
+            .collect();
+        let mut loops = Figures::default();
+        let (rows, chunk, crashes) = (ctx.rows(), 20, ctx.repeats());
+        let mut producer: Conn = connect_patiently(&url, &mut loops);
+        let (mut placed, mut crashed) = (0, 0);
+        while placed < rows {
+            if try_insert_orders(&mut producer, BACKEND, chunk).is_err() {
+                // The server is down: its insert may or may not have landed.
+                producer = connect_patiently(&url, &mut loops);
+                continue;
+            }
+            placed += chunk;
+            if BACKEND == "pg" {
+                let _ = diesel::sql_query(format!("SELECT pg_notify('{CHANNEL}', '')")).execute(&mut producer);
+            }
+            if crashed < crashes && placed >= rows * (crashed + 1) / (crashes + 1) {
+                server.crash();
+                thread::sleep(outage(ctx));
+                server.start();
+                crashed += 1;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let mut conn: Conn = connect_patiently(&url, &mut loops);
+        let drained = time_until(Duration::from_secs(60), || {
+            pending().count().get_result::<i64>(&mut conn).is_ok_and(|left| left == 0)
+        });
+        loops.check(drained.is_some(), "rows still pending 60 s after the last was placed");
+        for worker in &workers {
+            worker.terminate();
+        }
+        for worker in workers {
+            loops.absorb(&worker.finish());
+        }
+        let orders: i64 = crate::fixtures::orders::table.count().get_result(&mut conn).unwrap();
+        check_emails(&mut conn, &mut loops, orders as u64);
+        figures.note(format!(
+            "{crashes} crashes under worker loops: {orders} orders placed in chunks of {chunk}, pending rows gone {:.0?} after the last",
+            drained.unwrap_or_default()
+        ));
+        figures.merge(loops);
     }
 
     /// A lease is taken, the server crashes and comes back: the lease is

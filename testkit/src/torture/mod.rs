@@ -62,6 +62,7 @@ macro_rules! on_row_lock_backends {
             PgTestDb, pg_pool, POSTGRES_SCHEMA,
             use super::super::claiming::on_postgres::{check_emails, database, email as email_by};
             use super::super::leases::on_postgres::fenced_write;
+            use super::super::money::on_postgres::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
                 crate::PrivateServer::postgres(if durable { "" } else { "synchronous_commit = off" })
             }
@@ -71,6 +72,7 @@ macro_rules! on_row_lock_backends {
             MysqlTestDb, mysql_pool, MYSQL_SCHEMA,
             use super::super::claiming::on_mysql::{check_emails, database, email as email_by};
             use super::super::leases::on_mysql::fenced_write;
+            use super::super::money::on_mysql::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
                 crate::PrivateServer::mariadb(if durable { &[] } else { &["--innodb-flush-log-at-trx-commit=0"] })
             }
@@ -358,7 +360,14 @@ pub fn error_kind(error: &diesel_claim::Error) -> String {
         InvalidArgument(_) => "InvalidArgument".into(),
         Database(Diesel::DatabaseError(kind, _)) => format!("Database({kind:?})"),
         BrokenConnection(_) => "BrokenConnection".into(),
-        Database(_) => "Database".into(),
+        // Diesel's own error, by its variant: `RollbackErrorOnCommit`, say.
+        Database(other) => {
+            let variant = format!("{other:?}");
+            format!(
+                "Database({})",
+                variant.split(['(', ' ', '{']).next().unwrap_or_default()
+            )
+        }
         Migration(_) => "Migration".into(),
         _ => "other".into(),
     }
