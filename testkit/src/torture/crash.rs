@@ -1,7 +1,7 @@
 //! The server crashes (27), on PostgreSQL and MariaDB: a server of the
-//! scenario's own (never the machine's shared one) is SIGKILLed mid-drain
-//! and while a lease is held, then started again on its data, through crash
-//! recovery.
+//! scenario's own (never the machine's shared one) is SIGKILLed mid-drain,
+//! mid-bank, while a lease is held and under worker loops, then started
+//! again on its data, through crash recovery.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -20,16 +20,16 @@ on_row_lock_backends! {
     /// Scenario 27: the server is SIGKILLed and started again, while
     /// workers in several processes drain the orders (persisting: a failed
     /// claim starts over on a new connection, waiting out the outage), while
-    /// they move money between accounts with row locks (the same), and while
-    /// a lease is held. Commits are acknowledged only once durable (the
-    /// servers' defaults). Invariants after recovery: no row emailed twice,
-    /// none left, no commit a worker saw lost (the rows workers report as
-    /// committed never exceed the emails, the transfers never the ledger's
-    /// entries), money conserved and every balance as the ledger says, the
-    /// claim of a connection the crash broke fails at once (never an empty
-    /// report), a pool hands out working connections again, the lease is
-    /// neither lost nor doubled by the crash, and fencing tokens keep
-    /// increasing across it.
+    /// they move money between accounts with row locks (the same), while a
+    /// lease is held, and while worker loops keep up with a producer.
+    /// Commits are acknowledged only once durable (the servers' defaults).
+    /// Invariants after recovery: no row emailed twice, none left, no commit
+    /// a worker saw lost (the rows workers report as committed never exceed
+    /// the emails, the transfers never the ledger's entries), money conserved
+    /// and every balance as the ledger says, the claim of a connection the
+    /// crash broke fails at once (never an empty report), a pool hands out
+    /// working connections again, the lease is neither lost nor doubled by
+    /// the crash, and fencing tokens keep increasing across it.
     pub fn server_crash(ctx: &Ctx) -> Figures {
         let (threads, processes) = ctx.workers();
         let mut figures = Figures::new(threads, processes);
@@ -115,11 +115,11 @@ on_row_lock_backends! {
             // Slowed down enough that the light drain outlasts its crashes.
             let pause = ctx.scale.pick("20", "1").to_owned();
             let args = [("url", url.to_owned()), ("persist", "1".to_owned()), ("pause_ms", pause)];
-            let _drained = draining.stop_on_drop();
+            let drained = draining.stop_on_drop();
             for done in ctx.run_workers("drain", threads, processes, &args) {
                 figures.absorb(&done);
             }
-            drop(_drained);
+            drop(drained);
             figures.merge(crasher.join().expect("the crashing thread panicked"));
         });
         check_emails(&mut Conn::connect(url), figures, rows as u64);

@@ -512,18 +512,28 @@ macro_rules! shared_scenarios {
     };
 }
 
+/// The scenarios of the backends with row locks and servers to crash.
+macro_rules! row_lock_scenarios {
+    ($backend:ident) => {
+        shared_scenarios!($backend:
+            3 "isolation-levels" row_locks::isolation_levels,
+            5 "connection-killed" row_locks::connection_killed,
+            7 "lock-interference" row_locks::lock_interference,
+            8 "joined-queries" row_locks::joined_queries,
+            9 "timeouts" row_locks::timeouts,
+            14 "deadlock" row_locks::deadlock,
+            27 "server-crash" crash::server_crash,
+        )
+    };
+}
+
 /// The scenarios that apply to `backend`, in order.
 pub fn scenarios(backend: Backend) -> Vec<Scenario> {
     match backend {
         #[cfg(feature = "postgres")]
         Backend::Postgres => {
             let mut all = shared_scenarios!(on_postgres);
-            all.extend(row_locks::on_postgres::scenarios());
-            all.push(Scenario {
-                number: 27,
-                name: "server-crash",
-                run: crash::on_postgres::server_crash,
-            });
+            all.extend(row_lock_scenarios!(on_postgres));
             all.push(Scenario {
                 number: 22,
                 name: "partitioned-drain",
@@ -543,12 +553,7 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         #[cfg(feature = "mysql")]
         Backend::Mysql => {
             let mut all = shared_scenarios!(on_mysql);
-            all.extend(row_locks::on_mysql::scenarios());
-            all.push(Scenario {
-                number: 27,
-                name: "server-crash",
-                run: crash::on_mysql::server_crash,
-            });
+            all.extend(row_lock_scenarios!(on_mysql));
             all.sort_by_key(|s| s.number);
             all
         }

@@ -20,7 +20,7 @@ use diesel_claim::Error;
 
 use super::claiming::pending;
 use super::procs::time_until;
-use super::{counted_retry, in_threads, Connect, Ctx, Figures, Running, Scenario};
+use super::{counted_retry, in_threads, Connect, Ctx, Figures, Running};
 use crate::fixtures::{accounts, customers, orders, outbox, Account, Order};
 
 /// A random session of the drain's workers killed, or none.
@@ -31,18 +31,6 @@ struct Session {
 }
 
 on_row_lock_backends! {
-    /// The scenarios of this module on this backend.
-    pub fn scenarios() -> Vec<Scenario> {
-        vec![
-            Scenario { number: 3, name: "isolation-levels", run: isolation_levels },
-            Scenario { number: 5, name: "connection-killed", run: connection_killed },
-            Scenario { number: 7, name: "lock-interference", run: lock_interference },
-            Scenario { number: 8, name: "joined-queries", run: joined_queries },
-            Scenario { number: 9, name: "timeouts", run: timeouts },
-            Scenario { number: 14, name: "deadlock", run: deadlock },
-        ]
-    }
-
     /// The shop's email, sent by worker 0.
     fn email(conn: &mut Conn, order: &Order) -> Result<(), Error> {
         email_by(conn, order, 0)
@@ -167,7 +155,7 @@ on_row_lock_backends! {
     /// Scenario 3: the drain under each isolation level. Serialization failures
     /// (PostgreSQL) and deadlocks (MariaDB) surface typed and `retry` recovers
     /// from them.
-    fn isolation_levels(ctx: &Ctx) -> Figures {
+    pub fn isolation_levels(ctx: &Ctx) -> Figures {
         let (threads, processes) = ctx.workers();
         let mut figures = Figures::new(threads, processes);
         let rows = ctx.rows() / 2;
@@ -195,7 +183,7 @@ on_row_lock_backends! {
     /// MariaDB's `KILL CONNECTION`) while idle, inside a row's transaction, and at
     /// random under a drain. Each kill is an error to the claimer, never an empty
     /// report; the killed row stays pending; nothing is processed twice.
-    fn connection_killed(ctx: &Ctx) -> Figures {
+    pub fn connection_killed(ctx: &Ctx) -> Figures {
         let rows = ctx.rows();
         let (_db, url, pool) = database(2, rows);
         let (threads, processes) = ctx.workers();
@@ -276,7 +264,7 @@ on_row_lock_backends! {
     /// and no key-share lock (its rows 11–20 are not held), and a foreign-key
     /// insert there waits for the claim's commit (as the guide says), so the
     /// emails go through the claim's own connection.
-    fn lock_interference(ctx: &Ctx) -> Figures {
+    pub fn lock_interference(ctx: &Ctx) -> Figures {
         let rows = 40;
         let (_db, url, pool) = database(2, rows);
         let mut figures = Figures::new(4, 1);
@@ -354,7 +342,7 @@ on_row_lock_backends! {
     /// says): there updates wait for claims, claims pass over orders whose
     /// customer the updater holds, and claims the server picks as deadlock
     /// victims are retried; every row is still emailed once.
-    fn joined_queries(ctx: &Ctx) -> Figures {
+    pub fn joined_queries(ctx: &Ctx) -> Figures {
         let rows = ctx.rows() / 2;
         let (_db, url, pool) = database(2, rows);
         let (threads, _) = ctx.workers();
@@ -434,7 +422,7 @@ on_row_lock_backends! {
     /// `lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`;
     /// MariaDB: `innodb_lock_wait_timeout`, `max_statement_time`,
     /// `idle_transaction_timeout` (whole seconds, so its run is slower).
-    fn timeouts(ctx: &Ctx) -> Figures {
+    pub fn timeouts(ctx: &Ctx) -> Figures {
         let rows = 3 * ctx.repeats();
         let (_db, url, pool) = database(2, rows);
         let mut figures = Figures::new(2, 1);
@@ -518,7 +506,7 @@ on_row_lock_backends! {
     /// lowered to 50 ms to keep the run short; InnoDB finds them at once); they
     /// surface as `Error::Deadlock` and `retry` completes every transfer; the
     /// total holds.
-    fn deadlock(ctx: &Ctx) -> Figures {
+    pub fn deadlock(ctx: &Ctx) -> Figures {
         let (threads, rounds) = ctx.scale.pick((2, 10), (8, 50));
         let (_db, url, pool) = database(2, 0);
         pool.get()
