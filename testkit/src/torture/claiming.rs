@@ -53,6 +53,18 @@ fn insert_numbered(
         .unwrap_or_else(|e| panic!("cannot insert into {table_columns}: {e}"));
 }
 
+/// Inserts `count` jobs not done, with ids `1..=count`, for the claims with a
+/// visibility timeout.
+pub(super) fn insert_timed_jobs(conn: &mut impl SimpleConnection, backend: &str, count: usize) {
+    insert_numbered(
+        conn,
+        backend,
+        count,
+        "timed_jobs (id, done, times_done)",
+        "i, FALSE, 0",
+    );
+}
+
 /// [`insert_orders`], for a server that may be down.
 pub(super) fn try_insert_orders(
     conn: &mut impl SimpleConnection,
@@ -364,16 +376,26 @@ on_suite_backends! {
     /// visibility timeout of `ttl_ms`, `batch` at a time, log each run of the
     /// work (outside any transaction), pause `pause_ms`, and
     /// finish the job; a finish refused as `ClaimLost` is counted. They claim
-    /// again until no job is left undone.
+    /// again until no job is left undone. With `persist`, a thread starts
+    /// over on a new connection after any error, waiting out a server that
+    /// is down.
     pub fn timed_worker(args: &Fields) -> Figures {
         let threads = args.number("threads") as usize;
         let first = args.number("first") as i32;
         let (ttl, pause) = (Duration::from_millis(args.number("ttl_ms")), Duration::from_millis(args.number("pause_ms")));
         let batch = args.number("batch") as u32;
+        let persist = args.get("persist").is_some();
         in_threads(threads, |index| {
             let worker = first + index as i32;
             let mut figures = Figures::default();
-            let mut conn = Conn::connect(args.text("url"));
+            let connect = |figures: &mut Figures| {
+                if persist {
+                    connect_patiently(args.text("url"), figures)
+                } else {
+                    Conn::connect(args.text("url"))
+                }
+            };
+            let mut conn = connect(&mut figures);
             let undone = || timed_jobs::table.filter(timed_jobs::done.eq(false));
             loop {
                 let claimed = undone()
@@ -399,6 +421,10 @@ on_suite_backends! {
                 match claimed {
                     Ok(report) => figures.ops += report.processed,
                     Err(error) if error.is_transient() => figures.saw(&error),
+                    Err(error) if persist => {
+                        figures.saw(&error);
+                        conn = connect(&mut figures);
+                    }
                     Err(error) => {
                         figures.check(false, format!("worker {worker}: {error}"));
                         return figures;
@@ -409,7 +435,12 @@ on_suite_backends! {
                     // Rows whose claim has not passed yet: their stamps
                     // belong to a stalled or dead worker, or to a busy one.
                     Ok(_) => thread::sleep(Duration::from_millis(20)),
-                    Err(error) => figures.saw(&error.into()),
+                    Err(error) => {
+                        figures.saw(&error.into());
+                        if persist {
+                            conn = connect(&mut figures);
+                        }
+                    }
                 }
             }
         })
@@ -426,7 +457,7 @@ on_suite_backends! {
         let rows = ctx.rows();
         let (_db, url, pool) = database(2, 0);
         let mut conn = pool.get().unwrap();
-        insert_numbered(&mut *conn, BACKEND, rows, "timed_jobs (id, done, times_done)", "i, FALSE, 0");
+        insert_timed_jobs(&mut *conn, BACKEND, rows);
         let (threads, processes) = ctx.workers();
         let mut figures = Figures::new(threads, processes);
         let share = (threads / processes).max(1);

@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, Lease};
 
-use super::claiming::{insert_orders, pending, try_insert_orders, CHANNEL};
+use super::claiming::{insert_orders, insert_timed_jobs, pending, try_insert_orders, CHANNEL};
 use super::money::OPENING;
 use super::procs::time_until;
 use super::{connect_patiently, tables, Connect, Ctx, Figures, Running};
@@ -39,6 +39,8 @@ on_row_lock_backends! {
         crash_mid_bank(ctx, &server, &url, &mut figures);
         crash_with_a_lease(ctx, &server, &url, &mut figures);
         crash_under_worker_loops(ctx, &server, &mut figures);
+        crash_under_visibility_timeouts(ctx, &server, &mut figures);
+        crash_under_a_kept_lease(ctx, &server, &url, &mut figures);
         figures
     }
 
@@ -221,6 +223,112 @@ on_row_lock_backends! {
             drained.unwrap_or_default()
         ));
         figures.merge(loops);
+    }
+
+    /// Crashes the server `repeats` times while workers in several processes
+    /// claim jobs with a visibility timeout (500 ms, batches of 5, their work
+    /// outside any transaction), starting over after any error. Every job's
+    /// final write lands exactly once, and no stamp is left.
+    fn crash_under_visibility_timeouts(ctx: &Ctx, server: &crate::PrivateServer, figures: &mut Figures) {
+        let url = torture_database(server, "timed", 0);
+        insert_timed_jobs(&mut Conn::connect(&url), BACKEND, ctx.rows());
+        let (threads, processes) = ctx.workers();
+        let (rows, crashes) = (ctx.rows(), ctx.repeats());
+        let finishing = Running::new();
+        let mut timed = Figures::default();
+        thread::scope(|scope| {
+            let crasher = scope.spawn(|| {
+                let mut figures = Figures::default();
+                for crash in 1..=crashes {
+                    let mut watcher = Conn::connect(&url);
+                    let share = (rows * crash / (crashes + 1)) as i64;
+                    let done = timed_jobs::table.filter(timed_jobs::done.eq(true));
+                    let reached = time_until(Duration::from_secs(300), || {
+                        !finishing.get() || done.count().get_result::<i64>(&mut watcher).is_ok_and(|done| done >= share)
+                    });
+                    if reached.is_none() || !finishing.get() {
+                        figures.check(false, format!("crash {crash}: the jobs ended, or stalled for 300 s, before {share} were done"));
+                        break;
+                    }
+                    server.crash();
+                    thread::sleep(outage(ctx));
+                    server.start();
+                }
+                figures
+            });
+            let args = [
+                ("url", url.clone()),
+                ("ttl_ms", "500".to_owned()),
+                ("pause_ms", ctx.scale.pick("20", "2").to_owned()),
+                ("batch", "5".to_owned()),
+                ("persist", "1".to_owned()),
+            ];
+            let finished = finishing.stop_on_drop();
+            for done in ctx.run_workers("timed", threads, processes, &args) {
+                timed.absorb(&done);
+            }
+            drop(finished);
+            timed.merge(crasher.join().expect("the crashing thread panicked"));
+        });
+        let mut conn = Conn::connect(&url);
+        let jobs = timed_jobs::table;
+        let twice: i64 = jobs.filter(timed_jobs::times_done.gt(1)).count().get_result(&mut conn).unwrap();
+        let left: i64 = jobs.filter(timed_jobs::done.eq(false)).count().get_result(&mut conn).unwrap();
+        let stamped: i64 = jobs.filter(timed_jobs::claimed_until.is_not_null()).count().get_result(&mut conn).unwrap();
+        timed.duplicates += twice as u64;
+        timed.leftovers += left as u64;
+        timed.check(stamped == 0, format!("{stamped} stamps left"));
+        figures.note(format!("{crashes} crashes under claims with a visibility timeout: {rows} jobs, {twice} final writes twice, {left} left"));
+        figures.merge(timed);
+    }
+
+    /// `with_lease_kept_alive` (TTL 2 s) in a worker process while the server
+    /// crashes and comes back at once: its renewing connection is broken for
+    /// good, so the holder must be told the lease is lost within a TTL and a
+    /// renewal period of its last renewal, and a successor gets it, with a
+    /// larger token, only once it has expired.
+    fn crash_under_a_kept_lease(ctx: &Ctx, server: &crate::PrivateServer, url: &str, figures: &mut Figures) {
+        let ttl = Duration::from_secs(2);
+        let mut tokens = Vec::new();
+        for round in 0..ctx.repeats() {
+            let name = format!("torture:kept-crash:{round}");
+            let args = [
+                ("url", url.to_owned()),
+                ("name", name.clone()),
+                ("ttl_ms", ttl.as_millis().to_string()),
+                ("work_ms", (30 * ttl).as_millis().to_string()),
+            ];
+            let mut holder = ctx.spawn("kept-holder", &args);
+            let token = holder.expect("leased").number("token") as i64;
+            // A renewal or two first, so that the crash comes mid-lease.
+            thread::sleep(ttl / 2);
+            server.crash();
+            let crashed = Instant::now();
+            server.start();
+            let mut taker: Conn = connect_patiently(url, figures);
+            let mut successor = None;
+            let waited = time_until(2 * ttl + Duration::from_secs(10), || {
+                successor = Lease::acquire(&mut taker, &name, ttl).unwrap();
+                successor.is_some()
+            });
+            let outcome = holder.expect("outcome");
+            holder.finish();
+            figures.check(outcome.text("lost") == "true", format!("{name}: the holder was not told it lost the lease: {outcome:?}"));
+            let Some(successor) = successor.filter(|_| waited.is_some()) else {
+                figures.check(false, format!("{name}: not free 10 s after two TTLs"));
+                continue;
+            };
+            // Its last renewal was at most a third of a TTL before the crash.
+            figures.check(
+                crashed.elapsed() + ttl / 3 >= ttl,
+                format!("{name}: taken {:?} after the crash, TTL {ttl:?}", crashed.elapsed()),
+            );
+            figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token()));
+            tokens.extend([token, successor.token()]);
+            successor.release(&mut taker).unwrap();
+            figures.ops += 1;
+        }
+        figures.note(format!("{} crashes under a kept-alive lease: holders told, tokens {tokens:?}", ctx.repeats()));
     }
 
     /// A lease is taken, the server crashes and comes back: the lease is

@@ -60,7 +60,7 @@ macro_rules! on_row_lock_backends {
         #[cfg(feature = "postgres")]
         crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
             PgTestDb, pg_pool, POSTGRES_SCHEMA,
-            use super::super::claiming::on_postgres::{check_emails, database, email as email_by};
+            use super::super::claiming::on_postgres::{check_emails, database, email as email_by, timed_jobs};
             use super::super::leases::on_postgres::fenced_write;
             use super::super::money::on_postgres::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
@@ -70,7 +70,7 @@ macro_rules! on_row_lock_backends {
         #[cfg(feature = "mysql")]
         crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
             MysqlTestDb, mysql_pool, MYSQL_SCHEMA,
-            use super::super::claiming::on_mysql::{check_emails, database, email as email_by};
+            use super::super::claiming::on_mysql::{check_emails, database, email as email_by, timed_jobs};
             use super::super::leases::on_mysql::fenced_write;
             use super::super::money::on_mysql::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
