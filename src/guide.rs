@@ -321,10 +321,10 @@
 //! A connection does not outlive its session: when the server crashes or
 //! restarts, fails over, or ends the session, every call on that connection
 //! fails, and a worker on it returns the error. That is
-//! [`Error::Database`](crate::Error::Database) (PostgreSQL's
+//! [`Error::Database`] (PostgreSQL's
 //! `ClosedConnection`; MariaDB's "Lost connection to server during query" or
 //! "Server has gone away", of kind `Unknown`), or
-//! [`Error::BrokenConnection`](crate::Error::BrokenConnection) when the
+//! [`Error::BrokenConnection`] when the
 //! rollback after it failed too; never a report that says nothing is pending.
 //! Run the worker in a loop of your own that starts over on a new connection
 //! and waits while the server is away:

@@ -23,6 +23,8 @@
 pub mod fixtures;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod network;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(feature = "postgres")]
@@ -49,6 +51,8 @@ pub mod url;
 
 #[cfg(feature = "mysql")]
 pub use mysql::{mysql_pool, mysql_url, MysqlTestDb};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use network::TestNetwork;
 #[cfg(feature = "postgres")]
 pub use pg::{pg_pool, pg_url, PgTestDb};
 #[cfg(feature = "postgres")]

@@ -24,8 +24,8 @@ enum Kind {
     Mariadb,
 }
 
-/// A server of its own on a free port of 127.0.0.1, its data in a temporary
-/// directory. [`crash`](Self::crash) kills it as a power cut would kill the
+/// A server of its own on a free port of 127.0.0.1 (or behind a
+/// [`TestNetwork`](crate::TestNetwork)), its data in a temporary directory. [`crash`](Self::crash) kills it as a power cut would kill the
 /// process (SIGKILL, no shutdown), [`start`](Self::start) starts it again on
 /// the same data, through crash recovery. Dropping it kills it and removes
 /// its data.
@@ -35,8 +35,38 @@ pub struct PrivateServer {
     /// The server's process when this one started it directly (MariaDB),
     /// to be reaped when it dies.
     child: Mutex<Option<Child>>,
+    /// The network namespace the server runs in, if not this one.
+    namespace: Option<String>,
+    /// The address `admin_url` reaches the server at.
+    host: String,
     /// A URL of the server's administrative database (`postgres`, `mysql`).
     pub admin_url: String,
+}
+
+/// Where a server runs: here on 127.0.0.1, or in a test network's server
+/// namespace, listening on both its links.
+struct Place {
+    namespace: Option<String>,
+    listen: String,
+    host: String,
+}
+
+impl Place {
+    fn here() -> Place {
+        Place {
+            namespace: None,
+            listen: "127.0.0.1".to_owned(),
+            host: "127.0.0.1".to_owned(),
+        }
+    }
+
+    fn behind(network: &crate::TestNetwork) -> Place {
+        Place {
+            namespace: Some(network.server_namespace.clone()),
+            listen: "0.0.0.0".to_owned(),
+            host: network.healthy_address.clone(),
+        }
+    }
 }
 
 impl PrivateServer {
@@ -44,6 +74,17 @@ impl PrivateServer {
     /// with `settings` added to its configuration; started.
     #[cfg(feature = "postgres")]
     pub fn postgres(settings: &str) -> Self {
+        Self::postgres_at(Place::here(), settings)
+    }
+
+    /// [`postgres`](Self::postgres), in `network`'s server namespace.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_behind(network: &crate::TestNetwork, settings: &str) -> Self {
+        Self::postgres_at(Place::behind(network), settings)
+    }
+
+    #[cfg(feature = "postgres")]
+    fn postgres_at(place: Place, settings: &str) -> Self {
         use std::fs::OpenOptions;
         use std::io::Write;
 
@@ -66,20 +107,31 @@ impl PrivateServer {
         let settings = format!(
             "\n# diesel-claim crash scenarios\n\
              port = {port}\n\
-             listen_addresses = '127.0.0.1'\n\
+             listen_addresses = '{}'\n\
              unix_socket_directories = ''\n\
              max_connections = 200\n\
-             {settings}\n"
+             {settings}\n",
+            place.listen
         );
         OpenOptions::new()
             .append(true)
             .open(data.join("postgresql.conf"))
             .and_then(|mut conf| conf.write_all(settings.as_bytes()))
             .unwrap_or_else(|e| panic!("cannot configure {}: {e}", data.display()));
+        // Behind a test network, clients come from its other addresses.
+        if place.namespace.is_some() {
+            OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))
+                .and_then(|mut hba| hba.write_all(b"\nhost all all 10.231.0.0/16 trust\n"))
+                .unwrap_or_else(|e| panic!("cannot configure {}: {e}", data.display()));
+        }
         let server = PrivateServer {
             kind: Kind::Postgres { bin_dir },
             child: Mutex::new(None),
-            admin_url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            admin_url: format!("postgres://postgres@{}:{port}/postgres", place.host),
+            namespace: place.namespace,
+            host: place.host,
             dir,
         };
         server.start();
@@ -90,17 +142,30 @@ impl PrivateServer {
     /// password, with `options` added to `mariadbd`'s command line; started.
     #[cfg(feature = "mysql")]
     pub fn mariadb(options: &[&str]) -> Self {
+        Self::mariadb_at(Place::here(), options)
+    }
+
+    /// [`mariadb`](Self::mariadb), in `network`'s server namespace.
+    #[cfg(feature = "mysql")]
+    pub fn mariadb_behind(network: &crate::TestNetwork, options: &[&str]) -> Self {
+        Self::mariadb_at(Place::behind(network), options)
+    }
+
+    #[cfg(feature = "mysql")]
+    fn mariadb_at(place: Place, options: &[&str]) -> Self {
         let dir = temporary_directory("diesel-claim-crash-mariadb");
         let port = free_port();
         let server = PrivateServer {
             kind: Kind::Mariadb,
             child: Mutex::new(None),
-            admin_url: format!("mysql://root@127.0.0.1:{port}/mysql"),
+            admin_url: format!("mysql://root@{}:{port}/mysql", place.host),
+            namespace: place.namespace,
+            host: place.host,
             dir,
         };
         let options: Vec<String> = [
             format!("--port={port}"),
-            "--bind-address=127.0.0.1".to_owned(),
+            format!("--bind-address={}", place.listen),
             format!("--socket={}", server.dir.path().join("socket").display()),
             format!("--pid-file={}", server.dir.path().join("pid").display()),
             format!("--log-error={}", server.log_path().display()),
@@ -121,12 +186,49 @@ impl PrivateServer {
             ])
             .run_or_panic("initialize a MariaDB data directory (is mariadb-server installed?)");
         server.start();
+        if server.namespace.is_some() {
+            use diesel::connection::SimpleConnection;
+
+            // Behind a test network, `root` comes from its other addresses.
+            diesel::MysqlConnection::establish(&server.socket_url())
+                .and_then(|mut conn| {
+                    conn.batch_execute(
+                        "CREATE USER 'root'@'10.231.%'; \
+                         GRANT ALL PRIVILEGES ON *.* TO 'root'@'10.231.%' WITH GRANT OPTION",
+                    )
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)
+                })
+                .unwrap_or_else(|e| panic!("cannot let the test network's clients in: {e}"));
+        }
         server
+    }
+
+    /// A URL of the MariaDB server's `mysql` database through its socket,
+    /// which works from any network namespace.
+    #[cfg(feature = "mysql")]
+    fn socket_url(&self) -> String {
+        format!(
+            "mysql://root@localhost/mysql?unix_socket={}",
+            self.dir.path().join("socket").display()
+        )
     }
 
     /// The URL of `database` on this server.
     pub fn url(&self, database: &str) -> String {
         crate::url::with_database(&self.admin_url, database)
+    }
+
+    /// The URL of `database` on this server, reached at `address` (another
+    /// link of its network) with `query` (`key=value&…`, or empty).
+    pub fn url_via(&self, address: &str, database: &str, query: &str) -> String {
+        let url =
+            self.url(database)
+                .replacen(&format!("@{}:", self.host), &format!("@{address}:"), 1);
+        if query.is_empty() {
+            url
+        } else {
+            format!("{url}?{query}")
+        }
     }
 
     /// Starts the server on its data directory and waits until it accepts
@@ -135,21 +237,27 @@ impl PrivateServer {
         match &self.kind {
             #[cfg(feature = "postgres")]
             Kind::Postgres { bin_dir } => {
-                pg_tool(bin_dir, "pg_ctl")
+                let mut pg_ctl = pg_tool(bin_dir, "pg_ctl");
+                pg_ctl
                     .args(["start", "--timeout=60", "--pgdata"])
                     .arg(self.data_dir())
                     .arg("--log")
-                    .arg(self.log_path())
+                    .arg(self.log_path());
+                self.here(pg_ctl)
                     .run_or_panic("start the PostgreSQL server");
             }
             #[cfg(feature = "mysql")]
             Kind::Mariadb => {
                 let options = fs::read_to_string(self.dir.path().join("options"))
                     .expect("cannot read the server's options");
-                let child = Command::new("mariadbd")
+                let mut mariadbd = Command::new("mariadbd");
+                mariadbd
                     .arg("--no-defaults")
                     .arg(format!("--datadir={}", self.data_dir().display()))
-                    .args(options.lines())
+                    .args(options.lines());
+                // `ip netns exec` becomes the server: the child is mariadbd.
+                let child = self
+                    .here(mariadbd)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
@@ -208,7 +316,7 @@ impl PrivateServer {
             #[cfg(feature = "postgres")]
             Kind::Postgres { .. } => diesel::PgConnection::establish(&self.admin_url).map(drop),
             #[cfg(feature = "mysql")]
-            Kind::Mariadb => diesel::MysqlConnection::establish(&self.admin_url).map(drop),
+            Kind::Mariadb => diesel::MysqlConnection::establish(&self.socket_url()).map(drop),
         }
     }
 
@@ -228,6 +336,14 @@ impl PrivateServer {
             .parse()
             .ok()?;
         alive(pid).then_some(pid)
+    }
+
+    /// `command`, run where the server runs.
+    fn here(&self, command: Command) -> Command {
+        match &self.namespace {
+            Some(namespace) => crate::TestNetwork::command_in(namespace, &command),
+            None => command,
+        }
     }
 
     fn data_dir(&self) -> PathBuf {

@@ -3,8 +3,11 @@
 //! server to create throwaway databases on.
 //!
 //! - **Servers named by the environment** (`PG_DATABASE_URL`,
-//!   `MYSQL_DATABASE_URL`) are used as they are; nothing is installed or
-//!   started for them.
+//!   `MYSQL_DATABASE_URL`) are used as they are; nothing is started for
+//!   them. The server programs are installed all the same: the torture
+//!   suite starts, crashes and restarts private servers of its own, some
+//!   behind network namespaces it makes (which needs root, `ip`, `tc` and
+//!   `iptables`).
 //! - **Otherwise the local servers**, on 127.0.0.1:5432 and :3306. On Debian,
 //!   what is missing is installed with `apt-get` (as root, or through `sudo`),
 //!   and a server that is installed but stopped is started.
@@ -44,11 +47,22 @@ pub fn machine() -> Result<Servers, Error> {
     println!("==> client libraries and servers");
     // Client libraries: libpq for PostgreSQL, MariaDB's libmysqlclient for
     // MySQL (found through pkg-config). SQLite is built from source.
-    let mut wanted = vec!["libpq-dev", "default-libmysqlclient-dev", "pkg-config"];
-    if named_postgres.is_none() && !has_postgres_server() {
+    // The torture suite's network scenario makes its own network namespaces
+    // (`ip`, `tc`, `sysctl`) and firewall rules (`iptables`).
+    let mut wanted = vec![
+        "libpq-dev",
+        "default-libmysqlclient-dev",
+        "pkg-config",
+        "iproute2",
+        "iptables",
+        "procps",
+    ];
+    // The server programs, also when the tests use servers named in the
+    // environment: the torture suite crashes private servers of its own.
+    if !has_postgres_server() {
         wanted.push("postgresql");
     }
-    if named_mysql.is_none() && !Path::new("/usr/sbin/mariadbd").exists() {
+    if !Path::new("/usr/sbin/mariadbd").exists() {
         wanted.push("mariadb-server");
     }
     let installed = install_debian_packages(&wanted)?;

@@ -110,6 +110,16 @@ on_suite_backends! {
         (db, url, pool)
     }
 
+    /// A database `name` made on the server of `admin_url`, reached at `url`,
+    /// with what [`database`] has.
+    pub fn create_database(admin_url: &str, name: &str, url: &str, rows: usize) {
+        diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut Conn::connect(admin_url)).unwrap();
+        let mut conn = Conn::connect(url);
+        crate::fixtures::create_schema(&mut conn, SCHEMA);
+        tables::create(&mut conn, BACKEND);
+        insert_orders(&mut conn, BACKEND, rows);
+    }
+
     /// The email of `order`: an outbox row by `worker`, and the flag cleared.
     pub fn email(conn: &mut Conn, order: &Order, worker: i32) -> Result<(), Error> {
         diesel::insert_into(outbox::table)

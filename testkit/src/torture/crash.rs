@@ -10,10 +10,10 @@ use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, Lease};
 
-use super::claiming::{insert_orders, insert_timed_jobs, pending, try_insert_orders, CHANNEL};
+use super::claiming::{insert_timed_jobs, pending, try_insert_orders, CHANNEL};
 use super::money::OPENING;
 use super::procs::time_until;
-use super::{connect_patiently, tables, Connect, Ctx, Figures, Running};
+use super::{connect_patiently, Connect, Ctx, Figures, Running};
 use crate::fixtures::{outbox, Order};
 
 on_row_lock_backends! {
@@ -47,13 +47,8 @@ on_row_lock_backends! {
     /// A database `name` on `server` with the shop schema, the torture
     /// tables and `rows` pending orders; its URL.
     fn torture_database(server: &crate::PrivateServer, name: &str, rows: usize) -> String {
-        let mut admin = Conn::connect(&server.admin_url);
-        diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin).unwrap();
         let url = server.url(name);
-        let mut conn = Conn::connect(&url);
-        crate::fixtures::create_schema(&mut conn, SCHEMA);
-        tables::create(&mut conn, BACKEND);
-        insert_orders(&mut conn, BACKEND, rows);
+        create_database(&server.admin_url, name, &url, rows);
         url
     }
 

@@ -79,7 +79,8 @@ on_suite_backends! {
 
     /// Worker: takes lease `name` for `ttl_ms`, says `leased token=…`, then
     /// pauses `pause_ms` (the runner stops it meanwhile, or kills it), then
-    /// tries a fenced write and a release and says `outcome written=… released=…`.
+    /// tries a fenced write and a release and says `outcome written=… released=…`
+    /// (`written=error` when the write failed).
     /// On MariaDB its session runs in `mysql_time_zone`, if given.
     pub fn holder_worker(args: &Fields) -> Figures {
         let conn = &mut Conn::connect(args.text("url"));
@@ -91,7 +92,7 @@ on_suite_backends! {
         let lease = Lease::acquire(conn, args.text("name"), ttl).unwrap().expect("the lease is free");
         procs::report("leased", Fields::default().set("token", lease.token()));
         thread::sleep(Duration::from_millis(args.number("pause_ms")));
-        let written = fenced_write(conn, lease.token(), "stale").unwrap();
+        let written = fenced_write(conn, lease.token(), "stale").map_or("error".to_owned(), |w| w.to_string());
         let released = match lease.release(conn) {
             Ok(()) => "ok".to_owned(),
             Err(error) => error_kind(&error),

@@ -60,22 +60,43 @@ macro_rules! on_row_lock_backends {
         #[cfg(feature = "postgres")]
         crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
             PgTestDb, pg_pool, POSTGRES_SCHEMA,
-            use super::super::claiming::on_postgres::{check_emails, database, email as email_by, timed_jobs};
+            use super::super::claiming::on_postgres::{check_emails, create_database, database, email as email_by, timed_jobs};
             use super::super::leases::on_postgres::fenced_write;
             use super::super::money::on_postgres::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
                 crate::PrivateServer::postgres(if durable { "" } else { "synchronous_commit = off" })
             }
+            /// A server in `network`'s server namespace that drops the
+            /// sessions of clients it no longer hears from within seconds.
+            fn start_server_behind(network: &crate::TestNetwork) -> crate::PrivateServer {
+                crate::PrivateServer::postgres_behind(
+                    network,
+                    "tcp_keepalives_idle = 1\ntcp_keepalives_interval = 1\ntcp_keepalives_count = 3\n\
+                     tcp_user_timeout = 5000",
+                )
+            }
+            /// The TCP settings of the server's namespace: none, PostgreSQL
+            /// sets its own per connection.
+            const SERVER_SYSCTLS: &[&str] = &[];
             $($items)*);
         #[cfg(feature = "mysql")]
         crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
             MysqlTestDb, mysql_pool, MYSQL_SCHEMA,
-            use super::super::claiming::on_mysql::{check_emails, database, email as email_by, timed_jobs};
+            use super::super::claiming::on_mysql::{check_emails, create_database, database, email as email_by, timed_jobs};
             use super::super::leases::on_mysql::fenced_write;
             use super::super::money::on_mysql::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
                 crate::PrivateServer::mariadb(if durable { &[] } else { &["--innodb-flush-log-at-trx-commit=0"] })
             }
+            fn start_server_behind(network: &crate::TestNetwork) -> crate::PrivateServer {
+                crate::PrivateServer::mariadb_behind(
+                    network,
+                    &["--tcp-keepalive-time=1", "--tcp-keepalive-interval=1", "--tcp-keepalive-probes=3"],
+                )
+            }
+            /// MariaDB has no per-connection bound on unacknowledged data:
+            /// the database host's retransmission limit, about 12 s.
+            const SERVER_SYSCTLS: &[&str] = &["net.ipv4.tcp_retries2=5"];
             $($items)*);
 
         #[cfg(feature = "postgres")]
@@ -97,6 +118,8 @@ mod claiming;
 mod crash;
 mod leases;
 mod money;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod network;
 #[cfg(feature = "postgres")]
 mod pg_partitions;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -214,9 +237,21 @@ impl Ctx<'_> {
         args: &[(&str, String)],
         env: &[(&str, &str)],
     ) -> Worker {
+        self.spawn_in(None, kind, args, env)
+    }
+
+    /// Starts a worker process running `kind`, in network namespace
+    /// `namespace` if one is given, adding `env` to its environment.
+    pub fn spawn_in(
+        &self,
+        namespace: Option<&str>,
+        kind: &str,
+        args: &[(&str, String)],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let mut all = vec![self.backend.name().to_owned(), kind.to_owned()];
         all.extend(args.iter().map(|(key, value)| format!("{key}={value}")));
-        self.launcher.spawn(&all, env)
+        self.launcher.spawn(&all, env, namespace)
     }
 
     /// Starts `processes` workers of `kind` sharing `threads` threads, numbered
@@ -523,6 +558,7 @@ macro_rules! row_lock_scenarios {
             9 "timeouts" row_locks::timeouts,
             14 "deadlock" row_locks::deadlock,
             27 "server-crash" crash::server_crash,
+            28 "network-faults" network::network_faults,
         )
     };
 }
@@ -745,6 +781,16 @@ pub fn worker_main(args: &[String]) -> i32 {
                 }
             }
         };
+    }
+    #[cfg(feature = "postgres")]
+    if (backend.as_str(), kind.as_str()) == ("postgres", "cut") {
+        run(network::on_postgres::cut_worker);
+        return 0;
+    }
+    #[cfg(feature = "mysql")]
+    if (backend.as_str(), kind.as_str()) == ("mysql", "cut") {
+        run(network::on_mysql::cut_worker);
+        return 0;
     }
     // The async workers report fields of their own (see `cancellation`).
     #[cfg(all(feature = "async", feature = "postgres"))]

@@ -31,10 +31,19 @@ pub enum Launcher {
 }
 
 impl Launcher {
-    /// Starts a worker with `args`, adding `env` to its environment.
-    pub fn spawn(&self, args: &[String], env: &[(&str, &str)]) -> Worker {
+    /// Starts a worker with `args`, adding `env` to its environment, in
+    /// network namespace `namespace` if one is given.
+    pub fn spawn(&self, args: &[String], env: &[(&str, &str)], namespace: Option<&str>) -> Worker {
         let exe = std::env::current_exe().expect("cannot find the current executable");
-        let mut command = Command::new(exe);
+        let mut command = match namespace {
+            // `ip netns exec` becomes the worker: same process, other network.
+            Some(namespace) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", namespace]).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        };
         command.envs(env.iter().copied());
         match self {
             Launcher::Example => command.arg("worker").args(args),

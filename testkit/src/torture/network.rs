@@ -1,0 +1,228 @@
+//! The network drops (28), on PostgreSQL and MariaDB: the server runs behind
+//! a [`TestNetwork`](crate::TestNetwork) of the scenario's own, and the link
+//! between it and some of the workers is cut, made lossy and slow.
+//!
+//! What bounds each wait is what the documentation tells users to set:
+//!
+//! - the server drops the session of a client it no longer hears from, which
+//!   frees its locks: TCP keepalives of 1 s, three probes (PostgreSQL
+//!   `tcp_keepalives_idle`, `_interval`, `_count`; MariaDB
+//!   `tcp_keepalive_time`, `_interval`, `_probes`) for a silent client, and a
+//!   bound on data it sent that is never acknowledged (PostgreSQL
+//!   `tcp_user_timeout`; MariaDB has none, so the database host's
+//!   `net.ipv4.tcp_retries2 = 5`, set in the server namespace only);
+//! - a client's call ends with an error instead of waiting for an answer that
+//!   cannot come: on PostgreSQL libpq's `tcp_user_timeout` and `keepalives_*`
+//!   in the URL; Diesel's MySQL connection takes no timeout, so there the
+//!   worker host's TCP settings bound it (`net.ipv4.tcp_retries2 = 5`,
+//!   keepalives after 1 s), set in the client namespace only.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::sql_types::Integer;
+use diesel_claim::prelude::*;
+use diesel_claim::{Error, Lease};
+
+use super::claiming::pending;
+use super::procs::{self, time_until, Fields};
+use super::{error_kind, Connect, Ctx, Figures};
+use crate::fixtures::{orders, outbox, Order};
+use crate::TestNetwork;
+
+/// What a call on a cut link may take before it fails, at most: a few
+/// retransmissions or keepalive probes (about 12 s for `tcp_retries2 = 5`),
+/// with room for a loaded machine.
+const CALL_BOUND: Duration = Duration::from_secs(30);
+
+/// What the server may take to free the locks of a client it no longer
+/// hears from: three keepalive probes a second apart, or, when it has sent
+/// data the client never acknowledged, its retransmission bound (about 5 s
+/// on PostgreSQL, 12 s on MariaDB), with room for a loaded machine.
+const RELEASE_BOUND: Duration = Duration::from_secs(30);
+
+on_row_lock_backends! {
+    /// The TCP settings of the client namespace, and the query of the URL
+    /// its workers use (see the module's documentation).
+    fn client_settings() -> (&'static [&'static str], &'static str) {
+        match BACKEND {
+            "pg" => (&[], "keepalives_idle=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000&connect_timeout=5"),
+            _ => (
+                &[
+                    "net.ipv4.tcp_retries2=5",
+                    "net.ipv4.tcp_syn_retries=2",
+                    "net.ipv4.tcp_keepalive_time=1",
+                    "net.ipv4.tcp_keepalive_intvl=1",
+                    "net.ipv4.tcp_keepalive_probes=3",
+                ],
+                "",
+            ),
+        }
+    }
+
+    /// Scenario 28: the link between the server and some workers is cut
+    /// while a worker holds a row, made lossy and slow under a drain, and cut
+    /// while a lease holder works. A cut worker's call fails within
+    /// [`CALL_BOUND`] with a typed error; the server frees its row within
+    /// [`RELEASE_BOUND`], and another worker, on the healthy link, processes
+    /// it once; the drain over the bad link processes every row once; the
+    /// cut lease holder's successor takes over after the TTL, and the cut
+    /// holder's fenced write is refused once the link heals.
+    pub fn network_faults(ctx: &Ctx) -> Figures {
+        let (threads, processes) = ctx.workers();
+        let mut figures = Figures::new(threads, processes);
+        let (client_sysctls, query) = client_settings();
+        let network = TestNetwork::new(client_sysctls, SERVER_SYSCTLS);
+        let server = start_server_behind(&network);
+        let url = server.url("torture");
+        create_database(&server.admin_url, "torture", &url, ctx.rows());
+        let behind_the_cut = server.url_via(&network.faulty_address, "torture", query);
+        cut_while_holding(ctx, &network, &url, &behind_the_cut, &mut figures);
+        drain_over_a_bad_link(ctx, &network, &url, &behind_the_cut, &mut figures);
+        lease_holder_cut_off(ctx, &network, &url, &behind_the_cut, &mut figures);
+        figures
+    }
+
+    /// A worker behind the cut claims a row, writes and says so; the link
+    /// is cut; its next statement must fail, and the row must come free.
+    fn cut_while_holding(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
+        let mut conn = Conn::connect(url);
+        let (mut slowest_release, mut slowest_failure) = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..ctx.repeats() {
+            let args = [("url", behind_the_cut.to_owned()), ("pause_ms", "500".to_owned())];
+            let mut victim = ctx.spawn_in(Some(&network.client_namespace), "cut", &args, &[]);
+            let id = victim.expect("locked").number("id") as i32;
+            network.cut();
+            let mut taken = None;
+            let freed = time_until(RELEASE_BOUND, || {
+                let claimed = pending()
+                    .filter(orders::id.eq(id))
+                    .claim_each(&mut conn, |conn, order: Order| email_by(conn, &order, 0));
+                taken = Some(claimed);
+                matches!(taken, Some(Ok(ref report)) if report.processed == 1)
+            });
+            match freed {
+                Some(after) => slowest_release = slowest_release.max(after),
+                None => figures.check(false, format!("row {id} still locked {RELEASE_BOUND:?} after the cut: {taken:?}")),
+            }
+            let outcome = victim.expect("outcome");
+            network.heal();
+            victim.finish();
+            let waited = Duration::from_millis(outcome.number("waited_ms"));
+            slowest_failure = slowest_failure.max(waited);
+            figures.check(outcome.text("result") != "ok", format!("a call on a cut link succeeded: {outcome:?}"));
+            figures.check(waited <= CALL_BOUND, format!("a call on a cut link took {waited:?}"));
+            figures.count_error(outcome.text("result"));
+            let emails: Vec<i32> = outbox::table.filter(outbox::order_id.eq(id)).select(outbox::worker).load(&mut conn).unwrap();
+            figures.check(emails == [0], format!("row {id} emailed by workers {emails:?}, not once by the healthy one"));
+            figures.ops += 1;
+        }
+        figures.note(format!(
+            "{} cuts while a worker held a row: the server freed it within {slowest_release:.1?}, the cut worker's call failed within {slowest_failure:.1?}",
+            ctx.repeats()
+        ));
+    }
+
+    /// Workers behind a link that loses 10% of its packets each way and
+    /// carries 1 Mbit/s from the server, and workers on the healthy link,
+    /// drain the rest of the rows together.
+    fn drain_over_a_bad_link(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
+        network.lose(0.1);
+        network.slow(1024);
+        let (threads, processes) = ctx.workers();
+        let per_process = (threads / processes).max(1);
+        let sides = [(Some(network.client_namespace.as_str()), behind_the_cut), (None, url)];
+        let started = Instant::now();
+        let workers: Vec<_> = (0..processes.max(2))
+            .map(|p| {
+                let (namespace, url) = sides[p % 2];
+                let args = [
+                    ("url", url.to_owned()),
+                    ("threads", per_process.to_string()),
+                    ("first", (1 + p * per_process).to_string()),
+                    ("persist", "1".to_owned()),
+                    ("batch", "5".to_owned()),
+                ];
+                ctx.spawn_in(namespace, "drain", &args, &[])
+            })
+            .collect();
+        for worker in workers {
+            figures.absorb(&worker.finish());
+        }
+        network.heal();
+        // Every row: those the cuts left to the healthy worker, and these.
+        let mut conn = Conn::connect(url);
+        let rows: i64 = orders::table.count().get_result(&mut conn).unwrap();
+        check_emails(&mut conn, figures, rows as u64);
+        figures.note(format!("a drain over a lossy, slow link and a healthy one: {:.1?}", started.elapsed()));
+    }
+
+    /// A lease holder behind the cut takes the lease, the link is cut for
+    /// longer than its TTL, a successor on the healthy link takes over and
+    /// writes, and the link heals: the cut holder's fenced write is refused
+    /// and so is its release.
+    fn lease_holder_cut_off(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
+        let ttl = Duration::from_secs(2);
+        let mut conn = Conn::connect(url);
+        for round in 0..ctx.repeats() {
+            let name = format!("torture:cut:{round}");
+            let args = [
+                ("url", behind_the_cut.to_owned()),
+                ("name", name.clone()),
+                ("ttl_ms", ttl.as_millis().to_string()),
+                ("pause_ms", (2 * ttl).as_millis().to_string()),
+            ];
+            let mut holder = ctx.spawn_in(Some(&network.client_namespace), "lease-holder", &args, &[]);
+            let token = holder.expect("leased").number("token") as i64;
+            network.cut();
+            let mut successor = None;
+            let waited = time_until(ttl + Duration::from_secs(10), || {
+                // Held past the cut holder's outcome, so that its release
+                // is refused for the successor's sake, not for expiry.
+                successor = Lease::acquire(&mut conn, &name, Duration::from_secs(60)).unwrap();
+                successor.is_some()
+            });
+            let Some(successor) = successor.filter(|_| waited.is_some()) else {
+                network.heal();
+                figures.check(false, format!("{name}: not free 10 s after its TTL"));
+                continue;
+            };
+            figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token()));
+            figures.check(fenced_write(&mut conn, successor.token(), "successor").unwrap(), "the successor's write was refused");
+            network.heal();
+            let outcome = holder.expect("outcome");
+            holder.finish();
+            figures.check(outcome.text("written") != "true", format!("{name}: the cut holder's stale write was accepted"));
+            figures.check(outcome.text("released") != "ok", format!("{name}: the cut holder released its successor's lease"));
+            figures.count_error(format!("stale-release:{}", outcome.text("released")));
+            successor.release(&mut conn).unwrap();
+            figures.ops += 1;
+        }
+    }
+
+    /// Worker: claims one row, writes its email and says `locked id=…`;
+    /// pauses `pause_ms` (the runner cuts the link meanwhile) and runs one
+    /// more statement in the row's transaction. Says `outcome result=…
+    /// waited_ms=…`: how the call ended, and how long that statement took.
+    pub fn cut_worker(args: &Fields) -> Figures {
+        let mut conn = Conn::connect(args.text("url"));
+        let pause = Duration::from_millis(args.number("pause_ms"));
+        let mut asked = None;
+        let claimed = pending().build_claim().max_rows(1).each(&mut conn, |conn, order: Order| {
+            email_by(conn, &order, -1)?;
+            procs::report("locked", Fields::default().set("id", order.id));
+            thread::sleep(pause);
+            asked = Some(Instant::now());
+            diesel::select(1.into_sql::<Integer>()).execute(conn)?;
+            Ok::<_, Error>(())
+        });
+        let waited = asked.map_or(0, |asked| asked.elapsed().as_millis());
+        let result = match claimed {
+            Ok(_) => "ok".to_owned(),
+            Err(error) => error_kind(&error),
+        };
+        procs::report("outcome", Fields::default().set("result", result).set("waited_ms", waited));
+        Figures::default()
+    }
+}
