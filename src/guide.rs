@@ -363,8 +363,35 @@
 //! it; the row then counts as failed in the worker's report though it was
 //! processed. Leases live in a table: a crash neither frees one nor lets its
 //! fencing tokens go back. The repository's torture suite SIGKILLs
-//! PostgreSQL and MariaDB servers under a drain, a bank and a held lease
-//! (`RELIABILITY.md`, scenario 27).
+//! PostgreSQL and MariaDB servers under a drain, a bank, worker loops,
+//! visibility timeouts and leases (`RELIABILITY.md`, scenario 27).
+//!
+//! ### When the network drops
+//!
+//! A cut network is worse than a crash, as nobody is told. A worker whose
+//! link goes dark while it holds rows keeps them locked until the server gives
+//! up on it, and its own next call waits for an answer that cannot come.
+//! Neither wait ends unless something bounds it:
+//!
+//! - **On the database server**, drop the sessions of clients gone silent.
+//!   PostgreSQL: `tcp_keepalives_idle`, `tcp_keepalives_interval` and
+//!   `tcp_keepalives_count`, and `tcp_user_timeout` for data the client never
+//!   acknowledged. MariaDB: `tcp_keepalive_time`, `tcp_keepalive_interval` and
+//!   `tcp_keepalive_probes`; it has no bound of its own on unacknowledged
+//!   data, so set the host's `net.ipv4.tcp_retries2` (5 gives up after about
+//!   12 s). `idle_in_transaction_session_timeout` (PostgreSQL) and
+//!   `idle_transaction_timeout` (MariaDB) bound a silent holder whatever
+//!   silenced it.
+//! - **On the workers**, PostgreSQL's bounds go in the URL:
+//!   `?keepalives_idle=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000`.
+//!   Diesel's MySQL connection takes no timeout, so the worker host's
+//!   `net.ipv4.tcp_retries2` and keepalive settings are what bounds a call.
+//!
+//! With these, the repository's torture suite cut a worker off while it held a
+//! row: the server freed the row within seconds, another worker processed it
+//! once, and the cut worker's call failed with an error; a lease holder cut
+//! off past its TTL was replaced, and its fenced write refused once the link
+//! healed (`RELIABILITY.md`, scenario 28).
 //!
 //! ## Long work outside a transaction: visibility timeouts
 //!

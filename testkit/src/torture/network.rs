@@ -134,19 +134,23 @@ on_row_lock_backends! {
         let per_process = (threads / processes).max(1);
         let sides = [(Some(network.client_namespace.as_str()), behind_the_cut), (None, url)];
         let started = Instant::now();
-        let workers: Vec<_> = (0..processes.max(2))
-            .map(|p| {
-                let (namespace, url) = sides[p % 2];
-                let args = [
-                    ("url", url.to_owned()),
-                    ("threads", per_process.to_string()),
-                    ("first", (1 + p * per_process).to_string()),
-                    ("persist", "1".to_owned()),
-                    ("batch", "5".to_owned()),
-                ];
-                ctx.spawn_in(namespace, "drain", &args, &[])
-            })
-            .collect();
+        let spawn = |p: usize| {
+            let (namespace, url) = sides[p % 2];
+            let args = [
+                ("url", url.to_owned()),
+                ("threads", per_process.to_string()),
+                ("first", (1 + p * per_process).to_string()),
+                ("persist", "1".to_owned()),
+                ("batch", "5".to_owned()),
+                ("pause_ms", "10".to_owned()),
+            ];
+            ctx.spawn_in(namespace, "drain", &args, &[])
+        };
+        // The bad link's workers first, alone for a while: the healthy ones
+        // would otherwise drain everything before the others got a row.
+        let mut workers: Vec<_> = (0..processes.max(2)).step_by(2).map(spawn).collect();
+        thread::sleep(ctx.scale.pick(Duration::from_secs(2), Duration::from_secs(10)));
+        workers.extend((1..processes.max(2)).step_by(2).map(spawn));
         for worker in workers {
             figures.absorb(&worker.finish());
         }
@@ -155,7 +159,17 @@ on_row_lock_backends! {
         let mut conn = Conn::connect(url);
         let rows: i64 = orders::table.count().get_result(&mut conn).unwrap();
         check_emails(&mut conn, figures, rows as u64);
-        figures.note(format!("a drain over a lossy, slow link and a healthy one: {:.1?}", started.elapsed()));
+        let cut_off: Vec<i32> = (0..processes.max(2))
+            .step_by(2)
+            .flat_map(|p| (1 + p * per_process..1 + (p + 1) * per_process).map(|worker| worker as i32))
+            .collect();
+        let over_the_bad_link: i64 =
+            outbox::table.filter(outbox::worker.eq_any(cut_off)).count().get_result(&mut conn).unwrap();
+        figures.check(over_the_bad_link > 0, "the workers behind the bad link processed nothing");
+        figures.note(format!(
+            "a drain over a lossy, slow link and a healthy one: {:.1?}, {over_the_bad_link} rows over the bad link",
+            started.elapsed()
+        ));
     }
 
     /// A lease holder behind the cut takes the lease, the link is cut for
