@@ -25,7 +25,7 @@ use diesel::sql_types::Integer;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, Lease};
 
-use super::claiming::pending;
+use super::claiming::{insert_timed_jobs, pending};
 use super::procs::{self, time_until, Fields};
 use super::{error_kind, Connect, Ctx, Figures};
 use crate::fixtures::{orders, outbox, Order};
@@ -81,7 +81,105 @@ on_row_lock_backends! {
         cut_while_holding(ctx, &network, &url, &behind_the_cut, &mut figures);
         drain_over_a_bad_link(ctx, &network, &url, &behind_the_cut, &mut figures);
         lease_holder_cut_off(ctx, &network, &url, &behind_the_cut, &mut figures);
+        kept_lease_cut_off(ctx, &network, &url, &behind_the_cut, &mut figures);
+        let timed = server.url("timed");
+        create_database(&server.admin_url, "timed", &timed, 0);
+        insert_timed_jobs(&mut Conn::connect(&timed), BACKEND, ctx.rows());
+        let timed_behind_the_cut = server.url_via(&network.faulty_address, "timed", query);
+        visibility_timeouts_cut_off(ctx, &network, &timed, &timed_behind_the_cut, &mut figures);
         figures
+    }
+
+    /// How many times each cut is made: once at light scale, where a cut
+    /// call on MariaDB takes its 13 s.
+    fn rounds(ctx: &Ctx) -> usize {
+        ctx.scale.pick(1, ctx.repeats())
+    }
+
+    /// `with_lease_kept_alive` (TTL 2 s) behind the cut, renewing over the
+    /// cut link too: a successor on the healthy link takes the lease once it
+    /// has expired, and the cut holder is told it lost it.
+    fn kept_lease_cut_off(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
+        let ttl = Duration::from_secs(2);
+        let mut conn = Conn::connect(url);
+        for round in 0..rounds(ctx) {
+            let name = format!("torture:kept-cut:{round}");
+            let args = [
+                ("url", behind_the_cut.to_owned()),
+                ("name", name.clone()),
+                ("ttl_ms", ttl.as_millis().to_string()),
+                ("work_ms", (30 * ttl).as_millis().to_string()),
+            ];
+            let mut holder = ctx.spawn_in(Some(&network.client_namespace), "kept-holder", &args, &[]);
+            let token = holder.expect("leased").number("token") as i64;
+            network.cut();
+            let mut successor = None;
+            let waited = time_until(ttl + Duration::from_secs(10), || {
+                successor = Lease::acquire(&mut conn, &name, Duration::from_secs(60)).unwrap();
+                successor.is_some()
+            });
+            let outcome = holder.expect("outcome");
+            network.heal();
+            holder.finish();
+            figures.check(outcome.text("lost") == "true", format!("{name}: the cut holder was not told it lost the lease: {outcome:?}"));
+            let Some(successor) = successor.filter(|_| waited.is_some()) else {
+                figures.check(false, format!("{name}: not free 10 s after its TTL"));
+                continue;
+            };
+            figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token()));
+            successor.release(&mut conn).unwrap();
+            figures.ops += 1;
+        }
+        figures.note(format!("{} kept-alive leases cut off: successors took over, holders told", rounds(ctx)));
+    }
+
+    /// Workers claim jobs with a visibility timeout (500 ms, batches of 5),
+    /// one process behind the link, which is cut for three timeouts mid-run:
+    /// its jobs come back to the healthy workers when their stamps pass, its
+    /// late finishes are refused, and every job's final write lands once.
+    fn visibility_timeouts_cut_off(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
+        let (threads, processes) = ctx.workers();
+        let per_process = (threads / processes).max(1);
+        let rows = ctx.rows();
+        let spawn = |p: usize| {
+            let (namespace, url) = if p == 0 { (Some(network.client_namespace.as_str()), behind_the_cut) } else { (None, url) };
+            let args = [
+                ("url", url.to_owned()),
+                ("threads", per_process.to_string()),
+                ("first", (1 + p * per_process).to_string()),
+                ("ttl_ms", "500".to_owned()),
+                ("pause_ms", "10".to_owned()),
+                ("batch", "5".to_owned()),
+                ("persist", "1".to_owned()),
+            ];
+            ctx.spawn_in(namespace, "timed", &args, &[])
+        };
+        let workers: Vec<_> = (0..processes.max(2)).map(spawn).collect();
+        let mut conn = Conn::connect(url);
+        let done = timed_jobs::table.filter(timed_jobs::done.eq(true));
+        let reached = time_until(Duration::from_secs(300), || {
+            done.count().get_result::<i64>(&mut conn).is_ok_and(|done| done as usize >= rows / 4)
+        });
+        figures.check(reached.is_some(), "a quarter of the jobs not done in 300 s");
+        network.cut();
+        thread::sleep(Duration::from_millis(1500));
+        network.heal();
+        let mut timed = Figures::default();
+        for worker in workers {
+            timed.absorb(&worker.finish());
+        }
+        let jobs = timed_jobs::table;
+        let twice: i64 = jobs.filter(timed_jobs::times_done.gt(1)).count().get_result(&mut conn).unwrap();
+        let left: i64 = jobs.filter(timed_jobs::done.eq(false)).count().get_result(&mut conn).unwrap();
+        let stamped: i64 = jobs.filter(timed_jobs::claimed_until.is_not_null()).count().get_result(&mut conn).unwrap();
+        timed.duplicates += twice as u64;
+        timed.leftovers += left as u64;
+        timed.check(stamped == 0, format!("{stamped} stamps left"));
+        figures.note(format!(
+            "claims with a visibility timeout, one process cut off for 1.5 s: {rows} jobs, {twice} final writes twice, {left} left, {} late finishes refused",
+            timed.errors.get("ClaimLost").copied().unwrap_or(0)
+        ));
+        figures.merge(timed);
     }
 
     /// A worker behind the cut claims a row, writes and says so; the link
@@ -89,7 +187,7 @@ on_row_lock_backends! {
     fn cut_while_holding(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
         let mut conn = Conn::connect(url);
         let (mut slowest_release, mut slowest_failure) = (Duration::ZERO, Duration::ZERO);
-        for _ in 0..ctx.repeats() {
+        for _ in 0..rounds(ctx) {
             let args = [("url", behind_the_cut.to_owned()), ("pause_ms", "500".to_owned())];
             let mut victim = ctx.spawn_in(Some(&network.client_namespace), "cut", &args, &[]);
             let id = victim.expect("locked").number("id") as i32;
@@ -120,7 +218,7 @@ on_row_lock_backends! {
         }
         figures.note(format!(
             "{} cuts while a worker held a row: the server freed it within {slowest_release:.1?}, the cut worker's call failed within {slowest_failure:.1?}",
-            ctx.repeats()
+            rounds(ctx)
         ));
     }
 
@@ -179,7 +277,7 @@ on_row_lock_backends! {
     fn lease_holder_cut_off(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
         let ttl = Duration::from_secs(2);
         let mut conn = Conn::connect(url);
-        for round in 0..ctx.repeats() {
+        for round in 0..rounds(ctx) {
             let name = format!("torture:cut:{round}");
             let args = [
                 ("url", behind_the_cut.to_owned()),
