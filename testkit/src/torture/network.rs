@@ -25,7 +25,7 @@ use diesel::sql_types::Integer;
 use diesel_claim::prelude::*;
 use diesel_claim::{Error, Lease};
 
-use super::claiming::{insert_timed_jobs, pending};
+use super::claiming::{insert_orders, insert_timed_jobs, pending, CHANNEL};
 use super::procs::{self, time_until, Fields};
 use super::{error_kind, Connect, Ctx, Figures};
 use crate::fixtures::{orders, outbox, Order};
@@ -87,7 +87,68 @@ on_row_lock_backends! {
         insert_timed_jobs(&mut Conn::connect(&timed), BACKEND, ctx.rows());
         let timed_behind_the_cut = server.url_via(&network.faulty_address, "timed", query);
         visibility_timeouts_cut_off(ctx, &network, &timed, &timed_behind_the_cut, &mut figures);
+        let loops = server.url("loops");
+        create_database(&server.admin_url, "loops", &loops, 0);
+        let loops_behind_the_cut = server.url_via(&network.faulty_address, "loops", query);
+        worker_loops_cut_off(ctx, &network, &loops, &loops_behind_the_cut, &mut figures);
         figures
+    }
+
+    /// Worker loops keep up with a producer, one process behind the link,
+    /// which is cut for a few seconds mid-run: the cut loop fails, waits
+    /// and starts over once the link heals (as the guide shows), the rows it
+    /// held go to the others, and every row is emailed once.
+    fn worker_loops_cut_off(ctx: &Ctx, network: &TestNetwork, url: &str, behind_the_cut: &str, figures: &mut Figures) {
+        let (threads, processes) = ctx.workers();
+        let per_process = (threads / processes).max(1);
+        let workers: Vec<_> = (0..processes.max(2))
+            .map(|p| {
+                let (namespace, url) = if p == 0 { (Some(network.client_namespace.as_str()), behind_the_cut) } else { (None, url) };
+                let args = [
+                    ("url", url.to_owned()),
+                    ("threads", per_process.to_string()),
+                    ("first", (1 + p * per_process).to_string()),
+                    ("persist", "1".to_owned()),
+                ];
+                let mut worker = ctx.spawn_in(namespace, "loop", &args, &[]);
+                worker.expect("ready");
+                worker
+            })
+            .collect();
+        let mut producer = Conn::connect(url);
+        let (rows, chunk) = (ctx.rows(), 20);
+        let cut_for = ctx.scale.pick(Duration::from_secs(3), Duration::from_secs(10));
+        let mut placed = 0;
+        while placed < rows {
+            insert_orders(&mut producer, BACKEND, chunk);
+            if BACKEND == "pg" {
+                diesel::sql_query(format!("SELECT pg_notify('{CHANNEL}', '')")).execute(&mut producer).unwrap();
+            }
+            placed += chunk;
+            if placed == rows / 2 / chunk * chunk {
+                network.cut();
+                thread::sleep(cut_for);
+                network.heal();
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let drained = time_until(Duration::from_secs(60), || {
+            pending().count().get_result::<i64>(&mut producer).is_ok_and(|left| left == 0)
+        });
+        let mut loops = Figures::default();
+        loops.check(drained.is_some(), "rows still pending 60 s after the last was placed");
+        for worker in &workers {
+            worker.terminate();
+        }
+        for worker in workers {
+            loops.absorb(&worker.finish());
+        }
+        check_emails(&mut producer, &mut loops, rows as u64);
+        figures.note(format!(
+            "worker loops, one process cut off for {cut_for:?}: {rows} rows, pending rows gone {:.0?} after the last",
+            drained.unwrap_or_default()
+        ));
+        figures.merge(loops);
     }
 
     /// How many times each cut is made: once at light scale, where a cut
