@@ -9,9 +9,10 @@
 //!
 //! Prints one line per scenario and exits with status 1 if any failed. The
 //! light scale also runs in the test suite (`tests/torture.rs`); the
-//! scenarios live in `diesel_claim_testkit::torture`. PostgreSQL is
-//! found as the tests find it (`PG_DATABASE_URL`); every scenario works in a
-//! database of its own, dropped at the end.
+//! scenarios live in `diesel_claim_testkit::torture`. PostgreSQL and MariaDB
+//! are found as the tests find them (`PG_DATABASE_URL`, `MYSQL_DATABASE_URL`);
+//! every scenario works in a database of its own, dropped at the end, and the
+//! server crashes and network faults on servers of their own.
 
 use std::process::ExitCode;
 
@@ -29,7 +30,7 @@ struct Options {
     /// `light` (as in the tests) or `heavy`
     #[arg(long, default_value = "light", value_parser = scale)]
     scale: Scale,
-    /// `postgres`, `sqlite` or `all` (the backends this build has)
+    /// `postgres`, `sqlite`, `mysql` or `all` (the backends this build has)
     #[arg(long = "backend", default_value = "all", value_parser = backends)]
     backends: Backends,
 }

@@ -375,6 +375,20 @@ on_suite_backends! {
         }
     }
 
+    /// Counts the jobs whose final write landed more than once as duplicates,
+    /// those not done as leftovers, and a stamp left as a violation; returns
+    /// the first two counts.
+    pub fn check_timed_jobs(conn: &mut Conn, figures: &mut Figures) -> (i64, i64) {
+        let jobs = timed_jobs::table;
+        let twice: i64 = jobs.filter(timed_jobs::times_done.gt(1)).count().get_result(conn).unwrap();
+        let left: i64 = jobs.filter(timed_jobs::done.eq(false)).count().get_result(conn).unwrap();
+        let stamped: i64 = jobs.filter(timed_jobs::claimed_until.is_not_null()).count().get_result(conn).unwrap();
+        figures.duplicates += twice as u64;
+        figures.leftovers += left as u64;
+        figures.check(stamped == 0, format!("{stamped} stamps left"));
+        (twice, left)
+    }
+
     /// A job of [`visibility_timeout`], as its claims load it.
     #[derive(Debug, Queryable, Selectable, Identifiable)]
     #[diesel(table_name = timed_jobs)]

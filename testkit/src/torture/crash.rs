@@ -266,13 +266,7 @@ on_row_lock_backends! {
             timed.merge(crasher.join().expect("the crashing thread panicked"));
         });
         let mut conn = Conn::connect(&url);
-        let jobs = timed_jobs::table;
-        let twice: i64 = jobs.filter(timed_jobs::times_done.gt(1)).count().get_result(&mut conn).unwrap();
-        let left: i64 = jobs.filter(timed_jobs::done.eq(false)).count().get_result(&mut conn).unwrap();
-        let stamped: i64 = jobs.filter(timed_jobs::claimed_until.is_not_null()).count().get_result(&mut conn).unwrap();
-        timed.duplicates += twice as u64;
-        timed.leftovers += left as u64;
-        timed.check(stamped == 0, format!("{stamped} stamps left"));
+        let (twice, left) = check_timed_jobs(&mut conn, &mut timed);
         figures.note(format!("{crashes} crashes under claims with a visibility timeout: {rows} jobs, {twice} final writes twice, {left} left"));
         figures.merge(timed);
     }

@@ -51,16 +51,21 @@ macro_rules! on_suite_backends {
 
 /// `on_every_backend!` for the backends with row locks and servers to crash,
 /// PostgreSQL and MariaDB, in modules `on_postgres` and `on_mysql` that see
-/// the claiming scenarios' helpers of their backend, and
-/// `start_private_server(durable)`: a server of their own (see
-/// [`PrivateServer`](crate::PrivateServer)), with its durability defaults or
-/// (`false`) with commits acknowledged before their log is written.
+/// the claiming, lease and money scenarios' helpers of their backend, and:
+/// - `start_private_server(durable)`: a server of their own (see
+///   [`PrivateServer`](crate::PrivateServer)), with its durability defaults
+///   or (`false`) with commits acknowledged before their log is written;
+/// - `start_server_behind(network)` and `SERVER_SYSCTLS`: a server behind a
+///   [`TestNetwork`](crate::TestNetwork), and the TCP settings of its
+///   namespace, that drop a silent client's session within seconds.
 macro_rules! on_row_lock_backends {
     ($($items:tt)*) => {
         #[cfg(feature = "postgres")]
         crate::fixtures::on_every_backend!(@backend pg, diesel::PgConnection, true,
             PgTestDb, pg_pool, POSTGRES_SCHEMA,
-            use super::super::claiming::on_postgres::{check_emails, create_database, database, email as email_by, timed_jobs};
+            use super::super::claiming::on_postgres::{
+                check_emails, check_timed_jobs, create_database, database, email as email_by, timed_jobs,
+            };
             use super::super::leases::on_postgres::fenced_write;
             use super::super::money::on_postgres::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {
@@ -82,7 +87,9 @@ macro_rules! on_row_lock_backends {
         #[cfg(feature = "mysql")]
         crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
             MysqlTestDb, mysql_pool, MYSQL_SCHEMA,
-            use super::super::claiming::on_mysql::{check_emails, create_database, database, email as email_by, timed_jobs};
+            use super::super::claiming::on_mysql::{
+                check_emails, check_timed_jobs, create_database, database, email as email_by, timed_jobs,
+            };
             use super::super::leases::on_mysql::fenced_write;
             use super::super::money::on_mysql::check_ledger;
             fn start_private_server(durable: bool) -> crate::PrivateServer {

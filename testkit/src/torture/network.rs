@@ -1,6 +1,7 @@
 //! The network drops (28), on PostgreSQL and MariaDB: the server runs behind
 //! a [`TestNetwork`](crate::TestNetwork) of the scenario's own, and the link
-//! between it and some of the workers is cut, made lossy and slow.
+//! between it and some of the workers is cut, made lossy and slow, under
+//! claims, leases, claims with a visibility timeout and worker loops.
 //!
 //! What bounds each wait is what the documentation tells users to set:
 //!
@@ -63,12 +64,14 @@ on_row_lock_backends! {
 
     /// Scenario 28: the link between the server and some workers is cut
     /// while a worker holds a row, made lossy and slow under a drain, and cut
-    /// while a lease holder works. A cut worker's call fails within
+    /// under a lease holder, a kept-alive lease, claims with a visibility
+    /// timeout and worker loops. A cut worker's call fails within
     /// [`CALL_BOUND`] with a typed error; the server frees its row within
     /// [`RELEASE_BOUND`], and another worker, on the healthy link, processes
-    /// it once; the drain over the bad link processes every row once; the
-    /// cut lease holder's successor takes over after the TTL, and the cut
-    /// holder's fenced write is refused once the link heals.
+    /// it once; the drain over the bad link processes every row once; a cut
+    /// lease holder's successor takes over after the TTL, and the cut
+    /// holder's fenced write is refused once the link heals; every job's
+    /// final write and every looped row lands once.
     pub fn network_faults(ctx: &Ctx) -> Figures {
         let (threads, processes) = ctx.workers();
         let mut figures = Figures::new(threads, processes);
@@ -165,29 +168,13 @@ on_row_lock_backends! {
         let mut conn = Conn::connect(url);
         for round in 0..rounds(ctx) {
             let name = format!("torture:kept-cut:{round}");
-            let args = [
-                ("url", behind_the_cut.to_owned()),
-                ("name", name.clone()),
-                ("ttl_ms", ttl.as_millis().to_string()),
-                ("work_ms", (30 * ttl).as_millis().to_string()),
-            ];
-            let mut holder = ctx.spawn_in(Some(&network.client_namespace), "kept-holder", &args, &[]);
-            let token = holder.expect("leased").number("token") as i64;
-            network.cut();
-            let mut successor = None;
-            let waited = time_until(ttl + Duration::from_secs(10), || {
-                successor = Lease::acquire(&mut conn, &name, Duration::from_secs(60)).unwrap();
-                successor.is_some()
-            });
+            let holder = Holder { kind: "kept-holder", url: behind_the_cut, name: &name, ttl, busy: ("work_ms", 30 * ttl) };
+            let (mut holder, successor) = cut_off_a_holder(ctx, network, &mut conn, holder, figures);
             let outcome = holder.expect("outcome");
             network.heal();
             holder.finish();
             figures.check(outcome.text("lost") == "true", format!("{name}: the cut holder was not told it lost the lease: {outcome:?}"));
-            let Some(successor) = successor.filter(|_| waited.is_some()) else {
-                figures.check(false, format!("{name}: not free 10 s after its TTL"));
-                continue;
-            };
-            figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token()));
+            let Some(successor) = successor else { continue };
             successor.release(&mut conn).unwrap();
             figures.ops += 1;
         }
@@ -229,13 +216,7 @@ on_row_lock_backends! {
         for worker in workers {
             timed.absorb(&worker.finish());
         }
-        let jobs = timed_jobs::table;
-        let twice: i64 = jobs.filter(timed_jobs::times_done.gt(1)).count().get_result(&mut conn).unwrap();
-        let left: i64 = jobs.filter(timed_jobs::done.eq(false)).count().get_result(&mut conn).unwrap();
-        let stamped: i64 = jobs.filter(timed_jobs::claimed_until.is_not_null()).count().get_result(&mut conn).unwrap();
-        timed.duplicates += twice as u64;
-        timed.leftovers += left as u64;
-        timed.check(stamped == 0, format!("{stamped} stamps left"));
+        let (twice, left) = check_timed_jobs(&mut conn, &mut timed);
         figures.note(format!(
             "claims with a visibility timeout, one process cut off for 1.5 s: {rows} jobs, {twice} final writes twice, {left} left, {} late finishes refused",
             timed.errors.get("ClaimLost").copied().unwrap_or(0)
@@ -340,28 +321,12 @@ on_row_lock_backends! {
         let mut conn = Conn::connect(url);
         for round in 0..rounds(ctx) {
             let name = format!("torture:cut:{round}");
-            let args = [
-                ("url", behind_the_cut.to_owned()),
-                ("name", name.clone()),
-                ("ttl_ms", ttl.as_millis().to_string()),
-                ("pause_ms", (2 * ttl).as_millis().to_string()),
-            ];
-            let mut holder = ctx.spawn_in(Some(&network.client_namespace), "lease-holder", &args, &[]);
-            let token = holder.expect("leased").number("token") as i64;
-            network.cut();
-            let mut successor = None;
-            let waited = time_until(ttl + Duration::from_secs(10), || {
-                // Held past the cut holder's outcome, so that its release
-                // is refused for the successor's sake, not for expiry.
-                successor = Lease::acquire(&mut conn, &name, Duration::from_secs(60)).unwrap();
-                successor.is_some()
-            });
-            let Some(successor) = successor.filter(|_| waited.is_some()) else {
+            let holder = Holder { kind: "lease-holder", url: behind_the_cut, name: &name, ttl, busy: ("pause_ms", 2 * ttl) };
+            let (mut holder, successor) = cut_off_a_holder(ctx, network, &mut conn, holder, figures);
+            let Some(successor) = successor else {
                 network.heal();
-                figures.check(false, format!("{name}: not free 10 s after its TTL"));
                 continue;
             };
-            figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token()));
             figures.check(fenced_write(&mut conn, successor.token(), "successor").unwrap(), "the successor's write was refused");
             network.heal();
             let outcome = holder.expect("outcome");
@@ -372,6 +337,52 @@ on_row_lock_backends! {
             successor.release(&mut conn).unwrap();
             figures.ops += 1;
         }
+    }
+
+    /// A lease holder to cut off: its worker kind, its URL behind the link,
+    /// its lease, and how long it stays busy (`work_ms`, `pause_ms`).
+    struct Holder<'a> {
+        kind: &'a str,
+        url: &'a str,
+        name: &'a str,
+        ttl: Duration,
+        busy: (&'a str, Duration),
+    }
+
+    /// Starts `holder` behind the link, which it cuts once the holder says
+    /// `leased token=…`; returns the holder's process and the lease's
+    /// successor, taken on `conn` once the holder's TTL has passed (checked
+    /// to carry a larger token), or `None`, recorded as a failure, if the
+    /// lease did not come free. The successor's TTL is a minute: it is still
+    /// held when the cut holder, back on the network, tries its release.
+    fn cut_off_a_holder(
+        ctx: &Ctx,
+        network: &TestNetwork,
+        conn: &mut Conn,
+        holder: Holder,
+        figures: &mut Figures,
+    ) -> (procs::Worker, Option<Lease>) {
+        let Holder { kind, url, name, ttl, busy: (busy, busy_for) } = holder;
+        let args = [
+            ("url", url.to_owned()),
+            ("name", name.to_owned()),
+            ("ttl_ms", ttl.as_millis().to_string()),
+            (busy, busy_for.as_millis().to_string()),
+        ];
+        let mut holder = ctx.spawn_in(Some(&network.client_namespace), kind, &args, &[]);
+        let token = holder.expect("leased").number("token") as i64;
+        network.cut();
+        let mut successor = None;
+        let waited = time_until(ttl + Duration::from_secs(10), || {
+            successor = Lease::acquire(conn, name, Duration::from_secs(60)).unwrap();
+            successor.is_some()
+        });
+        let successor = successor.filter(|_| waited.is_some());
+        match &successor {
+            Some(successor) => figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token())),
+            None => figures.check(false, format!("{name}: not free 10 s after its TTL")),
+        }
+        (holder, successor)
     }
 
     /// Worker: claims one row, writes its email and says `locked id=…`;
