@@ -166,16 +166,16 @@ fn send_pending_order_shipped_emails(
                 Ok(())
             });
     // The attempt is counted outside the order's rolled-back transaction: at
-    // the limit, the query leaves the order out (a dead letter).
-    let failed: Vec<i32> = outcome
-        .failed
-        .iter()
-        .flat_map(|f| f.keys.iter().copied())
-        .collect();
-    if !failed.is_empty() {
-        diesel::update(orders::table.filter(orders::id.eq_any(&failed)))
-            .set(orders::email_attempts.eq(orders::email_attempts + 1))
-            .execute(conn)?;
+    // the limit, the query leaves the order out (a dead letter). One statement
+    // per order: every worker counts its attempts at the same failing orders,
+    // and statements updating several of them could lock them in different
+    // orders and deadlock.
+    for failure in &outcome.failed {
+        for id in &failure.keys {
+            diesel::update(orders::table.find(id))
+                .set(orders::email_attempts.eq(orders::email_attempts + 1))
+                .execute(conn)?;
+        }
     }
     outcome.into_result()
 }
