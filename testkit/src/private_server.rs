@@ -1,6 +1,6 @@
 //! Database servers of their own, started from the local binaries in a
-//! temporary directory, for the scenarios that crash the server: never the
-//! machine's shared one.
+//! temporary directory, for the scenarios that crash the server or cut its
+//! network: never the machine's shared one.
 //!
 //! Both keep their durability defaults (PostgreSQL `fsync` and
 //! `synchronous_commit` on; InnoDB `innodb_flush_log_at_trx_commit = 1`), so
@@ -25,10 +25,10 @@ enum Kind {
 }
 
 /// A server of its own on a free port of 127.0.0.1 (or behind a
-/// [`TestNetwork`](crate::TestNetwork)), its data in a temporary directory. [`crash`](Self::crash) kills it as a power cut would kill the
-/// process (SIGKILL, no shutdown), [`start`](Self::start) starts it again on
-/// the same data, through crash recovery. Dropping it kills it and removes
-/// its data.
+/// [`TestNetwork`](crate::TestNetwork)), its data in a temporary directory.
+/// [`crash`](Self::crash) kills it as a power cut would kill the process
+/// (SIGKILL, no shutdown), [`start`](Self::start) starts it again on the same
+/// data, through crash recovery. Dropping it kills it and removes its data.
 pub struct PrivateServer {
     kind: Kind,
     dir: tempfile::TempDir,
