@@ -320,12 +320,11 @@
 //!
 //! A connection does not outlive its session: when the server crashes or
 //! restarts, fails over, or ends the session, every call on that connection
-//! fails, and a worker on it returns the error. That is
-//! [`Error::Database`] (PostgreSQL's
-//! `ClosedConnection`; MariaDB's "Lost connection to server during query" or
-//! "Server has gone away", of kind `Unknown`), or
-//! [`Error::BrokenConnection`] when the
-//! rollback after it failed too; never a report that says nothing is pending.
+//! fails, and a worker on it returns the error. That is [`Error::Database`]
+//! (PostgreSQL's `ClosedConnection`; MariaDB's "Lost connection to server
+//! during query" or "Server has gone away", of kind `Unknown`), or
+//! [`Error::BrokenConnection`] when the rollback after it failed too; never a
+//! report that says nothing is pending.
 //! Run the worker in a loop of your own that starts over on a new connection
 //! and waits while the server is away:
 //!
@@ -360,7 +359,7 @@
 //! `innodb_flush_log_at_trx_commit = 1`): turned off, a crash loses
 //! acknowledged commits, and their rows are claimed and processed again. A
 //! commit the crash cut off may have happened without the worker hearing of
-//! it; the row then counts as failed in the worker's report though it was
+//! it: the call ends with the error and does not count the row, though it was
 //! processed. Leases live in a table: a crash neither frees one nor lets its
 //! fencing tokens go back. The repository's torture suite SIGKILLs
 //! PostgreSQL and MariaDB servers under a drain, a bank, worker loops,
