@@ -46,20 +46,12 @@ impl TestNetwork {
     /// `client_sysctls` (`name=value`) in the client namespace and of
     /// `server_sysctls` in the server's.
     pub fn new(client_sysctls: &[&str], server_sysctls: &[&str]) -> Self {
-        let index = (0..MAX_NETWORKS)
-            .find(|index| {
-                // The host side of the healthy link, created first: its name
-                // is this network's claim on `index`.
-                let host = format!("dcnet{index}h");
-                run_status(Command::new("ip").args(["link", "add", &host, "type", "veth", "peer", "name"]).arg(format!("dcnet{index}s")))
-            })
-            .unwrap_or_else(|| {
-                panic!(
-                    "cannot make a veth pair for the network scenarios: they need root and iproute2 \
-                     (`ip`), and at most {MAX_NETWORKS} networks at once ({})",
-                    describe_failure(Command::new("ip").args(["link", "add", "dcnet-probe", "type", "veth"]))
-                )
-            });
+        let index = claim_an_index().unwrap_or_else(|error| {
+            panic!(
+                "cannot make a veth pair for the network scenarios (they need root and \
+                 iproute2, `ip`): {error}"
+            )
+        });
         let network = TestNetwork {
             index,
             server_namespace: format!("dcnet{index}-server"),
@@ -215,6 +207,36 @@ impl Drop for TestNetwork {
         let _ =
             run_status(Command::new("ip").args(["link", "del", &format!("dcnet{}h", self.index)]));
     }
+}
+
+/// The first free network index: the one whose healthy link this call
+/// could create (a link of that name already there means another network
+/// has it). Any other failure is the error.
+fn claim_an_index() -> Result<u32, String> {
+    for index in 0..MAX_NETWORKS {
+        let output = Command::new("ip")
+            .args([
+                "link",
+                "add",
+                &format!("dcnet{index}h"),
+                "type",
+                "veth",
+                "peer",
+                "name",
+            ])
+            .arg(format!("dcnet{index}s"))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run ip: {e}"))?;
+        if output.status.success() {
+            return Ok(index);
+        }
+        let error = String::from_utf8_lossy(&output.stderr);
+        if !error.contains("File exists") {
+            return Err(format!("{}: {}", output.status, error.trim()));
+        }
+    }
+    Err(format!("all {MAX_NETWORKS} networks are in use"))
 }
 
 fn ip(args: &[&str]) {
