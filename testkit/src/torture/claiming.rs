@@ -8,7 +8,7 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -18,8 +18,8 @@ use diesel_claim::Error;
 use super::procs::{self, Fields};
 use super::tables::timed_work;
 use super::{
-    connect_patiently, counted_retry, in_threads, tables, Connect, Ctx, Figures, Running,
-    DELIBERATE,
+    connect_patiently, counted_retry, error_kind, in_threads, tables, Connect, Ctx, Figures,
+    Running, DELIBERATE,
 };
 use crate::fixtures::{orders, outbox, Order};
 
@@ -104,7 +104,7 @@ on_suite_backends! {
     pub fn database(size: u32, rows: usize) -> (impl Sized, String, Pool) {
         let (db, pool) = test_db(size);
         let mut conn = pool.get().unwrap();
-        tables::create(&mut *conn, BACKEND);
+        tables::create(&mut *conn, BACKEND, CLAIM_STAMP_COLUMN);
         insert_orders(&mut *conn, BACKEND, rows);
         let url = db.url.clone();
         (db, url, pool)
@@ -116,7 +116,7 @@ on_suite_backends! {
         diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut Conn::connect(admin_url)).unwrap();
         let mut conn = Conn::connect(url);
         crate::fixtures::create_schema(&mut conn, SCHEMA);
-        tables::create(&mut conn, BACKEND);
+        tables::create(&mut conn, BACKEND, CLAIM_STAMP_COLUMN);
         insert_orders(&mut conn, BACKEND, rows);
     }
 
@@ -234,19 +234,36 @@ on_suite_backends! {
         Ok(())
     }
 
-    /// Worker: claims one row, writes its email, says `locked id=…` and waits,
-    /// in the row's transaction, to be killed.
+    /// Worker: claims one row, writes its email, says `locked id=…` and
+    /// waits in the row's transaction to be killed; or, given `pause_ms`,
+    /// waits that long (the network scenario cuts its link meanwhile), runs
+    /// one more statement in the transaction, and says `outcome result=…
+    /// waited_ms=…`: how the claim ended, and how long that statement took.
     pub fn hold_worker(args: &Fields) -> Figures {
         let mut conn = Conn::connect(args.text("url"));
+        let pause = args.get("pause_ms").map(|ms| Duration::from_millis(ms.parse().unwrap()));
+        let mut asked = None;
         let claimed: Result<_, Error> = pending().build_claim().max_rows(1).each(&mut conn, |conn, order: Order| {
             email(conn, &order, -1)?;
             procs::report("locked", Fields::default().set("id", order.id));
-            loop {
-                thread::sleep(Duration::from_secs(3600));
-            }
+            let Some(pause) = pause else {
+                loop {
+                    thread::sleep(Duration::from_secs(3600));
+                }
+            };
+            thread::sleep(pause);
+            asked = Some(Instant::now());
+            diesel::select(1.into_sql::<diesel::sql_types::Integer>()).execute(conn)?;
+            Ok(())
         });
         let mut figures = Figures::default();
-        figures.check(false, format!("the claim ended without being killed: {claimed:?}"));
+        if pause.is_none() {
+            figures.check(false, format!("the claim ended without being killed: {claimed:?}"));
+            return figures;
+        }
+        let result = claimed.map_or_else(|error| error_kind(&error), |_| "ok".to_owned());
+        let waited = asked.map_or(0, |asked| asked.elapsed().as_millis());
+        procs::report("outcome", Fields::default().set("result", result).set("waited_ms", waited));
         figures
     }
 
@@ -366,7 +383,7 @@ on_suite_backends! {
 
         /// Jobs claimed with a visibility timeout: `times_done` counts the
         /// final writes that landed, which must be one per job. The stamp
-        /// column's type is the backend's (see `tables::create_sql`).
+        /// column is of the backend's claim stamp type (`CLAIM_STAMP_COLUMN`).
         timed_jobs (id) {
             id -> Integer,
             done -> Bool,

@@ -23,7 +23,7 @@ fn short_ttl(scale: Scale) -> Duration {
 on_suite_backends! {
     fn lease_database() -> (impl Sized, String, Pool) {
         let (db, pool) = test_db(2);
-        tables::create(&mut *pool.get().unwrap(), BACKEND);
+        tables::create(&mut *pool.get().unwrap(), BACKEND, CLAIM_STAMP_COLUMN);
         let url = db.url.clone();
         (db, url, pool)
     }

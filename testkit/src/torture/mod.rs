@@ -83,6 +83,11 @@ macro_rules! on_row_lock_backends {
             /// The TCP settings of the server's namespace: none, PostgreSQL
             /// sets its own per connection.
             const SERVER_SYSCTLS: &[&str] = &[];
+            /// Behind a test network: none in the workers' namespace either,
+            /// their bounds are in the URL.
+            const CLIENT_SYSCTLS: &[&str] = &[];
+            const CLIENT_QUERY: &str =
+                "keepalives_idle=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000&connect_timeout=5";
             $($items)*);
         #[cfg(feature = "mysql")]
         crate::fixtures::on_every_backend!(@backend mysql, diesel::MysqlConnection, true,
@@ -104,6 +109,16 @@ macro_rules! on_row_lock_backends {
             /// MariaDB has no per-connection bound on unacknowledged data:
             /// the database host's retransmission limit, about 12 s.
             const SERVER_SYSCTLS: &[&str] = &["net.ipv4.tcp_retries2=5"];
+            /// Diesel's MySQL connection takes no timeout: the workers'
+            /// host bounds their calls.
+            const CLIENT_SYSCTLS: &[&str] = &[
+                "net.ipv4.tcp_retries2=5",
+                "net.ipv4.tcp_syn_retries=2",
+                "net.ipv4.tcp_keepalive_time=1",
+                "net.ipv4.tcp_keepalive_intvl=1",
+                "net.ipv4.tcp_keepalive_probes=3",
+            ];
+            const CLIENT_QUERY: &str = "";
             $($items)*);
 
         #[cfg(feature = "postgres")]
@@ -788,16 +803,6 @@ pub fn worker_main(args: &[String]) -> i32 {
                 }
             }
         };
-    }
-    #[cfg(feature = "postgres")]
-    if (backend.as_str(), kind.as_str()) == ("postgres", "cut") {
-        run(network::on_postgres::cut_worker);
-        return 0;
-    }
-    #[cfg(feature = "mysql")]
-    if (backend.as_str(), kind.as_str()) == ("mysql", "cut") {
-        run(network::on_mysql::cut_worker);
-        return 0;
     }
     // The async workers report fields of their own (see `cancellation`).
     #[cfg(all(feature = "async", feature = "postgres"))]

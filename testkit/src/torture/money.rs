@@ -47,7 +47,7 @@ on_suite_backends! {
     fn bank_database(ctx: &Ctx, accounts: usize) -> (impl Sized, String, Pool) {
         let (db, pool) = test_db(2);
         let mut conn = pool.get().unwrap();
-        tables::create(&mut *conn, BACKEND);
+        tables::create(&mut *conn, BACKEND, CLAIM_STAMP_COLUMN);
         seed_accounts(&mut conn, &vec![OPENING; accounts]);
         let _ = ctx;
         let url = db.url.clone();

@@ -22,13 +22,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel::sql_types::Integer;
 use diesel_claim::prelude::*;
-use diesel_claim::{Error, Lease};
+use diesel_claim::Lease;
 
 use super::claiming::{insert_orders, insert_timed_jobs, pending, CHANNEL};
-use super::procs::{self, time_until, Fields};
-use super::{error_kind, Connect, Ctx, Figures};
+use super::procs::{self, time_until};
+use super::{Connect, Ctx, Figures};
 use crate::fixtures::{orders, outbox, Order};
 use crate::TestNetwork;
 
@@ -44,24 +43,6 @@ const CALL_BOUND: Duration = Duration::from_secs(30);
 const RELEASE_BOUND: Duration = Duration::from_secs(30);
 
 on_row_lock_backends! {
-    /// The TCP settings of the client namespace, and the query of the URL
-    /// its workers use (see the module's documentation).
-    fn client_settings() -> (&'static [&'static str], &'static str) {
-        match BACKEND {
-            "pg" => (&[], "keepalives_idle=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000&connect_timeout=5"),
-            _ => (
-                &[
-                    "net.ipv4.tcp_retries2=5",
-                    "net.ipv4.tcp_syn_retries=2",
-                    "net.ipv4.tcp_keepalive_time=1",
-                    "net.ipv4.tcp_keepalive_intvl=1",
-                    "net.ipv4.tcp_keepalive_probes=3",
-                ],
-                "",
-            ),
-        }
-    }
-
     /// Scenario 28: the link between the server and some workers is cut
     /// while a worker holds a row, made lossy and slow under a drain, and cut
     /// under a lease holder, a kept-alive lease, claims with a visibility
@@ -75,8 +56,8 @@ on_row_lock_backends! {
     pub fn network_faults(ctx: &Ctx) -> Figures {
         let (threads, processes) = ctx.workers();
         let mut figures = Figures::new(threads, processes);
-        let (client_sysctls, query) = client_settings();
-        let network = TestNetwork::new(client_sysctls, SERVER_SYSCTLS);
+        let network = TestNetwork::new(CLIENT_SYSCTLS, SERVER_SYSCTLS);
+        let query = CLIENT_QUERY;
         let server = start_server_behind(&network);
         let url = server.url("torture");
         create_database(&server.admin_url, "torture", &url, ctx.rows());
@@ -231,9 +212,16 @@ on_row_lock_backends! {
         let (mut slowest_release, mut slowest_failure) = (Duration::ZERO, Duration::ZERO);
         for _ in 0..rounds(ctx) {
             let args = [("url", behind_the_cut.to_owned()), ("pause_ms", "500".to_owned())];
-            let mut victim = ctx.spawn_in(Some(&network.client_namespace), "cut", &args, &[]);
+            let mut victim = ctx.spawn_in(Some(&network.client_namespace), "hold", &args, &[]);
             let id = victim.expect("locked").number("id") as i32;
             network.cut();
+            // The cut worker's lock holds the row at first: without it, the
+            // row would come "free" at once and the bound check nothing.
+            let first = pending().filter(orders::id.eq(id)).claim_each(&mut conn, |conn, order: Order| email_by(conn, &order, 0));
+            figures.check(
+                matches!(first, Ok(ref report) if report.locked == 1),
+                format!("row {id} was not locked when its worker was cut off: {first:?}"),
+            );
             let mut taken = None;
             let freed = time_until(RELEASE_BOUND, || {
                 let claimed = pending()
@@ -383,30 +371,5 @@ on_row_lock_backends! {
             None => figures.check(false, format!("{name}: not free 10 s after its TTL")),
         }
         (holder, successor)
-    }
-
-    /// Worker: claims one row, writes its email and says `locked id=…`;
-    /// pauses `pause_ms` (the runner cuts the link meanwhile) and runs one
-    /// more statement in the row's transaction. Says `outcome result=…
-    /// waited_ms=…`: how the call ended, and how long that statement took.
-    pub fn cut_worker(args: &Fields) -> Figures {
-        let mut conn = Conn::connect(args.text("url"));
-        let pause = Duration::from_millis(args.number("pause_ms"));
-        let mut asked = None;
-        let claimed = pending().build_claim().max_rows(1).each(&mut conn, |conn, order: Order| {
-            email_by(conn, &order, -1)?;
-            procs::report("locked", Fields::default().set("id", order.id));
-            thread::sleep(pause);
-            asked = Some(Instant::now());
-            diesel::select(1.into_sql::<Integer>()).execute(conn)?;
-            Ok::<_, Error>(())
-        });
-        let waited = asked.map_or(0, |asked| asked.elapsed().as_millis());
-        let result = match claimed {
-            Ok(_) => "ok".to_owned(),
-            Err(error) => error_kind(&error),
-        };
-        procs::report("outcome", Fields::default().set("result", result).set("waited_ms", waited));
-        Figures::default()
     }
 }

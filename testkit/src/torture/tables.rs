@@ -54,15 +54,16 @@ diesel::table! {
 diesel::allow_tables_to_appear_in_same_query!(ledger, occupancy, fenced, reservations);
 
 /// The SQL creating the tables above on `backend` (`pg`, `sqlite` or
-/// `mysql`), and the index the claim's candidate scan needs (as the crate's
+/// `mysql`), `timed_jobs` with its stamp in a column of type `stamp_column`,
+/// and the index the claim's candidate scan needs (as the crate's
 /// documentation says): without it each page of the scan reads every row after
 /// the cursor, and a drain of 10^5 rows slows to a crawl at its end, when few
 /// rows are left pending.
-pub fn create_sql(backend: &str) -> String {
-    let (serial, timestamp) = match backend {
-        "pg" => ("SERIAL PRIMARY KEY", "TIMESTAMPTZ"),
-        "mysql" => ("INTEGER AUTO_INCREMENT PRIMARY KEY", "DATETIME(6)"),
-        _ => ("INTEGER PRIMARY KEY", "TIMESTAMP"),
+pub fn create_sql(backend: &str, stamp_column: &str) -> String {
+    let serial = match backend {
+        "pg" => "SERIAL PRIMARY KEY",
+        "mysql" => "INTEGER AUTO_INCREMENT PRIMARY KEY",
+        _ => "INTEGER PRIMARY KEY",
     };
     format!(
         "CREATE TABLE ledger (id {serial}, from_id INTEGER NOT NULL, to_id INTEGER NOT NULL, \
@@ -73,14 +74,19 @@ pub fn create_sql(backend: &str) -> String {
          INSERT INTO fenced (id, token, writer) VALUES (1, 0, 'nobody');
          CREATE TABLE reservations (id {serial}, name TEXT NOT NULL, holder INTEGER NOT NULL);
          CREATE TABLE timed_jobs (id INTEGER PRIMARY KEY, done BOOLEAN NOT NULL, \
-             times_done INTEGER NOT NULL, claimed_until {timestamp} NULL);
+             times_done INTEGER NOT NULL, claimed_until {stamp_column} NULL);
          CREATE TABLE timed_work (id {serial}, job_id INTEGER NOT NULL, worker INTEGER NOT NULL);
          CREATE INDEX orders_pending ON orders (email_sent, shipped, id);"
     )
 }
 
-/// Creates the tables above in a database of `backend` that has the shop schema.
-pub fn create(conn: &mut impl diesel::connection::SimpleConnection, backend: &str) {
-    conn.batch_execute(&create_sql(backend))
+/// Creates the tables above in a database of `backend` that has the shop
+/// schema, the claim stamp's column of type `stamp_column`.
+pub fn create(
+    conn: &mut impl diesel::connection::SimpleConnection,
+    backend: &str,
+    stamp_column: &str,
+) {
+    conn.batch_execute(&create_sql(backend, stamp_column))
         .expect("cannot create the torture tables");
 }
