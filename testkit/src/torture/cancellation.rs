@@ -3,15 +3,15 @@
 //!
 //! A dropped future cannot roll back (there is no async drop): its
 //! transaction stays open on the connection, with its row lock and its
-//! uncommitted write. What bounds it is the `idle_in_transaction_session_timeout`
-//! every transaction of the async API sets ([`IDLE_TRANSACTION_BOUND`]), and,
+//! uncommitted write. What bounds it is the idle bound every transaction of
+//! the async API sets ([`IDLE_TRANSACTION_BOUND`]: PostgreSQL's
+//! `idle_in_transaction_session_timeout`, MariaDB's `idle_transaction_timeout`), and,
 //! for a connection handed back to bb8 or deadpool, the pool discarding it.
 //! The scenario drops claims on all three kinds of connection, keeps some of
 //! them where nothing but the bound can free their rows, and times how long
 //! each row stays locked after the drop.
 //!
-//! The backend-specific part is written once, for the backends of
-//! `on_async_backends!`: a MariaDB twin is one more arm there.
+//! The scenario is written once, for the backends of `on_async_backends!`.
 
 use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
@@ -19,11 +19,12 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use diesel::{ExpressionMethods, QueryDsl};
-use diesel_async::pooled_connection::{bb8, deadpool, AsyncDieselConnectionManager};
+use diesel::{ConnectionResult, ExpressionMethods, QueryDsl};
+use diesel_async::pooled_connection::{bb8, deadpool, AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
 use diesel_claim::aio::IDLE_TRANSACTION_BOUND;
+use futures_util::future::{BoxFuture, FutureExt};
 use tokio::sync::Notify;
 
 use super::claiming::pending;
@@ -117,7 +118,8 @@ fn summary(released: &[(String, u64)]) -> String {
 
 /// `on_suite_backends!` for the async scenarios: the items once per backend
 /// the async API and the suite both cover, in `on_<backend>` modules where
-/// `AsyncConn` is the backend's diesel-async connection.
+/// `AsyncConn` is the backend's diesel-async connection and `establish`
+/// opens one as claimers there should have it.
 macro_rules! on_async_backends {
     ($($items:tt)*) => {
         #[cfg(feature = "postgres")]
@@ -125,6 +127,21 @@ macro_rules! on_async_backends {
             use super::*;
             use crate::torture::claiming::on_postgres::{check_emails, database};
             pub type AsyncConn = diesel_async::AsyncPgConnection;
+            fn establish(url: &str) -> BoxFuture<'_, ConnectionResult<AsyncConn>> {
+                AsyncConn::establish(url).boxed()
+            }
+            $($items)*
+        }
+        #[cfg(feature = "mysql")]
+        pub mod on_mysql {
+            use super::*;
+            use crate::torture::claiming::on_mysql::{check_emails, database};
+            pub type AsyncConn = diesel_async::AsyncMysqlConnection;
+            /// In read committed, as the guide recommends for claimers on
+            /// InnoDB.
+            fn establish(url: &str) -> BoxFuture<'_, ConnectionResult<AsyncConn>> {
+                diesel_claim::aio::establish_read_committed(url)
+            }
             $($items)*
         }
     };
@@ -193,7 +210,7 @@ on_async_backends! {
     }
 
     async fn connect(url: &str) -> AsyncConn {
-        AsyncConn::establish(url).await.unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+        establish(url).await.unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
 
     /// The email of `order`, as the blocking scenarios send it: an outbox
@@ -361,7 +378,11 @@ on_async_backends! {
             let drops = args.number("drops") as u32;
             // Room for every task and every connection it may keep.
             let size = (tasks * (1 + drops as usize)) as u32;
-            let manager = || AsyncDieselConnectionManager::<AsyncConn>::new(url.clone());
+            let manager = || {
+                let mut config = ManagerConfig::default();
+                config.custom_setup = Box::new(establish);
+                AsyncDieselConnectionManager::<AsyncConn>::new_with_config(url.clone(), config)
+            };
             let shared = Arc::new(Shared {
                 bb8: bb8::Pool::builder().max_size(size).build(manager()).await.expect("no bb8 pool"),
                 deadpool: deadpool::Pool::builder(manager()).max_size(size as usize).build().expect("no deadpool pool"),

@@ -42,7 +42,7 @@ pub(super) fn insert_orders(conn: &mut impl SimpleConnection, backend: &str, cou
 
 /// Inserts `count` rows into `table_columns` in one statement, one for each
 /// `i` in `1..=count`, with the values `select` makes of `i`.
-fn insert_numbered(
+pub(super) fn insert_numbered(
     conn: &mut impl SimpleConnection,
     backend: &str,
     count: usize,

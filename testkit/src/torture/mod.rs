@@ -142,8 +142,8 @@ mod leases;
 mod money;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod network;
-#[cfg(feature = "postgres")]
-mod pg_partitions;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod partitions;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod row_locks;
 mod tables;
@@ -579,6 +579,7 @@ macro_rules! row_lock_scenarios {
             8 "joined-queries" row_locks::joined_queries,
             9 "timeouts" row_locks::timeouts,
             14 "deadlock" row_locks::deadlock,
+            22 "partitioned-drain" partitions::partitioned_drain,
             27 "server-crash" crash::server_crash,
             28 "network-faults" network::network_faults,
         )
@@ -592,11 +593,6 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         Backend::Postgres => {
             let mut all = shared_scenarios!(on_postgres);
             all.extend(row_lock_scenarios!(on_postgres));
-            all.push(Scenario {
-                number: 22,
-                name: "partitioned-drain",
-                run: pg_partitions::partitioned_drain,
-            });
             #[cfg(feature = "async")]
             all.push(Scenario {
                 number: 26,
@@ -612,6 +608,12 @@ pub fn scenarios(backend: Backend) -> Vec<Scenario> {
         Backend::Mysql => {
             let mut all = shared_scenarios!(on_mysql);
             all.extend(row_lock_scenarios!(on_mysql));
+            #[cfg(feature = "async")]
+            all.push(Scenario {
+                number: 26,
+                name: "async-cancellation",
+                run: cancellation::on_mysql::dropped_futures,
+            });
             all.sort_by_key(|s| s.number);
             all
         }
@@ -805,9 +807,19 @@ pub fn worker_main(args: &[String]) -> i32 {
         };
     }
     // The async workers report fields of their own (see `cancellation`).
-    #[cfg(all(feature = "async", feature = "postgres"))]
-    if (backend.as_str(), kind.as_str()) == ("postgres", "cancel") {
-        procs::report("done", &cancellation::on_postgres::cancel_worker(&fields));
+    #[cfg(feature = "async")]
+    if kind == "cancel" {
+        let worker = match backend.as_str() {
+            #[cfg(feature = "postgres")]
+            "postgres" => cancellation::on_postgres::cancel_worker,
+            #[cfg(feature = "mysql")]
+            "mysql" => cancellation::on_mysql::cancel_worker,
+            _ => {
+                eprintln!("no async claims on {backend:?}");
+                return 2;
+            }
+        };
+        procs::report("done", &worker(&fields));
         return 0;
     }
     match backend.as_str() {
