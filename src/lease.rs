@@ -12,6 +12,7 @@ use diesel::connection::LoadConnection;
 use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
 use crate::trace::{self, Span};
 use crate::transaction::transaction_depth;
+use crate::BlockingConnection;
 use crate::Error;
 
 /// The span of a lease held for a closure (`with_lease`,
@@ -184,10 +185,13 @@ impl Lease {
     ///
     /// Outside a transaction only ([`Error::InvalidArgument`] inside one), so that
     /// others see the lease at once and its token is never handed out twice.
-    pub fn acquire<C>(conn: &mut C, name: &str, ttl: Duration) -> Result<Option<Lease>, Error>
+    pub fn acquire<C, Inferred>(
+        conn: &mut C,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, Error>
     where
-        C: LoadConnection,
-        C::Backend: ClaimBackend,
+        C: BlockingConnection<Inferred>,
     {
         let span = trace::debug_span!(
             "acquire_lease",
@@ -209,15 +213,14 @@ impl Lease {
     /// Waiting is polling, from every 5 ms up to every 100 ms: fine for a lock
     /// held for a request or a job, not a queue for many waiters. A `patience`
     /// of `Duration::MAX` waits without a deadline.
-    pub fn acquire_within<C>(
+    pub fn acquire_within<C, Inferred>(
         conn: &mut C,
         name: &str,
         ttl: Duration,
         patience: Duration,
     ) -> Result<Lease, Error>
     where
-        C: LoadConnection,
-        C::Backend: ClaimBackend,
+        C: BlockingConnection<Inferred>,
     {
         let mut patience = Patience::new(patience);
         loop {
@@ -231,10 +234,9 @@ impl Lease {
     /// Extends the lease to `ttl` from now (by the database clock).
     ///
     /// [`Error::NotLeaseOwner`] if it has expired, even if nobody took it since.
-    pub fn renew<C>(&self, conn: &mut C, ttl: Duration) -> Result<(), Error>
+    pub fn renew<C, Inferred>(&self, conn: &mut C, ttl: Duration) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: ClaimBackend,
+        C: BlockingConnection<Inferred>,
     {
         let span = self.span_renewing();
         let _entered = span.enter();
@@ -247,10 +249,9 @@ impl Lease {
     ///
     /// [`Error::NotLeaseOwner`] if it had already expired: what it protected may
     /// have been done concurrently by a newer holder.
-    pub fn release<C>(self, conn: &mut C) -> Result<(), Error>
+    pub fn release<C, Inferred>(self, conn: &mut C) -> Result<(), Error>
     where
-        C: LoadConnection,
-        C::Backend: ClaimBackend,
+        C: BlockingConnection<Inferred>,
     {
         let span = self.span_releasing();
         let _entered = span.enter();
@@ -306,10 +307,14 @@ impl Patience {
 /// ```text
 /// with_lease(&mut conn, "signup:alice", Duration::from_secs(10), |conn, lease| { … })
 /// ```
-pub fn with_lease<C, T, E, F>(conn: &mut C, name: &str, ttl: Duration, f: F) -> Result<Option<T>, E>
+pub fn with_lease<C, T, E, F, Inferred>(
+    conn: &mut C,
+    name: &str,
+    ttl: Duration,
+    f: F,
+) -> Result<Option<T>, E>
 where
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
+    C: BlockingConnection<Inferred>,
     F: FnOnce(&mut C, &Lease) -> Result<T, E>,
     E: From<Error>,
 {
@@ -438,7 +443,7 @@ impl KeptLease {
 /// with_lease_kept_alive(&mut conn, &mut pool.get()?, "nightly-report", Duration::from_secs(30),
 ///     |conn, lease| { for step in steps { lease.ensure_held()?; step.run(conn)?; } Ok(()) })
 /// ```
-pub fn with_lease_kept_alive<C, R, T, E, F>(
+pub fn with_lease_kept_alive<C, R, T, E, F, Inferred>(
     conn: &mut C,
     renewer: &mut R,
     name: &str,
@@ -446,8 +451,7 @@ pub fn with_lease_kept_alive<C, R, T, E, F>(
     f: F,
 ) -> Result<Option<T>, E>
 where
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
+    C: BlockingConnection<Inferred>,
     R: LoadConnection + Send,
     R::Backend: ClaimBackend,
     F: FnOnce(&mut C, &KeptLease) -> Result<T, E>,

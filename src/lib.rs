@@ -8,6 +8,7 @@
 pub mod aio;
 mod backend;
 mod claim;
+mod connection;
 mod error;
 pub mod guide;
 mod lease;
@@ -36,6 +37,7 @@ pub use claim::{
     MarkedClaim, ReplicaClaim, RowFailure, StampQuery, StampedRow, StopHandle, TimedClaim,
     TimedWorker, WaitForRows,
 };
+pub use connection::BlockingConnection;
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};
 #[cfg(feature = "postgres_backend")]
 pub use lease::advisory;

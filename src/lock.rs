@@ -17,6 +17,7 @@ use crate::reusable::{Rebuild, Reusable};
 use crate::sql::{lock_target, rendered, IdShape, InList, KeyShape, Locked, SelectWhere};
 use crate::trace;
 use crate::transaction::{again_if_moved, locking_read, locking_transaction, transaction_outcome};
+use crate::BlockingConnection;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to
@@ -29,10 +30,10 @@ pub trait LockDsl: Sized {
     /// database write lock). No row is [`Error::NotFound`]; more than one is
     /// [`Error::UnexpectedOutcome`] (and nothing is committed). Inside a transaction
     /// of the caller's it runs as a savepoint.
-    fn with_lock<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    fn with_lock<'q, C, R, T, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Self: LockQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
@@ -46,10 +47,10 @@ pub trait LockDsl: Sized {
     /// Rows are locked in the order the database reads them: order the query by
     /// key (`.order(accounts::id)`) so that concurrent callers lock in the same
     /// order and do not deadlock.
-    fn with_locks<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    fn with_locks<'q, C, R, T, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Self: LockQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
         E: From<Error>,
@@ -99,9 +100,9 @@ pub trait LockModelDsl: HasTable + Sized {
     /// Locks this model's row, reads it again and runs `f` with the fresh copy,
     /// in a transaction, as [`LockDsl::with_lock`] on `table.find(key)` does.
     /// A row deleted since it was loaded is [`Error::NotFound`].
-    fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
+    fn with_lock<'q, C, T, E, F, Inferred>(&self, conn: &mut C, f: F) -> Result<T, E>
     where
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Self: Selectable<C::Backend>,
         FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
@@ -119,9 +120,9 @@ where
     type Key = <Shape<M> as KeyShape<M>>::Key;
     type KeyColumns = <Shape<M> as KeyShape<M>>::Columns;
 
-    fn with_lock<'q, C, T, E, F>(&self, conn: &mut C, f: F) -> Result<T, E>
+    fn with_lock<'q, C, T, E, F, Inferred>(&self, conn: &mut C, f: F) -> Result<T, E>
     where
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Self: Selectable<C::Backend>,
         FreshRow<Self, Self::KeyColumns, Self::Key, C::Backend>: LockQuery<'q, C, Self>,
@@ -241,10 +242,10 @@ impl<Q, M> LockBuilder<Q, M> {
 
 impl<Q> LockBuilder<Q> {
     /// Runs `f` with the locked row: see [`LockDsl::with_lock`].
-    pub fn run<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    pub fn run<'q, C, R, T, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Q: LockQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, R) -> Result<T, E>,
         E: From<Error>,
@@ -253,10 +254,10 @@ impl<Q> LockBuilder<Q> {
     }
 
     /// Runs `f` with all the locked rows: see [`LockDsl::with_locks`].
-    pub fn run_all<'q, C, R, T, E, F>(self, conn: &mut C, f: F) -> Result<T, E>
+    pub fn run_all<'q, C, R, T, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<T, E>
     where
         Q: LockQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnOnce(&mut C, Vec<R>) -> Result<T, E>,
         E: From<Error>,

@@ -12,9 +12,8 @@
 //! [`run_migrations`]. The constants below serve a harness of your own; it
 //! records them where it records yours.
 
-use diesel::connection::LoadConnection;
-
 use crate::backend::{strategy::Strategy, ClaimBackend};
+use crate::BlockingConnection;
 use crate::Error;
 
 /// The migrations for PostgreSQL, to run with your own
@@ -41,9 +40,9 @@ pub const MYSQL: diesel_migrations::EmbeddedMigrations =
 /// Applied versions are recorded in `diesel_claim_schema_migrations`, apart
 /// from your own migrations' history, so running it again is a no-op and your
 /// harness never meets a version it does not know.
-pub fn run_migrations<C>(conn: &mut C) -> Result<(), Error>
+pub fn run_migrations<C, Inferred>(conn: &mut C) -> Result<(), Error>
 where
-    C: LoadConnection + 'static,
+    C: BlockingConnection<Inferred> + 'static,
     C::Backend: ClaimBackend,
 {
     <C::Backend as Strategy>::run_migrations(conn)

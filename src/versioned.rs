@@ -15,6 +15,7 @@ use crate::backend::ClaimBackend;
 use crate::sql::{rendered, VersionProbe};
 use crate::trace;
 use crate::transaction::locking_transaction;
+use crate::BlockingConnection;
 use crate::{Blocking, Error};
 
 /// An integer type a version column can hold. Incrementing past its maximum is
@@ -174,9 +175,9 @@ where
     /// `&model`, a filter with `key.eq(…)`) is updated in a transaction (a
     /// savepoint inside yours) that is rolled back, with
     /// [`Error::UnexpectedOutcome`], if it changed more than one row.
-    pub fn execute<'q, C>(self, conn: &mut C) -> Result<V, Error>
+    pub fn execute<'q, C, Inferred>(self, conn: &mut C) -> Result<V, Error>
     where
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Changes::Changeset: QueryFragment<C::Backend>,
         Target::WhereClause: QueryFragment<C::Backend>,
@@ -265,9 +266,9 @@ where
     /// Runs the delete. A target that is not one row by its primary key is
     /// deleted in a transaction that is rolled back, with
     /// [`Error::UnexpectedOutcome`], if it deleted more than one row.
-    pub fn execute<'q, C>(self, conn: &mut C) -> Result<(), Error>
+    pub fn execute<'q, C, Inferred>(self, conn: &mut C) -> Result<(), Error>
     where
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Target::WhereClause: QueryFragment<C::Backend>,
         PrimaryKey<Target>: QueryFragment<C::Backend>,

@@ -1,6 +1,7 @@
 //! What the crate refuses at compile time, with the words it says it in: each
 //! file of `tests/compile_fail/` is checked as a program of its own, which must
-//! not compile, and whose errors must contain its `//~` lines.
+//! not compile, and whose errors must contain its `//~` lines and none of
+//! its `//~!` lines.
 
 use std::path::Path;
 use std::process::Command;
@@ -24,7 +25,8 @@ publish = false
 
 [dependencies]
 diesel = {{ version = "2.3", default-features = false, features = ["postgres", "sqlite"] }}
-diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite"] }}
+diesel-async = {{ version = "0.9.2", features = ["postgres"] }}
+diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async"] }}
 
 [workspace]
 "#
@@ -58,6 +60,11 @@ diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite"] }}
         for expected in source.lines().filter_map(|line| line.strip_prefix("//~ ")) {
             if !errors.contains(expected) {
                 failures.push(format!("{name}: the errors lack {expected:?}:\n{errors}"));
+            }
+        }
+        for unwanted in source.lines().filter_map(|line| line.strip_prefix("//~! ")) {
+            if errors.contains(unwanted) {
+                failures.push(format!("{name}: the errors say {unwanted:?}:\n{errors}"));
             }
         }
     }

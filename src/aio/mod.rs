@@ -15,12 +15,12 @@
 //!
 //! Queries must own what they bind, or outlive the future (it holds them).
 //!
-//! The compiler cannot tell which prelude was meant: with the crate's blocking
-//! prelude in scope, `claim_each`, `with_lock` or `update_versioned` on an
-//! `AsyncPgConnection` or `AsyncMysqlConnection` fails with "the trait bound
-//! `AsyncPgConnection: LoadConnection` is not satisfied" (a blocking
-//! connection's trait). Import `diesel_claim::aio::prelude::*` in its place,
-//! not beside it: with both, the names are ambiguous.
+//! With the crate's blocking prelude in scope instead, `claim_each`,
+//! `with_lock` or `update_versioned` on an `AsyncPgConnection` or
+//! `AsyncMysqlConnection` fails with "`AsyncPgConnection` is not a blocking
+//! connection diesel-claim runs on", and a note to import
+//! `diesel_claim::aio::prelude::*` in its place, not beside it: with both,
+//! the names are ambiguous (the compiler warns, and takes the first).
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres_backend")]

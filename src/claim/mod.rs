@@ -15,6 +15,7 @@ use crate::trace;
 use crate::transaction::{
     again_if_moved, locking_read, locking_transaction, transaction_depth, transaction_outcome,
 };
+use crate::BlockingConnection;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;
@@ -49,10 +50,10 @@ pub trait ClaimDsl: Sized {
     ///
     /// The rows' type identifies the claimed table (`#[derive(Identifiable)]`);
     /// with a join, select that table's struct (`.select(Order::as_select())`).
-    fn claim_each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    fn claim_each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Self: ClaimQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -349,10 +350,10 @@ impl<Q, M> ClaimBuilder<Q, M> {
 impl<Q> ClaimBuilder<Q> {
     /// Runs the claim, calling `f` for every claimed row: see
     /// [`ClaimDsl::claim_each`] and [`batch`](Self::batch).
-    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -363,10 +364,10 @@ impl<Q> ClaimBuilder<Q> {
     /// Runs the claim, calling `f` once per claimed batch with its rows, in the
     /// claim order (see the [guide](crate::guide#the-claim-order)), inside the
     /// batch's transaction.
-    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
@@ -379,10 +380,14 @@ impl<Q> ClaimBuilder<Q> {
     /// ended it), the failures passed over with
     /// [`keep_going`](Self::keep_going), and what ended the call early, with
     /// the keys of the rows it rolled back.
-    pub fn each_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    pub fn each_outcome<'q, C, R, E, F, Inferred>(
+        self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<Q::Key, E>
     where
         Q: ClaimQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -392,10 +397,14 @@ impl<Q> ClaimBuilder<Q> {
 
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
     /// everything it did: see [`each_outcome`](Self::each_outcome).
-    pub fn each_batch_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
+        self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<Q::Key, E>
     where
         Q: ClaimQuery<'q, C, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
@@ -489,10 +498,10 @@ impl<Q: std::fmt::Debug, Rc, M: std::fmt::Debug> std::fmt::Debug for ReplicaClai
 impl<Q, Rc> ReplicaClaim<'_, Q, Rc> {
     /// Runs the claim on `conn`, calling `f` for every claimed row: see
     /// [`ClaimBuilder::each`].
-    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Rc: LoadConnection<Backend = C::Backend>,
         F: FnMut(&mut C, R) -> Result<(), E>,
@@ -503,10 +512,10 @@ impl<Q, Rc> ReplicaClaim<'_, Q, Rc> {
 
     /// Runs the claim on `conn`, calling `f` once per claimed batch: see
     /// [`ClaimBuilder::each_batch`].
-    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Rc: LoadConnection<Backend = C::Backend>,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
@@ -517,14 +526,14 @@ impl<Q, Rc> ReplicaClaim<'_, Q, Rc> {
 
     /// Runs the claim as [`each`](Self::each) does, and returns everything it
     /// did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_outcome<'q, C, R, E, F>(
+    pub fn each_outcome<'q, C, R, E, F, Inferred>(
         self,
         conn: &mut C,
         f: F,
     ) -> ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>
     where
         Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Rc: LoadConnection<Backend = C::Backend>,
         F: FnMut(&mut C, R) -> Result<(), E>,
@@ -535,14 +544,14 @@ impl<Q, Rc> ReplicaClaim<'_, Q, Rc> {
 
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
     /// everything it did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_batch_outcome<'q, C, R, E, F>(
+    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
         self,
         conn: &mut C,
         f: F,
     ) -> ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>
     where
         Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         Rc: LoadConnection<Backend = C::Backend>,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
@@ -635,10 +644,10 @@ pub struct MarkedClaim<Q, V, M = Blocking> {
 
 impl<Q, V> MarkedClaim<Q, V> {
     /// Runs the claim, calling `f` for every claimed (and marked) row.
-    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: MarkQuery<'q, C, R, V>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -648,10 +657,10 @@ impl<Q, V> MarkedClaim<Q, V> {
 
     /// Runs the claim, calling `f` once per claimed (and marked) batch, its rows
     /// in the claim order (a row inserted since the page was read, last).
-    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Q: MarkQuery<'q, C, R, V>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,
@@ -661,10 +670,14 @@ impl<Q, V> MarkedClaim<Q, V> {
 
     /// Runs the claim as [`each`](Self::each) does, and returns everything it
     /// did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    pub fn each_outcome<'q, C, R, E, F, Inferred>(
+        self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<Q::Key, E>
     where
         Q: MarkQuery<'q, C, R, V>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, R) -> Result<(), E>,
         E: From<Error>,
@@ -674,10 +687,14 @@ impl<Q, V> MarkedClaim<Q, V> {
 
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
     /// everything it did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_batch_outcome<'q, C, R, E, F>(self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
+    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
+        self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<Q::Key, E>
     where
         Q: MarkQuery<'q, C, R, V>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
         E: From<Error>,

@@ -34,6 +34,7 @@ use crate::sql::stamp::{
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Position, Returning, SelectWhere, Update};
 use crate::trace;
 use crate::transaction::transaction_depth;
+use crate::BlockingConnection;
 use crate::{Blocking, Error};
 
 /// The caller's query, restricted to rows that are not claimed or whose claim
@@ -193,10 +194,10 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
     /// [`keep_going`](ClaimBuilder::keep_going), the call goes on with the
     /// next row. The report's `processed` counts the rows for which `f`
     /// returned `Ok`.
-    pub fn each<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
         E: From<Error>,
@@ -206,10 +207,10 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
 
     /// Runs the claim, calling `f` once per claimed batch with its rows, in
     /// the claim order, outside any transaction.
-    pub fn each_batch<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
     where
         Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<Claimed<R, Col>>) -> Result<(), E>,
         E: From<Error>,
@@ -219,14 +220,14 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
 
     /// Runs the claim as [`each`](Self::each) does, and returns everything it
     /// did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_outcome<'q, C, R, E, F>(
+    pub fn each_outcome<'q, C, R, E, F, Inferred>(
         self,
         conn: &mut C,
         mut f: F,
     ) -> ClaimOutcome<KeyOf<Unclaimed<Q, Col>, C, R>, E>
     where
         Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
         E: From<Error>,
@@ -236,14 +237,14 @@ impl<Q, Col: Copy> TimedClaim<Q, Col> {
 
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
     /// everything it did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_batch_outcome<'q, C, R, E, F>(
+    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
         self,
         conn: &mut C,
         mut f: F,
     ) -> ClaimOutcome<KeyOf<Unclaimed<Q, Col>, C, R>, E>
     where
         Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: LoadConnection,
+        C: BlockingConnection<Inferred>,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, Vec<Claimed<R, Col>>) -> Result<(), E>,
         E: From<Error>,

@@ -241,6 +241,12 @@ impl<Q> ClaimWorker<Q> {
 ///
 /// Implemented for Diesel's connections and their r2d2 pooled connections:
 /// PostgreSQL listens for notifications, the others sleep.
+#[diagnostic::on_unimplemented(
+    message = "a blocking claim worker cannot wait for rows on `{Self}`",
+    note = "blocking workers run on Diesel's connections and their r2d2 pooled connections; on a \
+            diesel-async connection, import `diesel_claim::aio::prelude::*` in place of \
+            `diesel_claim::prelude::*`"
+)]
 pub trait WaitForRows: LoadConnection {
     /// Starts listening on `channel`: PostgreSQL `LISTEN`; elsewhere
     /// [`Error::InvalidArgument`].
