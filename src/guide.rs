@@ -502,7 +502,7 @@
 //! ```text
 //! fn send_emails<C>(conn: &mut C) -> Result<ClaimReport, Error>
 //! where
-//!     C: Connection,
+//!     C: LoadConnection,
 //!     C::Backend: ClaimBackend,
 //!     for<'q> Pending: ClaimQuery<'q, C, Order>,
 //!     // … and whatever the closure's own statements need

@@ -14,13 +14,33 @@ use testkit::fixtures::{
     OrderLine,
 };
 
-fn pending() -> diesel::dsl::Filter<
+type Pending = diesel::dsl::Filter<
     diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
     diesel::dsl::Eq<orders::email_sent, bool>,
-> {
+>;
+
+fn pending() -> Pending {
     orders::table
         .filter(orders::shipped.eq(true))
         .filter(orders::email_sent.eq(false))
+}
+
+/// The keys of the pending orders, claimed on any blocking connection by
+/// code written once with the bounds generic code names (as the guide's
+/// "Diesel's `MultiConnection`" shows): the crate's own connection trait is
+/// inferred from them.
+fn claimed_keys<C>(conn: &mut C) -> Result<Vec<i32>, Error>
+where
+    C: diesel::connection::LoadConnection,
+    C::Backend: diesel_claim::ClaimBackend,
+    for<'q> Pending: diesel_claim::ClaimQuery<'q, C, Order>,
+{
+    let mut keys = Vec::new();
+    pending().claim_each(conn, |_, order: Order| {
+        keys.push(order.id);
+        Ok::<_, Error>(())
+    })?;
+    Ok(keys)
 }
 
 /// Records the SQL a connection sends and the transactions it opens.
@@ -157,6 +177,17 @@ on_every_backend! {
         );
         assert_eq!((sent, duplicates, left), (ORDERS as i64, 0, 0));
         assert_eq!(processed, ORDERS as u64);
+    }
+
+    /// Code generic over the connection claims on a pooled connection and
+    /// on the connection inside it.
+    #[test]
+    fn generic_code_claims_on_any_blocking_connection() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        insert_pending(&mut pooled, 3);
+        assert_eq!(claimed_keys(&mut pooled).unwrap(), [1, 2, 3]);
+        assert_eq!(claimed_keys(&mut *pooled).unwrap(), [1, 2, 3]);
     }
 
     /// Boxed queries, built at run time, are claimed through `rebuild`: the
