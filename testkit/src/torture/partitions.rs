@@ -119,8 +119,11 @@ on_row_lock_backends! {
     /// Scenario 22: the drain on partitioned orders, per row and in batches.
     /// When partitioned by state, each email moves its row to the other
     /// partition, and a worker locking a row another worker just moved must
-    /// pass it over as gone: every call returns `Ok` on its first attempt,
-    /// and the reports add up.
+    /// pass it over as gone: on PostgreSQL every call returns `Ok` on its
+    /// first attempt, and the reports add up. MariaDB's claimers can deadlock
+    /// there (a locking read of one waits on an index record of a row
+    /// another is updating): those calls fail as `Error::Deadlock`, are
+    /// retried and counted, and nothing else may fail.
     pub fn partitioned_drain(ctx: &Ctx) -> Figures {
         let rows = ctx.rows();
         let (threads, processes) = ctx.workers();
@@ -135,15 +138,22 @@ on_row_lock_backends! {
                 for done in ctx.run_workers("drain", threads, processes, &args) {
                     round.absorb(&done);
                 }
+                let deadlocks = match BACKEND {
+                    "mysql" => round.errors.get("Deadlock").copied().unwrap_or(0),
+                    _ => 0,
+                };
                 round.check(
-                    round.retries == 0 && round.errors.is_empty(),
+                    round.retries == deadlocks && round.errors.values().sum::<u64>() == deadlocks,
                     format!(
                         "{partitioning:?}, batch {batch}: calls failed ({} retried, errors {:?})",
                         round.retries, round.errors
                     ),
                 );
                 check_emails(&mut pool.get().unwrap(), &mut round, rows as u64);
-                figures.note(format!("{partitioning:?}, batch {batch}: {:.1?}", started.elapsed()));
+                figures.note(format!(
+                    "{partitioning:?}, batch {batch}: {:.1?}, {deadlocks} deadlocks retried",
+                    started.elapsed()
+                ));
                 figures.merge(round);
             }
         }
