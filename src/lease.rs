@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use diesel::connection::LoadConnection;
 
 use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
+use crate::connection::BlockingConnection;
 use crate::trace::{self, Span};
 use crate::transaction::transaction_depth;
-use crate::BlockingConnection;
 use crate::Error;
 
 /// The span of a lease held for a closure (`with_lease`,

@@ -12,12 +12,12 @@ use diesel::query_dsl::LoadQuery;
 use diesel::QuerySource;
 
 use crate::backend::ClaimBackend;
+use crate::connection::BlockingConnection;
 use crate::locking::{LockClause, LockOptions};
 use crate::reusable::{Rebuild, Reusable};
 use crate::sql::{lock_target, rendered, IdShape, InList, KeyShape, Locked, SelectWhere};
 use crate::trace;
 use crate::transaction::{again_if_moved, locking_read, locking_transaction, transaction_outcome};
-use crate::BlockingConnection;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 /// Adds [`with_lock`](LockDsl::with_lock) and [`with_locks`](LockDsl::with_locks) to

@@ -12,8 +12,8 @@
 //! [`run_migrations`]. The constants below serve a harness of your own; it
 //! records them where it records yours.
 
-use crate::backend::{strategy::Strategy, ClaimBackend};
-use crate::BlockingConnection;
+use crate::backend::strategy::Strategy;
+use crate::connection::BlockingConnection;
 use crate::Error;
 
 /// The migrations for PostgreSQL, to run with your own
@@ -43,7 +43,6 @@ pub const MYSQL: diesel_migrations::EmbeddedMigrations =
 pub fn run_migrations<C, Inferred>(conn: &mut C) -> Result<(), Error>
 where
     C: BlockingConnection<Inferred> + 'static,
-    C::Backend: ClaimBackend,
 {
     <C::Backend as Strategy>::run_migrations(conn)
 }

@@ -12,10 +12,10 @@ use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::SingleValue;
 
 use crate::backend::ClaimBackend;
+use crate::connection::BlockingConnection;
 use crate::sql::{rendered, VersionProbe};
 use crate::trace;
 use crate::transaction::locking_transaction;
-use crate::BlockingConnection;
 use crate::{Blocking, Error};
 
 /// An integer type a version column can hold. Incrementing past its maximum is

@@ -9,13 +9,13 @@ use diesel::prelude::*;
 use diesel::query_builder::Query;
 
 use crate::backend::ClaimBackend;
+use crate::connection::BlockingConnection;
 use crate::locking::{LockClause, LockOptions};
 use crate::sql::{KeyRange, Position};
 use crate::trace;
 use crate::transaction::{
     again_if_moved, locking_read, locking_transaction, transaction_depth, transaction_outcome,
 };
-use crate::BlockingConnection;
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;

@@ -25,6 +25,7 @@ use super::{
     StampQuery, StopHandle, WaitForRows,
 };
 use crate::backend::ClaimBackend;
+use crate::connection::BlockingConnection;
 use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::rendered;
@@ -34,7 +35,6 @@ use crate::sql::stamp::{
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Position, Returning, SelectWhere, Update};
 use crate::trace;
 use crate::transaction::transaction_depth;
-use crate::BlockingConnection;
 use crate::{Blocking, Error};
 
 /// The caller's query, restricted to rows that are not claimed or whose claim

@@ -1,11 +1,11 @@
-//! A diesel-async connection with the blocking prelude: each of the six
+//! A diesel-async connection with the blocking prelude: each of the seven
 //! calls gets one error, which says the connection is not one the blocking
 //! API runs on and which prelude to import, not which of Diesel's traits some
 //! inner bound missed.
 //~ `AsyncPgConnection` is not a blocking connection diesel-claim runs on
 //~ import `diesel_claim::aio::prelude::*` in place of `diesel_claim::prelude::*`
 //~ a blocking claim worker cannot wait for rows on `AsyncPgConnection`
-//~ due to 6 previous errors
+//~ due to 7 previous errors
 //~! is not satisfied
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
@@ -39,6 +39,7 @@ fn use_async_connection(conn: &mut AsyncPgConnection) {
         .update_versioned(orders::version, 1, orders::email_sent.eq(true))
         .execute(conn);
     let _ = diesel_claim::Lease::acquire(conn, "name", std::time::Duration::from_secs(1));
+    let _ = diesel_claim::run_migrations(conn);
     let stop = diesel_claim::StopHandle::new();
     let _ = pending().build_claim().worker(&stop).run(conn, |_, _: Order| Ok::<_, diesel_claim::Error>(()));
 }
