@@ -209,11 +209,15 @@
 //!   The takes go from there to the page's end, then from its head to where
 //!   they began, so every candidate is still offered once, and workers that
 //!   read the same page take rows apart from one another.
-//! - Pages grow fourfold, up to 256 batches (at least 16,384 keys, at most
-//!   65,536), while others hold more than a quarter of a page, or while this
-//!   worker got fewer than 64 rows of a page that others took most of. The
-//!   statements each page costs (its read, the read that tells locked rows
-//!   from gone ones, a short take at each end) are then spread over more rows.
+//! - On PostgreSQL, pages grow fourfold, up to 256 batches (at least 16,384
+//!   keys, at most 65,536), while others hold more than a quarter of a page,
+//!   or while this worker got fewer than 64 rows of a page that others took
+//!   most of. The statements each page costs (its read, the read that tells
+//!   locked rows from gone ones, a short take at each end) are then spread
+//!   over more rows. On MySQL and MariaDB pages keep their size: there, 32
+//!   and 64 workers claimed 1.25 to 2 times as many rows per second with
+//!   pages of a thousand keys as with grown ones, for more statements per
+//!   row (and, per row, 6 to 11% of transactions that commit nothing).
 //!
 //! Alone, a claim goes through its pages from their heads, in key order. These
 //! do not spread out: a query's `ORDER BY`, whose order is the claim's promise;

@@ -39,6 +39,11 @@ pub(crate) mod strategy {
         /// Whether `UPDATE … RETURNING` exists.
         const UPDATE_RETURNING: bool;
 
+        /// Whether a contended claim's pages grow (see the claim engine's
+        /// `grow_pages`): larger pages spread many workers over more rows,
+        /// at the cost of reading more keys per page.
+        const GROW_CONTENDED_PAGES: bool;
+
         /// The SQL on either side of a subquery of keys, as in
         /// `<key><open>subquery<close>`, run once per statement.
         const KEYS_IN_SUBQUERY: (&'static str, &'static str);

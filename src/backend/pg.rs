@@ -24,6 +24,7 @@ impl Strategy for Pg {
     const ROW_LOCKS: bool = true;
     const LOCK_OF: bool = true;
     const UPDATE_RETURNING: bool = true;
+    const GROW_CONTENDED_PAGES: bool = true;
 
     // `ARRAY(subquery)` is an init plan, run exactly once.
     const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" = ANY(ARRAY(", "))");

@@ -23,6 +23,8 @@ impl Strategy for Sqlite {
     const ROW_LOCKS: bool = false;
     const LOCK_OF: bool = false;
     const UPDATE_RETURNING: bool = true;
+    // One writer at a time: claims are never contended.
+    const GROW_CONTENDED_PAGES: bool = false;
 
     const KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
     const ROW_VALUE_INDEXES: bool = true;

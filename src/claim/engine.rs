@@ -63,6 +63,8 @@ pub(crate) struct Plan {
     pub(crate) row_locks: bool,
     /// The backend has `UPDATE … RETURNING`.
     pub(crate) update_returning: bool,
+    /// Contended pages grow on this backend.
+    pub(crate) grow_contended_pages: bool,
     /// A row locked by someone else fails the call rather than being skipped.
     pub(crate) fail_on_locked: bool,
     pub(crate) batch: i64,
@@ -110,6 +112,8 @@ pub(crate) struct Claim<K> {
     page_size: i64,
     /// The page size was the caller's: it does not grow.
     page_size_given: bool,
+    /// The backend's pages grow once contended.
+    grow_contended_pages: bool,
     /// Pages may start anywhere in them (see [`Page::new`]): the claim order is
     /// the key's, a row locked by others is passed over, not an error, and
     /// rows stay locked while the closure runs.
@@ -215,6 +219,7 @@ impl<K> Claim<K> {
                 closed_page_size(plan.batch)
             }),
             page_size_given: plan.page_size.is_some(),
+            grow_contended_pages: plan.grow_contended_pages,
             // A mark committed on its own holds its rows' locks only while it
             // runs: others meet rows it marked, which no longer match, rather
             // than rows it holds, and larger pages would only be read more.
@@ -391,7 +396,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     /// caller set their size. (A contended claim's pages are closed unless
     /// the caller set their size.)
     fn grow_pages(&mut self) {
-        if self.page_size_given {
+        if self.page_size_given || !self.grow_contended_pages {
             return;
         }
         let (least, most) = CONTENDED_PAGE_SIZE;
@@ -835,6 +840,7 @@ mod tests {
             taking: Taking::Select,
             row_locks: true,
             update_returning: true,
+            grow_contended_pages: true,
             fail_on_locked: false,
             batch: 1,
             page_size: Some(2),
@@ -1119,6 +1125,31 @@ mod tests {
         assert!(
             starts.len() > 1,
             "every page started at its head: {starts:?}"
+        );
+    }
+
+    /// On a backend whose contended pages do not grow (MySQL), the same
+    /// claim spreads out over pages of the default size, and still offers
+    /// every row that matches and is not held.
+    #[test]
+    fn a_contended_claim_keeps_its_page_size_where_pages_do_not_grow() {
+        let mut claim = default_claim(false);
+        claim.grow_contended_pages = false;
+        let held: HashSet<i64> = (1..=50)
+            .chain((51..=40_000).filter(|key| key % 8 != 0))
+            .collect();
+        let mut pending: BTreeSet<i64> = (1..=40_000).collect();
+        let (pages, _) = run(&mut claim, &mut pending, &held);
+        assert!(claim.contended);
+        assert!(
+            pending.iter().all(|key| held.contains(key)),
+            "a free row was left"
+        );
+        assert_eq!(claim.report().processed, 40_000 / 8 - 6);
+        assert_eq!(pages[0], MIN_OPEN_PAGE_SIZE);
+        assert!(
+            pages[1..].iter().all(|&page| page == DEFAULT_PAGE_SIZE),
+            "{pages:?}"
         );
     }
 }

@@ -334,6 +334,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
             taking,
             row_locks: DB::ROW_LOCKS,
             update_returning: DB::UPDATE_RETURNING,
+            grow_contended_pages: DB::GROW_CONTENDED_PAGES,
             fail_on_locked: on_locked == OnLocked::Fail,
             batch: self.batch,
             page_size: self.page_size,
