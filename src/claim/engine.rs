@@ -393,8 +393,9 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     }
 
     /// Pages four times larger, up to [`CONTENDED_PAGE_SIZE`], unless the
-    /// caller set their size. (A contended claim's pages are closed unless
-    /// the caller set their size.)
+    /// caller set their size or the backend's pages keep theirs (MySQL).
+    /// (A contended claim's pages are closed unless the caller set their
+    /// size.)
     fn grow_pages(&mut self) {
         if self.page_size_given || !self.grow_contended_pages {
             return;
