@@ -1090,6 +1090,26 @@ mod tests {
         }
     }
 
+    /// Runs `claim` over 40,000 pending rows of which others hold the first
+    /// 50 and every row but one in eight: the claim is contended, leaves no
+    /// free row, and processes every free one. Returns `run`'s pages and takes;
+    /// the first page is the open-ended one.
+    fn run_among_others(claim: &mut Claim<i64>) -> (Vec<i64>, Vec<Lower<i64>>) {
+        let held: HashSet<i64> = (1..=50)
+            .chain((51..=40_000).filter(|key| key % 8 != 0))
+            .collect();
+        let mut pending: BTreeSet<i64> = (1..=40_000).collect();
+        let (pages, takes) = run(claim, &mut pending, &held);
+        assert!(claim.contended);
+        assert!(
+            pending.iter().all(|key| held.contains(key)),
+            "a free row was left"
+        );
+        assert_eq!(claim.report().processed, 40_000 / 8 - 6);
+        assert_eq!(pages[0], MIN_OPEN_PAGE_SIZE);
+        (pages, takes)
+    }
+
     /// Once a take has passed over rows others hold, the next pages start at
     /// places of their own, grow while others take most of them, and still
     /// offer every row that matches and is not held.
@@ -1098,20 +1118,8 @@ mod tests {
         let mut starts = HashSet::new();
         for _ in 0..3 {
             let mut claim = default_claim(false);
-            // Others hold the first 50 rows, and every row but one in eight.
-            let held: HashSet<i64> = (1..=50)
-                .chain((51..=40_000).filter(|key| key % 8 != 0))
-                .collect();
-            let mut pending: BTreeSet<i64> = (1..=40_000).collect();
-            let (pages, takes) = run(&mut claim, &mut pending, &held);
-            assert!(claim.contended);
-            assert!(
-                pending.iter().all(|key| held.contains(key)),
-                "a free row was left"
-            );
-            assert_eq!(claim.report().processed, 40_000 / 8 - 6);
+            let (pages, takes) = run_among_others(&mut claim);
             // The open-ended first page, then closed ones that grow.
-            assert_eq!(pages[0], MIN_OPEN_PAGE_SIZE);
             assert!(
                 pages[1..].windows(2).all(|pair| pair[0] <= pair[1]),
                 "{pages:?}"
@@ -1136,18 +1144,7 @@ mod tests {
     fn a_contended_claim_keeps_its_page_size_where_pages_do_not_grow() {
         let mut claim = default_claim(false);
         claim.grow_contended_pages = false;
-        let held: HashSet<i64> = (1..=50)
-            .chain((51..=40_000).filter(|key| key % 8 != 0))
-            .collect();
-        let mut pending: BTreeSet<i64> = (1..=40_000).collect();
-        let (pages, _) = run(&mut claim, &mut pending, &held);
-        assert!(claim.contended);
-        assert!(
-            pending.iter().all(|key| held.contains(key)),
-            "a free row was left"
-        );
-        assert_eq!(claim.report().processed, 40_000 / 8 - 6);
-        assert_eq!(pages[0], MIN_OPEN_PAGE_SIZE);
+        let (pages, _) = run_among_others(&mut claim);
         assert!(
             pages[1..].iter().all(|&page| page == DEFAULT_PAGE_SIZE),
             "{pages:?}"
