@@ -586,37 +586,32 @@ macro_rules! row_lock_scenarios {
     };
 }
 
+/// Every scenario of a database server: the shared ones, those of row locks
+/// and servers to crash, and, with the async API, dropped async claims.
+macro_rules! server_scenarios {
+    ($backend:ident) => {{
+        let mut all = shared_scenarios!($backend);
+        all.extend(row_lock_scenarios!($backend));
+        #[cfg(feature = "async")]
+        all.push(Scenario {
+            number: 26,
+            name: "async-cancellation",
+            run: cancellation::$backend::dropped_futures,
+        });
+        all.sort_by_key(|s| s.number);
+        all
+    }};
+}
+
 /// The scenarios that apply to `backend`, in order.
 pub fn scenarios(backend: Backend) -> Vec<Scenario> {
     match backend {
         #[cfg(feature = "postgres")]
-        Backend::Postgres => {
-            let mut all = shared_scenarios!(on_postgres);
-            all.extend(row_lock_scenarios!(on_postgres));
-            #[cfg(feature = "async")]
-            all.push(Scenario {
-                number: 26,
-                name: "async-cancellation",
-                run: cancellation::on_postgres::dropped_futures,
-            });
-            all.sort_by_key(|s| s.number);
-            all
-        }
+        Backend::Postgres => server_scenarios!(on_postgres),
         #[cfg(feature = "sqlite")]
         Backend::Sqlite => shared_scenarios!(on_sqlite),
         #[cfg(feature = "mysql")]
-        Backend::Mysql => {
-            let mut all = shared_scenarios!(on_mysql);
-            all.extend(row_lock_scenarios!(on_mysql));
-            #[cfg(feature = "async")]
-            all.push(Scenario {
-                number: 26,
-                name: "async-cancellation",
-                run: cancellation::on_mysql::dropped_futures,
-            });
-            all.sort_by_key(|s| s.number);
-            all
-        }
+        Backend::Mysql => server_scenarios!(on_mysql),
         #[allow(unreachable_patterns)]
         _ => Vec::new(),
     }
