@@ -30,12 +30,12 @@ mod versioned;
 pub enum Blocking {}
 
 pub use backend::ClaimBackend;
+pub use claim::kind;
 #[cfg(feature = "postgres_backend")]
 pub use claim::notify;
 pub use claim::{
     ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, Claimed, MarkQuery,
-    MarkedClaim, ReplicaClaim, RowFailure, StampQuery, StampedRow, StopHandle, TimedClaim,
-    TimedWorker, WaitForRows,
+    RowFailure, StampQuery, StampedRow, StopHandle, WaitForRows,
 };
 pub use connection::BlockingConnection;
 pub use error::{is_deadlock, is_lock_not_available, is_serialization_failure, Error, Result};

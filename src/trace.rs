@@ -36,6 +36,15 @@ mod enabled {
     pub(crate) fn renewal_failed(error: &dyn std::fmt::Display) {
         tracing::warn!(%error, "a lease renewal failed");
     }
+
+    /// A closure failed on `rows` rows of `table`, which the call passes over.
+    pub(crate) fn passed_over(table: &str, rows: usize) {
+        tracing::warn!(
+            table,
+            rows,
+            "a closure failed: its rows are rolled back and passed over"
+        );
+    }
 }
 
 #[cfg(not(feature = "tracing"))]
@@ -97,6 +106,8 @@ mod disabled {
     pub(crate) fn moved_row(_again: u32) {}
 
     pub(crate) fn renewal_failed(_error: &dyn std::fmt::Display) {}
+
+    pub(crate) fn passed_over(_table: &str, _rows: usize) {}
 }
 
 #[cfg(feature = "tracing")]

@@ -111,11 +111,17 @@ where
 }
 
 /// Rolls back every transaction level above `depth`, stopping at the first
-/// rollback that fails.
-fn roll_back_to<C: Connection>(conn: &mut C, depth: u32) {
-    while matches!(transaction_depth(conn), Ok(current) if current > depth) {
-        if C::TransactionManager::rollback_transaction(conn).is_err() {
-            break;
+/// rollback that fails; whether it got back to `depth`.
+pub(crate) fn roll_back_to<C: Connection>(conn: &mut C, depth: u32) -> bool {
+    loop {
+        match transaction_depth(conn) {
+            Ok(current) if current > depth => {
+                if C::TransactionManager::rollback_transaction(conn).is_err() {
+                    return false;
+                }
+            }
+            Ok(_) => return true,
+            Err(_) => return false,
         }
     }
 }

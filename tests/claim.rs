@@ -335,7 +335,7 @@ on_every_backend! {
         let boxed_filter = || -> Box<dyn BoxableExpression<jobs::table, Backend, SqlType = diesel::sql_types::Bool>> {
             Box::new(jobs::done.eq(false))
         };
-        for way in 0..7 {
+        for way in 0..10 {
             diesel::delete(jobs::table).execute(conn).unwrap();
             let expected = insert_jobs(conn, 60);
             let seen = std::cell::RefCell::new(Vec::new());
@@ -366,10 +366,13 @@ on_every_backend! {
                 .build_claim()
                 .batch(6)
                 .each(conn, record),
+                7 => queue().build_claim().from_head().each(conn, record),
+                8 => queue().build_claim().from_head().batch(7).drain().each(conn, record),
                 _ => {
                     let report = queue().build_claim().max_rows(10).each(conn, record).unwrap();
                     assert_eq!(*seen.borrow(), expected[..10], "max_rows");
-                    assert_eq!((report.processed, report.not_reached), (10, 50));
+                    // No more candidates read than it may take.
+                    assert_eq!((report.processed, report.not_reached), (10, 0));
                     continue;
                 }
             }
@@ -585,9 +588,9 @@ on_every_backend! {
             .max_rows(3)
             .each(&mut conn, |conn, order: Order| Ok::<_, Error>(send_email(conn, &order, 0)?))
             .unwrap();
-        // The seven the cap left are not reached, not skipped: nobody else
-        // holds them.
-        assert_eq!((capped.processed, capped.skipped, capped.not_reached), (3, 0, 7));
+        // The call reads no more candidates than it may take: none is left
+        // unreached, and none skipped.
+        assert_eq!((capped.processed, capped.skipped, capped.not_reached), (3, 0, 0));
         let rest = pending()
             .build_claim()
             .page_size(3)
@@ -598,7 +601,9 @@ on_every_backend! {
     }
 
     /// Candidates a call did not process are told apart: gone (no longer
-    /// matching when the call came to them) or not reached (`max_rows`).
+    /// matching when the call came to them), not locked; and with `max_rows`,
+    /// a call reads no more candidates than it may take, so none is left
+    /// unreached.
     #[test]
     fn skipped_candidates_are_gone_or_not_reached() {
         let (_db, pool) = test_db(1);
@@ -617,7 +622,7 @@ on_every_backend! {
             .unwrap();
         assert_eq!(
             (report.processed, report.gone, report.locked, report.skipped, report.not_reached),
-            (3, 1, 0, 1, 2),
+            (3, 1, 0, 1, 0),
             "{report:?}"
         );
     }
@@ -1032,8 +1037,9 @@ on_every_backend! {
         assert!(matches!(stopped.error, Error::InvalidArgument(_)), "{:?}", stopped.error);
     }
 
-    /// The ways `keep_going_past_rows_3_and_7` claims: per row, batched (a
-    /// failing batch is retried row by row), marked, and marked and committed.
+    /// The ways `keep_going_past_rows_3_and_7` claims: per row, batched (each
+    /// row in a savepoint of its own), a closure per batch, marked, and marked
+    /// and committed.
     const KEEP_GOING_MODES: [Mode; 5] = [
         Mode::EachRow(1),
         Mode::EachRow(4),
@@ -1079,8 +1085,12 @@ on_every_backend! {
 
     /// With `keep_going`, a failing row (an error or a panic) is rolled back,
     /// reported with its key and error, and never tried again in the call;
-    /// every other row is processed. Without it, the first failure ends the
-    /// call (`the_outcome_of_a_failed_call_says_what_it_committed`).
+    /// every other row is processed, and no closure runs twice for a row.
+    /// Per row, a batch's failing row is rolled back to its own savepoint and
+    /// the rest of its batch commits; a closure given the whole batch, or a
+    /// mark (which only its batch's rollback undoes), fails the whole batch.
+    /// Without `keep_going`, the first failure ends the call
+    /// (`the_outcome_of_a_failed_call_says_what_it_committed`).
     #[test]
     fn keep_going_passes_over_failing_rows() {
         for mode in KEEP_GOING_MODES {
@@ -1091,31 +1101,42 @@ on_every_backend! {
             assert!(outcome.stopped.is_none(), "{mode:?}: {:?}", outcome.stopped);
             let failed: Vec<&[i32]> = outcome.failed.iter().map(|f| &f.keys[..]).collect();
             let pending_ids: Vec<i32> = pending().select(orders::id).order(orders::id).load(&mut conn).unwrap();
-            if let Mode::MarkAndCommit(_) = mode {
-                // The marks commit before the closure runs: a failing batch
-                // stays marked, is recorded whole, and is not retried; the
-                // emails written before the failure stay written.
-                assert_eq!(failed, [&[1, 2, 3, 4][..], &[5, 6, 7, 8]], "{mode:?}");
-                assert_eq!((outcome.report.processed, outcome.report.failed), (2, 8), "{mode:?}");
-                assert_eq!((email_figures(&mut conn), pending_ids), ((8, 0, 0), vec![]), "{mode:?}");
-                continue;
-            }
-            assert_eq!(failed, [&[3][..], &[7]], "{mode:?}");
-            assert!(matches!(&outcome.failed[0].error, Error::InvalidArgument(m) if m == "no address"));
-            assert!(
-                matches!(&outcome.failed[1].error, Error::ClosurePanicked(m) if m == "deliberate panic on row 7"),
-                "{mode:?}: {:?}",
-                outcome.failed[1].error
-            );
             let report = outcome.report;
-            assert_eq!((report.processed, report.failed, report.skipped), (8, 2, 0), "{mode:?}");
-            // The failing rows' writes are rolled back and they stay pending;
-            // every other row is emailed once.
-            assert_eq!((email_figures(&mut conn), pending_ids), ((8, 0, 2), vec![3, 7]), "{mode:?}");
-            // Tried once in their batch, and once alone after it failed; never
-            // again, though they still match (the claim drains).
-            let tries = if let Mode::EachRow(1) = mode { 1 } else { 2 };
-            assert_eq!((seen[&3], seen[&7]), (tries, tries), "{mode:?}: {seen:?}");
+            // Whatever the mode, the closure saw each row once, and nothing
+            // was skipped.
+            assert!(seen.values().all(|&tries| tries == 1), "{mode:?}: {seen:?}");
+            assert_eq!(report.skipped, 0, "{mode:?}");
+            match mode {
+                Mode::MarkAndCommit(_) => {
+                    // The marks commit before the closure runs: a failing batch
+                    // stays marked and is recorded whole; the emails written
+                    // before the failure stay written.
+                    assert_eq!(failed, [&[1, 2, 3, 4][..], &[5, 6, 7, 8]], "{mode:?}");
+                    assert_eq!((report.processed, report.failed), (2, 8), "{mode:?}");
+                    assert_eq!((email_figures(&mut conn), pending_ids), ((8, 0, 0), vec![]), "{mode:?}");
+                }
+                Mode::EachBatch(_) | Mode::Mark(_) => {
+                    // The failing batches are rolled back whole, and left
+                    // pending for the next call.
+                    assert_eq!(failed, [&[1, 2, 3, 4][..], &[5, 6, 7, 8]], "{mode:?}");
+                    assert_eq!((report.processed, report.failed), (2, 8), "{mode:?}");
+                    let expected = ((2, 0, 8), (1..=8).collect::<Vec<_>>());
+                    assert_eq!((email_figures(&mut conn), pending_ids), expected, "{mode:?}");
+                }
+                Mode::EachRow(_) => {
+                    assert_eq!(failed, [&[3][..], &[7]], "{mode:?}");
+                    assert!(matches!(&outcome.failed[0].error, Error::InvalidArgument(m) if m == "no address"));
+                    assert!(
+                        matches!(&outcome.failed[1].error, Error::ClosurePanicked(m) if m == "deliberate panic on row 7"),
+                        "{mode:?}: {:?}",
+                        outcome.failed[1].error
+                    );
+                    assert_eq!((report.processed, report.failed), (8, 2), "{mode:?}");
+                    // The failing rows' writes are rolled back and they stay
+                    // pending; every other row is emailed once.
+                    assert_eq!((email_figures(&mut conn), pending_ids), ((8, 0, 2), vec![3, 7]), "{mode:?}");
+                }
+            }
         }
     }
 

@@ -270,7 +270,7 @@ on_every_backend! {
             seen.events.iter().filter(|event| event.level == Level::WARN).collect();
         assert_eq!(warnings.len(), 1, "{warnings:#?}");
         assert_eq!(warnings[0].fields["rows"], "1");
-        assert_eq!(warnings[0].span, Some("claim"));
+        assert_eq!(warnings[0].span, Some("batch"));
         let rolled_back = seen
             .spans("batch")
             .into_iter()

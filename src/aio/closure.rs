@@ -60,6 +60,24 @@ where
     type Fut = Fut;
 }
 
+/// An `async` closure of three arguments, called any number of times, whose
+/// future type is named, so that a bound can require it to be `Send`: see
+/// [`AsyncFnMut2`]. The async failure hooks are such closures.
+pub trait AsyncFnMut3<A, B, D, T>:
+    AsyncFnMut(A, B, D) -> T + FnMut(A, B, D) -> <Self as AsyncFnMut3<A, B, D, T>>::Fut
+{
+    /// The future the closure returns.
+    type Fut: Future<Output = T>;
+}
+
+impl<F, A, B, D, T, Fut> AsyncFnMut3<A, B, D, T> for F
+where
+    F: AsyncFnMut(A, B, D) -> T + FnMut(A, B, D) -> Fut,
+    Fut: Future<Output = T>,
+{
+    type Fut = Fut;
+}
+
 /// An `async` closure of two arguments, called once, whose future type is
 /// named, so that a bound can require it to be `Send`: see [`AsyncFnMut2`].
 pub trait AsyncFnOnce2<A, B, T>:

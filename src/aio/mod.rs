@@ -152,9 +152,10 @@
 mod backend;
 mod claim;
 mod closure;
+mod drive;
+mod kind;
 mod lease;
 mod lock;
-mod mark;
 mod migrations;
 mod timed;
 mod transaction;
@@ -165,12 +166,12 @@ mod worker;
 pub use backend::establish_read_committed;
 pub use backend::AsyncBackend;
 pub use claim::{ClaimDsl, ClaimQuery};
-pub use closure::{scoped, AsyncFnMut1, AsyncFnMut2, AsyncFnOnce2};
+pub use closure::{scoped, AsyncFnMut1, AsyncFnMut2, AsyncFnMut3, AsyncFnOnce2};
+pub use kind::{FailureHook, MarkQuery, StampQuery, Takes};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
-pub use mark::MarkQuery;
 pub use migrations::run_migrations;
-pub use timed::{StampQuery, StampedRow};
+pub use timed::StampedRow;
 pub use versioned::{retry, VersionedDsl};
 pub use worker::WaitForRows;
 

@@ -94,14 +94,21 @@ where
 }
 
 /// Rolls back every transaction level above `depth`, stopping at the first
-/// rollback that fails (which leaves the transaction manager in its error state).
-async fn roll_back_to<C: AsyncConnection>(conn: &mut C, depth: u32) {
-    while matches!(transaction_depth(conn), Ok(current) if current > depth) {
-        if C::TransactionManager::rollback_transaction(conn)
-            .await
-            .is_err()
-        {
-            break;
+/// rollback that fails (which leaves the transaction manager in its error
+/// state); whether it got back to `depth`.
+pub(crate) async fn roll_back_to<C: AsyncConnection>(conn: &mut C, depth: u32) -> bool {
+    loop {
+        match transaction_depth(conn) {
+            Ok(current) if current > depth => {
+                if C::TransactionManager::rollback_transaction(conn)
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+            Ok(_) => return true,
+            Err(_) => return false,
         }
     }
 }

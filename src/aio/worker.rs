@@ -3,152 +3,168 @@
 //! diesel-async's notification stream.
 
 use std::future::Future;
+use std::hash::Hash;
 use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel_async::AsyncConnection;
+use futures_util::future::BoxFuture;
 
 use super::backend::AsyncBackend;
-use super::claim::{ClaimQuery, EachRow, Handler};
+use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
+use super::kind::{FailureHook, Takes};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
-use crate::claim::worker::Wait;
+use crate::claim::wait::Wait;
+use crate::claim::worker::{Backoff, Polling};
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHandle};
-use futures_util::future::BoxFuture;
 
 /// How often a waiting worker looks at its stop handle.
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(5);
 
-impl<Q> ClaimWorker<Q, Async> {
+impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     /// Runs the worker until stopped, awaiting `f` for every claimed row:
     /// see the blocking [`ClaimWorker`]. Idle, it waits with tokio timers;
     /// listening (PostgreSQL), it wakes when diesel-async receives the
     /// notification.
-    pub fn run<'a, C, R, E, F>(
+    pub fn run<'a, C, I, E, F>(
         self,
         conn: &'a mut C,
         f: F,
     ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
     where
-        Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+        Q: Send + Sync + 'a,
+        T: Takes<'a, Q, C, I> + 'a,
+        H: FailureHook<C, I, T::Row, E> + 'a,
         C: WaitForRows,
         C::Backend: AsyncBackend,
-        R: Send + 'a,
-        for<'c> F: AsyncFnMut(&'c mut C, R) -> Result<(), E>
-            + AsyncFnMut2<&'c mut C, R, Result<(), E>, Fut: Send>
+        I: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut C, I) -> Result<(), E>
+            + AsyncFnMut2<&'c mut C, I, Result<(), E>, Fut: Send>
             + Send
             + 'a,
         E: From<Error> + Send + 'a,
     {
         async move {
-            let mut once = ClaimRows {
-                claim: &self.claim,
-                handler: EachRow(f),
+            let ClaimWorker { mut claim, polling } = self;
+            let mut runs = Runs {
+                claim: &mut claim,
+                f: PerRow(f),
                 types: PhantomData,
             };
-            self.serve(conn, &mut once).await
+            serve(&polling, conn, &mut runs).await
         }
     }
 }
 
-/// One claim of a worker's loop, run over and over on a connection `C`.
-pub(super) trait ClaimOnce<C>: Send {
-    type Key;
+/// One claim of a worker's loop, run over and over on a connection `C`,
+/// leaving out the rows the worker backs off from.
+trait ClaimOnce<C>: Send {
+    type Key: Clone + Eq + Hash + Send;
     type Error;
 
     fn claim_once<'c>(
         &'c mut self,
         conn: &'c mut C,
+        excluded: Vec<Self::Key>,
     ) -> BoxFuture<'c, ClaimOutcome<Self::Key, Self::Error>>;
 }
 
-/// A claim whose rows go to `handler`, once per [`claim_once`](ClaimOnce::claim_once).
-/// (`'a`, `R` and `E` are the claim's: its future holds them.)
-pub(super) struct ClaimRows<'w, 'a, W, H, R, E> {
-    pub(super) claim: &'w W,
-    pub(super) handler: H,
-    pub(super) types: PhantomData<Holds<'a, R, E>>,
+/// A claim whose rows go to the closure `f`, once per
+/// [`claim_once`](ClaimOnce::claim_once). (`'a`, `I` and `E` are the
+/// claim's: its future holds them.)
+struct Runs<'w, 'a, B, F, I, E> {
+    claim: &'w mut B,
+    f: F,
+    types: PhantomData<Holds<'a, I, E>>,
 }
 
 /// The lifetime and the row and error types a claim's future holds.
-type Holds<'a, R, E> = (&'a (), fn() -> (R, E));
+type Holds<'a, I, E> = (&'a (), fn() -> (I, E));
 
-impl<'a, Q, C, R, E, H> ClaimOnce<C> for ClaimRows<'_, 'a, ClaimBuilder<Q, Async>, H, R, E>
+impl<'a, Q, T, H, C, I, E, F> ClaimOnce<C> for Runs<'_, 'a, ClaimBuilder<Q, Async, T, H>, F, I, E>
 where
-    Q: ClaimQuery<'a, C, R> + Send + Sync + 'a,
+    Q: Send + Sync + 'a,
+    T: Takes<'a, Q, C, I> + 'a,
+    H: FailureHook<C, I, T::Row, E> + 'a,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
-    R: Send + 'a,
-    H: Handler<C, R, E> + 'a,
+    I: Send + 'a,
+    F: Closure<C, I, E> + 'a,
     E: From<Error> + Send + 'a,
 {
-    type Key = Q::Key;
+    type Key = T::Key;
     type Error = E;
 
-    fn claim_once<'c>(&'c mut self, conn: &'c mut C) -> BoxFuture<'c, ClaimOutcome<Q::Key, E>> {
-        Box::pin(self.claim.once(conn, &mut self.handler))
+    fn claim_once<'c>(
+        &'c mut self,
+        conn: &'c mut C,
+        excluded: Vec<T::Key>,
+    ) -> BoxFuture<'c, ClaimOutcome<T::Key, E>> {
+        Box::pin(self.claim.run_once(conn, &mut self.f, excluded))
     }
 }
 
-impl<Q: Sync> ClaimWorker<Q, Async> {
-    /// The worker loop: runs `once` until stopped, waiting when it claimed
-    /// nothing; the twin of the blocking `serve`.
-    pub(super) async fn serve<C, K, E>(
-        &self,
-        conn: &mut C,
-        once: &mut (dyn ClaimOnce<C, Key = K, Error = E> + '_),
-    ) -> Result<ClaimReport, E>
-    where
-        C: WaitForRows,
-        E: From<Error>,
-    {
-        let span = self.span();
-        let totals = span.clone();
-        let worked = async {
-            self.check()?;
-            if let Some(channel) = &self.channel {
-                conn.listen(channel).await?;
-            }
-            let mut total = ClaimReport::default();
-            let mut pause = self.min_poll;
-            let worked = loop {
-                if self.stop.is_stopped() {
-                    break Ok(total);
-                }
-                let outcome = once.claim_once(conn).await;
-                total.add(&outcome.report);
-                if let Some(failure) = outcome.stopped {
-                    break Err(failure.error);
-                }
-                if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
-                    match conn.wait_for_rows(wait, &self.stop).await {
-                        Ok(true) => pause = self.min_poll,
-                        Ok(false) => {}
-                        Err(error) => break Err(error.into()),
-                    }
-                }
-            };
-            if let Some(channel) = &self.channel {
-                // A pooled connection goes back to the pool without it.
-                let unlistened = conn.unlisten(channel).await;
-                if worked.is_ok() {
-                    unlistened?;
-                }
-            }
-            worked
+/// The worker loop: runs `once` until stopped, leaving out the rows it backs
+/// off from, waiting when it claimed nothing; the twin of the blocking
+/// `Polling::serve`.
+async fn serve<C, K, E>(
+    polling: &Polling,
+    conn: &mut C,
+    once: &mut (dyn ClaimOnce<C, Key = K, Error = E> + '_),
+) -> Result<ClaimReport, E>
+where
+    C: WaitForRows,
+    K: Clone + Eq + Hash + Send,
+    E: From<Error>,
+{
+    let span = polling.span();
+    let totals = span.clone();
+    let worked = async {
+        polling.check()?;
+        if let Some(channel) = &polling.channel {
+            conn.listen(channel).await?;
         }
-        .instrument(span)
-        .await;
-        if let Ok(total) = &worked {
-            totals
-                .record("processed", total.processed)
-                .record("failed", total.failed);
+        let mut total = ClaimReport::default();
+        let mut pause = polling.min_poll;
+        let mut backoff = Backoff::new(polling.backoff);
+        let worked = loop {
+            if polling.stop.is_stopped() {
+                break Ok(total);
+            }
+            let outcome = once.claim_once(conn, backoff.excluded()).await;
+            let processed = match backoff.record(&mut total, outcome) {
+                Ok(processed) => processed,
+                Err(error) => break Err(error),
+            };
+            if let Some(wait) = polling.next_pause(processed, &mut pause) {
+                match conn.wait_for_rows(wait, &polling.stop).await {
+                    Ok(true) => pause = polling.min_poll,
+                    Ok(false) => {}
+                    Err(error) => break Err(error.into()),
+                }
+            }
+        };
+        if let Some(channel) = &polling.channel {
+            // A pooled connection goes back to the pool without it.
+            let unlistened = conn.unlisten(channel).await;
+            if worked.is_ok() {
+                unlistened?;
+            }
         }
         worked
     }
+    .instrument(span)
+    .await;
+    if let Ok(total) = &worked {
+        totals
+            .record("processed", total.processed)
+            .record("failed", total.failed);
+    }
+    worked
 }
 
 /// How a diesel-async connection waits for new rows between a worker's
@@ -190,7 +206,7 @@ mod pg {
     use futures_util::{FutureExt, StreamExt};
 
     use super::*;
-    use crate::claim::worker::{check_channel, quoted};
+    use crate::claim::wait::{check_channel, quoted};
 
     /// Runs `LISTEN` or `UNLISTEN` (`verb`) on `channel`.
     async fn listening(
@@ -251,11 +267,11 @@ mod pg {
 #[cfg(feature = "mysql_backend")]
 impl WaitForRows for diesel_async::AsyncMysqlConnection {
     fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        futures_util::future::ready(crate::claim::worker::no_notifications(channel))
+        futures_util::future::ready(crate::claim::wait::no_notifications(channel))
     }
 
     fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        futures_util::future::ready(crate::claim::worker::no_notifications(channel))
+        futures_util::future::ready(crate::claim::wait::no_notifications(channel))
     }
 
     fn wait_for_rows(

@@ -4,13 +4,14 @@
 //! report says; a driver (blocking in [`super`], async in `aio`) runs the
 //! statements it asks for and reports back what they returned.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::Hash;
+use std::sync::Arc;
 
-use super::query::ClaimStatements;
+use super::page::Page;
 use super::report::ClaimReport;
 use crate::locking::LockClause;
-use crate::sql::{KeyRange, Lower};
+use crate::sql::KeyRange;
 use crate::trace::{self, Span};
 use crate::{Error, StopHandle};
 
@@ -42,9 +43,20 @@ const CONTENDED_PAGE_SIZE: (i64, i64) = (16_384, 65_536);
 /// again four times larger (see [`Claim::contended`]).
 const MIN_ROWS_PER_PAGE: u64 = 64;
 
+/// Keys a claim from the head leaves out of its takes, at most: a run that
+/// would leave out more (rows that keep failing, or that its closure leaves
+/// matching) ends, and the next run starts afresh. Each is a bound parameter
+/// of every take.
+pub(crate) const MAX_EXCLUDED: usize = 1000;
+
+/// Rows a worker's run from the head hands over, at most, before the worker
+/// starts the next run: a run remembers every key it has handed over, so
+/// that none comes back twice in it.
+const WORKER_RUN_ROWS: usize = 10_000;
+
 /// The statement a claim takes its rows with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Taking {
+pub enum Taking {
     /// A locking select: rows come back in the claim order.
     Select,
     /// A marking `UPDATE … RETURNING`: rows come back in no particular order,
@@ -80,13 +92,18 @@ pub(crate) struct Plan {
     pub(crate) stop: Option<StopHandle>,
     /// A worker runs the claim over and over: its span is at debug level.
     pub(crate) in_worker: bool,
+    /// Each take re-runs the query from its head, with no candidates read
+    /// first (see [`Claim::from_head`]).
+    pub(crate) from_head: bool,
 }
 
 /// One run of a claim, as a state machine: [`next`](Self::next) says what to
 /// read or claim next, and the driver (blocking here, async in `aio`) reports
 /// back what it read. Everything but the I/O and the closure is decided here, so
 /// both drivers claim alike.
-pub(crate) struct Claim<K> {
+// Public in name only, as the kinds' trait returns it; not reachable.
+#[allow(missing_debug_implementations)]
+pub struct Claim<K> {
     pub(crate) clause: LockClause,
     pub(crate) taking: Taking,
     /// Rows come back in the claim order and tell their own positions: a
@@ -100,9 +117,9 @@ pub(crate) struct Claim<K> {
     /// `nowait` was asked for: a lock taken up front (SQLite's write lock) is
     /// not waited for either.
     pub(crate) nowait: bool,
-    /// See [`Plan::keep_going`].
-    pub(crate) keep_going: bool,
-    ordered_by_key: bool,
+    /// See [`Plan::keep_going`] (for the span).
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    keep_going: bool,
     stop: Option<StopHandle>,
     /// See [`Plan::in_worker`].
     in_worker: bool,
@@ -123,6 +140,18 @@ pub(crate) struct Claim<K> {
     contended: bool,
     drain: bool,
     remaining: u64,
+    /// Candidate keys a page read may return, at most: the page size, or
+    /// fewer when `max_rows` leaves fewer rows to take.
+    asked: i64,
+    /// Takes go from the head of the query, each in one locking statement;
+    /// nothing else is read ([`State::Head`]).
+    from_head: bool,
+    /// From the head: the keys handed over so far, which a take that meets
+    /// them again (the closure left them matching) passes over.
+    handed: HashSet<K>,
+    /// Keys every statement leaves out, and the same shared by the ranges.
+    excluded: Vec<K>,
+    excluded_shared: Arc<[K]>,
     report: ClaimReport,
     /// Candidates found locked by others in this pass, to retry in the next
     /// (only when draining, on backends with row locks): those of each page,
@@ -153,6 +182,9 @@ pub(crate) enum Step<K> {
 }
 
 enum State<K> {
+    /// Taking from the head of the query, until a take comes back short (or,
+    /// draining, empty).
+    Head,
     /// A pass begins: the candidates found locked in the last pass come first.
     Pass,
     /// Retrying those, page by page.
@@ -204,7 +236,6 @@ impl<K> Claim<K> {
             fail_on_locked: plan.row_locks && plan.fail_on_locked,
             nowait: plan.fail_on_locked,
             keep_going: plan.keep_going,
-            ordered_by_key: plan.ordered_by_key,
             stop: plan.stop,
             in_worker: plan.in_worker,
             batch: plan.batch,
@@ -230,9 +261,18 @@ impl<K> Claim<K> {
             contended: false,
             drain: plan.drain,
             remaining: plan.max_rows.unwrap_or(u64::MAX),
+            asked: 0,
+            from_head: plan.from_head,
+            handed: HashSet::new(),
+            excluded: Vec::new(),
+            excluded_shared: Arc::new([]),
             report: ClaimReport::default(),
             retry: Vec::new(),
-            state: State::Pass,
+            state: if plan.from_head {
+                State::Head
+            } else {
+                State::Pass
+            },
             cursor: None,
             locked: 0,
             processed_before_pass: 0,
@@ -241,16 +281,18 @@ impl<K> Claim<K> {
 }
 
 impl<K> Claim<K> {
-    /// The span of one call of this claim on rows of `S`'s table: its options,
+    /// The span of one call of this claim on rows of `table`: its options,
     /// and, recorded when it ends ([`ClaimOutcome::record`]), its report.
     ///
     /// [`ClaimOutcome::record`]: super::ClaimOutcome::record
-    pub(crate) fn span<S: ClaimStatements<DB, R>, DB, R>(&self) -> Span {
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    pub(crate) fn span(&self, table: &str) -> Span {
         macro_rules! claim_span {
             ($level:ident) => {
                 trace::$level!(
                     "claim",
-                    table = %S::table_name(),
+                    table,
+                    from_head = self.from_head,
                     batch = self.batch,
                     max_rows = (self.remaining < u64::MAX).then_some(self.remaining),
                     drain = self.drain,
@@ -289,8 +331,34 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             // Between two statements: the last batch has committed.
             return Step::Done;
         }
+        match self.step() {
+            Step::Candidates(range, limit) => {
+                Step::Candidates(range.excluding(self.excluded_shared.clone()), limit)
+            }
+            Step::StillMatching(range) => {
+                Step::StillMatching(range.excluding(self.excluded_shared.clone()))
+            }
+            Step::Batch(range, limit) => {
+                Step::Batch(range.excluding(self.excluded_shared.clone()), limit)
+            }
+            Step::Done => Step::Done,
+        }
+    }
+
+    /// What to do next, the ranges without the keys left out.
+    fn step(&mut self) -> Step<K> {
         loop {
             match std::mem::replace(&mut self.state, State::Done) {
+                State::Head => {
+                    if self.remaining == 0 || self.excluded.len() > MAX_EXCLUDED {
+                        return Step::Done;
+                    }
+                    if self.report.passes == 0 {
+                        self.report.passes = 1;
+                    }
+                    self.state = State::Head;
+                    return Step::Batch(KeyRange::whole(), self.next_limit());
+                }
                 State::Pass => {
                     self.report.passes += 1;
                     self.processed_before_pass = self.report.processed;
@@ -319,12 +387,14 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                 }
                 State::Scan if self.remaining > 0 => {
                     self.state = State::Scanning;
-                    return Step::Candidates(KeyRange::after(self.cursor.clone()), self.page_size);
+                    // Never more candidates than the call may still take.
+                    self.asked = i64::try_from(self.remaining)
+                        .map_or(self.page_size, |left| left.min(self.page_size));
+                    return Step::Candidates(KeyRange::after(self.cursor.clone()), self.asked);
                 }
                 State::Scan => self.state = State::PassEnd,
                 State::Page(page, then) if self.remaining > 0 && !page.exhausted => {
-                    let limit = i64::try_from(self.remaining)
-                        .map_or(self.batch, |left| left.min(self.batch));
+                    let limit = self.next_limit();
                     let range = page.next_range();
                     self.state = State::Page(page, then);
                     return Step::Batch(range, limit);
@@ -371,6 +441,22 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         }
     }
 
+    /// How many rows the next take may take: a batch, or what is left of
+    /// `max_rows`.
+    fn next_limit(&self) -> i64 {
+        i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch))
+    }
+
+    /// Leaves the rows at `keys` out of every statement from here on: rows a
+    /// worker backs off from, and rows that failed in this call.
+    pub(crate) fn exclude(&mut self, keys: impl IntoIterator<Item = K>) {
+        let before = self.excluded.len();
+        self.excluded.extend(keys);
+        if self.excluded.len() > before {
+            self.excluded_shared = self.excluded.iter().cloned().collect();
+        }
+    }
+
     /// A page's takes passed over `passed_over` of its `candidates`, which
     /// other workers held or had taken, and took `taken` rows: the claim is
     /// contended. Workers that all start at the head of the same page pass over
@@ -411,7 +497,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
 
     /// The keys [`Step::Candidates`] read.
     pub(crate) fn candidates(&mut self, mut keys: Vec<K>) {
-        let full_page = keys.len() as i64 == self.page_size;
+        let full_page = keys.len() as i64 == self.asked;
         // A join to many rows repeats a key.
         let mut seen = HashSet::with_capacity(keys.len());
         keys.retain(|key| seen.insert(key.clone()));
@@ -476,11 +562,47 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         limit: i64,
         key_of: impl Fn(&R) -> K,
     ) -> Result<Vec<R>, Error> {
+        if self.from_head {
+            return Ok(self.taken_from_head(rows, limit, key_of));
+        }
         let (ordered, marked) = (self.rows_tell_positions, self.taking != Taking::Select);
         let State::Page(page, _) = &mut self.state else {
             unreachable!("rows taken outside a page");
         };
         page.record(rows, limit, ordered, marked, key_of)
+    }
+
+    /// [`taken`](Self::taken), from the head: rows handed over before in this
+    /// call (left matching by their closure) are passed over, and left out of
+    /// the next takes. A take that came back short ends the call (draining,
+    /// one that came back empty); so does a worker's run past
+    /// [`WORKER_RUN_ROWS`], whose next run starts afresh.
+    fn taken_from_head<R>(
+        &mut self,
+        mut rows: Vec<R>,
+        limit: i64,
+        key_of: impl Fn(&R) -> K,
+    ) -> Vec<R> {
+        let returned = rows.len() as i64;
+        let mut again = Vec::new();
+        rows.retain(|row| {
+            let key = key_of(row);
+            let new = self.handed.insert(key.clone());
+            if !new {
+                again.push(key);
+            }
+            new
+        });
+        self.exclude(again);
+        let ran_dry = if self.drain {
+            returned == 0
+        } else {
+            returned < limit
+        };
+        if ran_dry || (self.in_worker && self.handed.len() >= WORKER_RUN_ROWS) {
+            self.state = State::Done;
+        }
+        rows
     }
 
     /// With [`nowait`](crate::ClaimBuilder::nowait), the range to read keys of (without
@@ -517,40 +639,21 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         self.remaining -= rows as u64;
     }
 
-    /// `rows` taken were rolled back by their closure's failure and are passed
-    /// over ([`Plan::keep_going`]).
-    pub(crate) fn failed(&mut self, rows: usize) {
-        trace::warning!(
-            rows,
-            "a closure failed: its rows are passed over (keep_going)"
-        );
-        self.report.failed += rows as u64;
+    /// The rows at `keys` failed (their closure returned an error or
+    /// panicked) and the call goes on without them. From the head, they are
+    /// left out of the next takes: a failure hook may have left them
+    /// matching.
+    pub(crate) fn failed(&mut self, keys: Vec<K>) {
+        self.report.failed += keys.len() as u64;
+        if self.from_head {
+            self.exclude(keys);
+        }
     }
 
-    /// A row of a failed batch, retried alone, was no longer there to take.
+    /// A row taken was gone before the closure got it: another worker took
+    /// it since (a visibility timeout's stamp ran out).
     pub(crate) fn gone(&mut self) {
         self.report.gone += 1;
-    }
-
-    /// A row of a failed batch could not be retried alone: it stays pending.
-    pub(crate) fn left_pending(&mut self) {
-        self.report.not_reached += 1;
-    }
-
-    /// The range holding only the row at `key`, of the page being claimed, for
-    /// a take that retries that row alone; `None` if its position in the claim
-    /// order is unknown (a row that was not a candidate, in an order other
-    /// than the key's).
-    pub(crate) fn only(&self, key: &K) -> Option<KeyRange<K>> {
-        let position = match &self.state {
-            State::Page(page, _) => page.position.get(key).map(|&index| &page.keys[index]),
-            _ => None,
-        };
-        let position = position.or(self.ordered_by_key.then_some(key))?;
-        Some(KeyRange {
-            lower: Lower::From(position.clone()),
-            through: Some(position.clone()),
-        })
     }
 
     /// What the claim has done so far; once it is done, its report.
@@ -562,249 +665,6 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             skipped: locked + self.report.gone,
             ..self.report
         }
-    }
-}
-
-/// A page of candidates' positions, in the order its takes go through them,
-/// and what has become of them.
-///
-/// The takes go through a page in one stretch, or in two when it starts
-/// further in ([`Page::new`]): from there to its end, then from its head to
-/// where they started.
-struct Page<K> {
-    /// Where the next batch starts: at the first candidate of its stretch, then
-    /// past the furthest candidate claimed so far. Not at the cursor: the rows
-    /// between it and the first candidate were done when the page was read (by
-    /// other workers, often), and a take starting there would step over every
-    /// one of them inside its transaction.
-    next: Lower<K>,
-    /// The candidates in the order the takes go through them: in the claim
-    /// order from where the page starts, then from its head.
-    keys: Vec<K>,
-    /// Where in `keys` the page's head is (`keys.len()` when the page starts
-    /// at its head).
-    head: usize,
-    /// Where in `keys` the takes' stretch ends (exclusive).
-    stretch_end: usize,
-    position: HashMap<K, usize>,
-    processed: Vec<bool>,
-    /// Rows processed that were not candidates: inserted since the scan, or,
-    /// when open-ended, beyond the page.
-    newcomers: HashSet<K>,
-    /// Takes run past the page's last key, to its first claimable rows
-    /// wherever they are: the page's keys only tell which candidates the takes
-    /// passed over. Else takes keep to the page.
-    open_ended: bool,
-    /// The page has no more to give.
-    exhausted: bool,
-    /// The last take came back short: nothing more in its range is claimable.
-    ran_dry: bool,
-    /// How far the takes have gone through the range, inclusive (`None`: to the
-    /// end of it, when open-ended).
-    reached: Option<K>,
-    /// The furthest candidate processed, by its place in the page.
-    furthest: Option<usize>,
-    /// Made of candidates found locked in the last pass: rows of its range
-    /// that are not among them are not handed over.
-    retrying: bool,
-}
-
-impl<K: Clone + Eq + Hash> Page<K> {
-    /// A page of `keys`, in the claim order, whose takes begin at `keys[start]`.
-    /// Workers that read the same page at once, each from a place of its own,
-    /// take rows apart from one another rather than pass over each other's.
-    /// An open-ended page starts at its head.
-    fn new(mut keys: Vec<K>, open_ended: bool, start: usize) -> Self {
-        debug_assert!(start < keys.len() && (start == 0 || !open_ended));
-        keys.rotate_left(start);
-        let head = keys.len() - start;
-        let position = keys.iter().cloned().zip(0..).collect();
-        Page {
-            next: Lower::From(keys.first().expect("a page has at least one key").clone()),
-            processed: vec![false; keys.len()],
-            head,
-            stretch_end: head,
-            keys,
-            position,
-            newcomers: HashSet::new(),
-            open_ended,
-            exhausted: false,
-            ran_dry: false,
-            reached: None,
-            furthest: None,
-            retrying: false,
-        }
-    }
-
-    /// The page's first key in the claim order.
-    fn first(&self) -> &K {
-        &self.keys[self.head % self.keys.len()]
-    }
-
-    /// The page's keys in the claim order.
-    fn in_claim_order(&self) -> impl Iterator<Item = &K> {
-        self.keys[self.head..].iter().chain(&self.keys[..self.head])
-    }
-
-    /// The page's last key in the claim order.
-    fn last(&self) -> &K {
-        &self.keys[self.head - 1]
-    }
-
-    /// The last key of the stretch the takes are in.
-    fn stretch_last(&self) -> &K {
-        &self.keys[self.stretch_end - 1]
-    }
-
-    /// The takes are done with their stretch: they go on from the page's head,
-    /// or, past both stretches, the page has no more to give.
-    fn end_stretch(&mut self) {
-        if self.stretch_end < self.keys.len() {
-            self.next = Lower::From(self.keys[self.stretch_end].clone());
-            self.stretch_end = self.keys.len();
-        } else {
-            self.exhausted = true;
-        }
-    }
-
-    fn whole_range(&self) -> KeyRange<K> {
-        KeyRange {
-            lower: Lower::From(self.first().clone()),
-            through: Some(self.last().clone()),
-        }
-    }
-
-    fn next_range(&self) -> KeyRange<K> {
-        KeyRange {
-            lower: self.next.clone(),
-            through: (!self.open_ended).then(|| self.stretch_last().clone()),
-        }
-    }
-
-    /// Where the scan for candidates goes on from after this page.
-    fn scanned_through(&self) -> K {
-        match &self.next {
-            Lower::After(key) if self.open_ended => key.clone(),
-            _ => self.last().clone(),
-        }
-    }
-
-    /// Unprocessed candidates the takes went past: all of them, unless the
-    /// page was left before its end (`max_rows` reached), when those beyond the
-    /// furthest one processed, in the order the takes go, were not reached.
-    fn passed_over(&self) -> impl Iterator<Item = &K> {
-        let end = if self.exhausted {
-            self.keys.len()
-        } else {
-            self.furthest.map_or(0, |index| index + 1)
-        };
-        self.keys[..end]
-            .iter()
-            .zip(&self.processed)
-            .filter(|(_, processed)| !**processed)
-            .map(|(key, _)| key)
-    }
-
-    /// Rows the page's takes processed, candidates or not.
-    fn taken(&self) -> u64 {
-        (self
-            .processed
-            .iter()
-            .filter(|processed| **processed)
-            .count()
-            + self.newcomers.len()) as u64
-    }
-
-    fn unprocessed(&self) -> impl Iterator<Item = &K> {
-        self.keys
-            .iter()
-            .zip(&self.processed)
-            .filter(|(_, processed)| !**processed)
-            .map(|(key, _)| key)
-    }
-
-    /// Records the rows a batch claimed (`limit` asked for) and moves the page
-    /// on. `ordered`: the rows tell their own positions (see
-    /// [`Claim::rows_tell_positions`]); `marked`: they were marked.
-    fn record<R>(
-        &mut self,
-        mut rows: Vec<R>,
-        limit: i64,
-        ordered: bool,
-        marked: bool,
-        key_of: impl Fn(&R) -> K,
-    ) -> Result<Vec<R>, Error> {
-        // Fewer rows than asked for: nothing more in the range is claimable now.
-        self.ran_dry = (rows.len() as i64) < limit;
-        let whole_range = self.next_range().through;
-        // A join to many rows repeats a key.
-        let mut in_batch = HashSet::with_capacity(rows.len());
-        rows.retain(|row| in_batch.insert(key_of(row)));
-        if marked {
-            // Marked rows come back in no order: hand them over in the claim
-            // order, newcomers last.
-            let place = |row: &R| self.position.get(&key_of(row)).copied();
-            rows.sort_by_cached_key(|row| place(row).unwrap_or(usize::MAX));
-        }
-        let last = rows.last().map(&key_of);
-        let mut furthest = None;
-        let mut seen_before = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let key = key_of(row);
-            seen_before.push(match self.position.get(&key) {
-                Some(&index) => {
-                    furthest = furthest.max(Some(index));
-                    std::mem::replace(&mut self.processed[index], true)
-                }
-                // A retried page's range holds rows this call processed
-                // before, which the closure may have left matching: only its
-                // own keys are handed over (the others' locks go at commit).
-                None if self.retrying => true,
-                None => !self.newcomers.insert(key),
-            });
-        }
-        // Only possible when the takes go on from the furthest candidate (a
-        // mark, or an order other than the key's): a row that moved into the
-        // range since it was read, or was inserted into it, may lie beyond.
-        if seen_before.contains(&true) {
-            if marked {
-                return Err(Error::UnexpectedOutcome(
-                    "a claimed row came back a second time in one call: the mark must take \
-                     rows out of the query (set what its filter tests)"
-                        .to_owned(),
-                ));
-            }
-            // Rows the closure left matching: not handed over twice.
-            let mut seen_before = seen_before.into_iter();
-            rows.retain(|_| !seen_before.next().unwrap_or(false));
-        }
-        self.furthest = self.furthest.max(furthest);
-        let next = if ordered {
-            // The last row taken, handed over or not: the takes go on past it.
-            last
-        } else {
-            // Rows that do not tell their positions: past the furthest candidate
-            // claimed. A batch that claimed no candidate made no progress
-            // through the page.
-            furthest.map(|index| self.keys[index].clone())
-        };
-        self.reached = match &next {
-            Some(next) if !self.ran_dry => Some(next.clone()),
-            _ => whole_range,
-        };
-        let mut stretch_done = self.ran_dry || next.is_none();
-        if let Some(next) = next {
-            // Open-ended, a take that ended on a key not in the page went past
-            // it (or, rarely, on a row inserted into it since the scan): the
-            // scan goes on from there.
-            stretch_done |= &next == self.stretch_last()
-                || (self.open_ended && !self.position.contains_key(&next));
-            self.next = Lower::After(next);
-        }
-        if stretch_done {
-            self.end_stretch();
-        }
-        Ok(rows)
     }
 }
 
@@ -824,330 +684,4 @@ fn random_below(n: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::LockStrength;
-    use std::collections::{BTreeSet, HashMap};
-
-    /// A claim of rows that are their own keys, per row, pages of two keys,
-    /// with row locks.
-    fn claim(drain: bool) -> Claim<i64> {
-        Claim::new(Plan {
-            clause: LockClause {
-                strength: LockStrength::NoKeyUpdate,
-                skip_locked: true,
-                of: None,
-            },
-            taking: Taking::Select,
-            row_locks: true,
-            update_returning: true,
-            grow_contended_pages: true,
-            fail_on_locked: false,
-            batch: 1,
-            page_size: Some(2),
-            drain,
-            max_rows: None,
-            ordered_by_key: true,
-            keep_going: false,
-            stop: None,
-            in_worker: false,
-        })
-    }
-
-    /// Reads the page `keys` and claims every row offered until the page is done.
-    fn claim_page(claim: &mut Claim<i64>, keys: Vec<i64>) -> Vec<Lower<i64>> {
-        let Step::Candidates(..) = claim.next() else {
-            panic!("expected a candidate read");
-        };
-        let mut takes_from = Vec::new();
-        claim.candidates(keys.clone());
-        for key in keys {
-            let Step::Batch(range, limit) = claim.next() else {
-                panic!("expected a batch");
-            };
-            takes_from.push(range.lower);
-            let rows = claim.taken(vec![key], limit, |row| *row).unwrap();
-            claim.processed(rows.len());
-        }
-        takes_from
-    }
-
-    /// Rows between the end of one page and the first candidate of the next were
-    /// done when the page was read: the takes start at the candidate, rather than
-    /// step over them.
-    #[test]
-    fn takes_start_at_the_first_candidate_of_their_page() {
-        for drain in [false, true] {
-            let mut claim = claim(drain);
-            let takes_from = claim_page(&mut claim, vec![1, 2]);
-            assert!(
-                matches!(takes_from[..], [Lower::From(1), Lower::After(1)]),
-                "drain {drain}: {takes_from:?}"
-            );
-            // Rows 3 to 5 were claimed by someone else meanwhile.
-            let takes_from = claim_page(&mut claim, vec![6, 7]);
-            assert!(
-                matches!(takes_from[..], [Lower::From(6), Lower::After(6)]),
-                "drain {drain}: {takes_from:?}"
-            );
-        }
-    }
-
-    /// The keys of `pending` in `range`.
-    fn in_range<'a>(
-        pending: &'a BTreeSet<i64>,
-        range: &KeyRange<i64>,
-    ) -> impl Iterator<Item = i64> + 'a {
-        use std::ops::Bound;
-        let lower = match range.lower {
-            Lower::Unbounded => Bound::Unbounded,
-            Lower::After(key) => Bound::Excluded(key),
-            Lower::From(key) => Bound::Included(key),
-        };
-        let upper = range.through.map_or(Bound::Unbounded, Bound::Included);
-        pending.range((lower, upper)).copied()
-    }
-
-    /// Runs `claim` to its end as a database would: `pending` rows match, of
-    /// which `held` are locked by others; a take gets the first `limit` rows
-    /// of its range that match and are not held, and processes them. Returns
-    /// the sizes of the pages read and where each take began.
-    fn run(
-        claim: &mut Claim<i64>,
-        pending: &mut BTreeSet<i64>,
-        held: &HashSet<i64>,
-    ) -> (Vec<i64>, Vec<Lower<i64>>) {
-        let (mut pages, mut takes) = (Vec::new(), Vec::new());
-        loop {
-            match claim.next() {
-                Step::Candidates(range, limit) => {
-                    pages.push(limit);
-                    claim.candidates(in_range(pending, &range).take(limit as usize).collect());
-                }
-                Step::StillMatching(range) => {
-                    claim.still_matching(in_range(pending, &range).collect());
-                }
-                Step::Batch(range, limit) => {
-                    let rows: Vec<i64> = in_range(pending, &range)
-                        .filter(|key| !held.contains(key))
-                        .take(limit as usize)
-                        .collect();
-                    takes.push(range.lower);
-                    let rows = claim.taken(rows, limit, |row| *row).unwrap();
-                    for row in &rows {
-                        pending.remove(row);
-                    }
-                    claim.processed(rows.len());
-                }
-                Step::Done => return (pages, takes),
-            }
-        }
-    }
-
-    /// A claim by key, per row, with row locks and the default pages.
-    fn default_claim(drain: bool) -> Claim<i64> {
-        let mut claim = claim(drain);
-        claim.page_size_given = false;
-        claim.page_size = if drain {
-            DEFAULT_PAGE_SIZE
-        } else {
-            MIN_OPEN_PAGE_SIZE
-        };
-        claim
-    }
-
-    /// A drain retries the candidates it found locked as pages, each take
-    /// passing over as many rows as a batch holds, rather than one
-    /// transaction per row; rows of a retried page's range that the call
-    /// processed before and the closure left matching are not handed over
-    /// again.
-    #[test]
-    fn a_drain_retries_the_rows_it_found_locked_page_by_page() {
-        let mut claim = default_claim(true);
-        claim.batch = 10;
-        let mut pending: BTreeSet<i64> = (1..=100).collect();
-        // Held by other workers during the first pass.
-        let held = |key: &i64| key % 2 == 0;
-        // Left matching by the closure.
-        let left_matching = |key: &i64| key % 10 == 1;
-        let mut handed: HashMap<i64, u32> = HashMap::new();
-        let mut takes_in_pass: HashMap<u32, u32> = HashMap::new();
-        loop {
-            match claim.next() {
-                Step::Candidates(range, limit) => {
-                    claim.candidates(in_range(&pending, &range).take(limit as usize).collect());
-                }
-                Step::StillMatching(range) => {
-                    claim.still_matching(in_range(&pending, &range).collect());
-                }
-                Step::Batch(range, limit) => {
-                    let first_pass = claim.report.passes == 1;
-                    let rows: Vec<i64> = in_range(&pending, &range)
-                        .filter(|key| !(first_pass && held(key)))
-                        .take(limit as usize)
-                        .collect();
-                    *takes_in_pass.entry(claim.report.passes).or_default() += 1;
-                    let rows = claim.taken(rows, limit, |row| *row).unwrap();
-                    for row in &rows {
-                        *handed.entry(*row).or_default() += 1;
-                        if !left_matching(row) {
-                            pending.remove(row);
-                        }
-                    }
-                    claim.processed(rows.len());
-                }
-                Step::Done => break,
-            }
-        }
-        assert_eq!(handed.len(), 100, "every row handed over");
-        assert!(handed.values().all(|times| *times == 1), "{handed:?}");
-        assert_eq!(claim.report.processed, 100);
-        // 50 rows retried in batches of 10: a few takes, not 50.
-        let retry_takes = takes_in_pass[&2];
-        assert!(retry_takes <= 10, "{retry_takes} takes retried 50 rows");
-    }
-
-    /// A page that starts further in is taken from there to its end, then from
-    /// its head to where it started, every candidate once.
-    #[test]
-    fn a_page_starting_further_in_is_taken_in_two_stretches() {
-        let mut page = Page::new((1..=10).collect(), false, 4);
-        assert!(matches!(
-            page.next_range(),
-            KeyRange {
-                lower: Lower::From(5),
-                through: Some(10)
-            }
-        ));
-        page.record(vec![5, 6, 7], 3, true, false, |row| *row)
-            .unwrap();
-        assert!(matches!(
-            page.next_range(),
-            KeyRange {
-                lower: Lower::After(7),
-                through: Some(10)
-            }
-        ));
-        // Row 9 is held by another worker.
-        page.record(vec![8, 10], 3, true, false, |row| *row)
-            .unwrap();
-        assert!(matches!(
-            page.next_range(),
-            KeyRange {
-                lower: Lower::From(1),
-                through: Some(4)
-            }
-        ));
-        assert!(!page.exhausted);
-        page.record(vec![1, 2], 3, true, false, |row| *row).unwrap();
-        assert!(page.exhausted);
-        assert_eq!(page.passed_over().copied().collect::<Vec<_>>(), [9, 3, 4]);
-        assert!(matches!(
-            page.whole_range(),
-            KeyRange {
-                lower: Lower::From(1),
-                through: Some(10)
-            }
-        ));
-        assert_eq!(page.scanned_through(), 10);
-    }
-
-    /// A page left before its end passes over only what its takes went
-    /// through, in the order they went.
-    #[test]
-    fn a_page_left_early_passes_over_what_its_takes_went_through() {
-        let mut page = Page::new((1..=10).collect(), false, 7);
-        // Row 8 is held by another worker; rows 9 and 10 are taken.
-        page.record(vec![9, 10], 2, true, false, |row| *row)
-            .unwrap();
-        assert_eq!(page.passed_over().copied().collect::<Vec<_>>(), [8]);
-        assert_eq!(page.unprocessed().count(), 8);
-    }
-
-    /// Alone, a claim goes through its pages from their heads, in key order.
-    #[test]
-    fn a_claim_alone_takes_rows_in_key_order() {
-        for drain in [false, true] {
-            let mut claim = default_claim(drain);
-            let mut pending = (1..=3000).collect();
-            let (_, takes) = run(&mut claim, &mut pending, &HashSet::new());
-            assert!(pending.is_empty());
-            assert!(!claim.contended, "drain {drain}");
-            // Where each take could first find a row.
-            let from: Vec<i64> = takes
-                .iter()
-                .map(|lower| match lower {
-                    Lower::From(key) => *key,
-                    Lower::After(key) => key + 1,
-                    Lower::Unbounded => i64::MIN,
-                })
-                .collect();
-            assert_eq!(
-                from[..3000],
-                (1..=3000).collect::<Vec<_>>(),
-                "drain {drain}"
-            );
-        }
-    }
-
-    /// Runs `claim` over 40,000 pending rows of which others hold the first
-    /// 50 and every row but one in eight: the claim is contended, leaves no
-    /// free row, and processes every free one. Returns `run`'s pages and takes;
-    /// the first page is the open-ended one.
-    fn run_among_others(claim: &mut Claim<i64>) -> (Vec<i64>, Vec<Lower<i64>>) {
-        let held: HashSet<i64> = (1..=50)
-            .chain((51..=40_000).filter(|key| key % 8 != 0))
-            .collect();
-        let mut pending: BTreeSet<i64> = (1..=40_000).collect();
-        let (pages, takes) = run(claim, &mut pending, &held);
-        assert!(claim.contended);
-        assert!(
-            pending.iter().all(|key| held.contains(key)),
-            "a free row was left"
-        );
-        assert_eq!(claim.report().processed, 40_000 / 8 - 6);
-        assert_eq!(pages[0], MIN_OPEN_PAGE_SIZE);
-        (pages, takes)
-    }
-
-    /// Once a take has passed over rows others hold, the next pages start at
-    /// places of their own, grow while others take most of them, and still
-    /// offer every row that matches and is not held.
-    #[test]
-    fn a_contended_claim_spreads_out_over_its_pages() {
-        let mut starts = HashSet::new();
-        for _ in 0..3 {
-            let mut claim = default_claim(false);
-            let (pages, takes) = run_among_others(&mut claim);
-            // The open-ended first page, then closed ones that grow.
-            assert!(
-                pages[1..].windows(2).all(|pair| pair[0] <= pair[1]),
-                "{pages:?}"
-            );
-            assert!(pages[1] >= DEFAULT_PAGE_SIZE && pages[pages.len() - 1] > pages[1]);
-            // The first page after the open-ended one starts where it will.
-            starts.extend(takes.iter().find_map(|lower| match lower {
-                Lower::From(key) if *key > 100 => Some(*key),
-                _ => None,
-            }));
-        }
-        assert!(
-            starts.len() > 1,
-            "every page started at its head: {starts:?}"
-        );
-    }
-
-    /// On a backend whose contended pages do not grow (MySQL), the same
-    /// claim spreads out over pages of the default size, and still offers
-    /// every row that matches and is not held.
-    #[test]
-    fn a_contended_claim_keeps_its_page_size_where_pages_do_not_grow() {
-        let mut claim = default_claim(false);
-        claim.grow_contended_pages = false;
-        let (pages, _) = run_among_others(&mut claim);
-        assert!(
-            pages[1..].iter().all(|&page| page == DEFAULT_PAGE_SIZE),
-            "{pages:?}"
-        );
-    }
-}
+mod tests;

@@ -1,37 +1,39 @@
 //! Claiming: process each row of a query at most once across workers.
+//!
+//! One builder, [`ClaimBuilder`], carries a claim's options, its kind (how
+//! it takes rows: [`kind`]) and its failure hook; every kind runs through
+//! the same methods (`run.rs` here, `aio/claim.rs` for diesel-async), which
+//! drive the one engine (`engine.rs`) with the kind's statements.
 
-use std::hash::Hash;
 use std::marker::PhantomData;
-use std::panic::{self, AssertUnwindSafe};
-
-use diesel::connection::LoadConnection;
-use diesel::prelude::*;
-use diesel::query_builder::Query;
 
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
-use crate::locking::{LockClause, LockOptions};
-use crate::sql::{KeyRange, Position};
-use crate::trace;
-use crate::transaction::{
-    again_if_moved, locking_read, locking_transaction, transaction_depth, transaction_outcome,
-};
+use crate::locking::LockOptions;
+use crate::sql::Position;
+
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;
+pub mod kind;
+mod page;
 pub(crate) mod query;
 mod report;
+pub(crate) mod run;
 pub(crate) mod timed;
+pub(crate) mod wait;
 pub(crate) mod worker;
 
-use engine::{Claim, Plan, Step, Taking};
+use engine::{Claim, Plan, Taking};
+use kind::{Mark, NoHook, OnFailure, Replica, Select};
 pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
-pub use timed::{Claimed, StampedRow, TimedClaim, TimedWorker};
+pub use timed::{Claimed, StampedRow};
 #[cfg(feature = "postgres_backend")]
-pub use worker::notify;
-pub use worker::{ClaimWorker, StopHandle, WaitForRows};
+pub use wait::notify;
+pub use wait::WaitForRows;
+pub use worker::{ClaimWorker, StopHandle};
 
 /// Adds [`claim_each`](ClaimDsl::claim_each) to Diesel queries.
 ///
@@ -67,11 +69,17 @@ pub trait ClaimDsl: Sized {
     }
 }
 
-impl<Q: Query> ClaimDsl for Q {}
+impl<Q: diesel::query_builder::Query> ClaimDsl for Q {}
 
 impl<F> ClaimDsl for crate::Rebuild<F> {}
 
-/// A claim and its options, made by [`ClaimDsl::build_claim`].
+/// A claim: the query, its options, how it takes rows (its [kind](kind):
+/// [`Select`] by default) and what it does with a row whose closure fails
+/// ([`NoHook`] by default). Made by [`ClaimDsl::build_claim`]; run by
+/// [`each`](Self::each), [`each_batch`](Self::each_batch),
+/// [`each_outcome`](Self::each_outcome),
+/// [`each_batch_outcome`](Self::each_batch_outcome), or, until stopped, by
+/// a [worker](Self::worker). Options may be set in any order.
 ///
 /// ```
 /// # include!("../doctest_setup.rs");
@@ -95,36 +103,93 @@ impl<F> ClaimDsl for crate::Rebuild<F> {}
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct ClaimBuilder<Q, M = Blocking> {
+pub struct ClaimBuilder<Q, M = Blocking, T = Select, H = NoHook> {
     pub(crate) query: Q,
-    lock: LockOptions,
+    pub(crate) options: Options,
+    pub(crate) kind: T,
+    pub(crate) hook: H,
+    mode: PhantomData<M>,
+}
+
+/// A claim's options, whatever its kind.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub(crate) lock: LockOptions,
     max_rows: Option<u64>,
     drain: bool,
     /// `None`: the default, which depends on the batch size.
     page_size: Option<i64>,
-    batch: i64,
+    pub(crate) batch: i64,
     /// Runs inside the caller's transaction, each batch in a savepoint.
     nested: bool,
-    keep_going: bool,
+    pub(crate) keep_going: bool,
     stop: Option<StopHandle>,
-    /// Run by a worker, over and over (its spans are quieter).
+    /// Run by a worker, over and over (its spans are quieter, and it takes
+    /// from the head unless told otherwise).
     in_worker: bool,
-    mode: PhantomData<M>,
+    reading: Reading,
+}
+
+/// Where a claim's takes start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// From the head for a worker, and for a call whose `max_rows` one take
+    /// can reach; in pages otherwise.
+    Chosen,
+    /// Every take from the head of the query ([`ClaimBuilder::from_head`]).
+    Head,
+    /// Pages of candidates ([`ClaimBuilder::in_pages`]).
+    Pages,
 }
 
 impl<Q, M> ClaimBuilder<Q, M> {
     pub(crate) fn new(query: Q) -> Self {
         ClaimBuilder {
             query,
-            lock: LockOptions::default(),
-            max_rows: None,
-            drain: false,
-            page_size: None,
-            batch: 1,
-            nested: false,
-            keep_going: false,
-            stop: None,
-            in_worker: false,
+            options: Options {
+                lock: LockOptions::default(),
+                max_rows: None,
+                drain: false,
+                page_size: None,
+                batch: 1,
+                nested: false,
+                keep_going: false,
+                stop: None,
+                in_worker: false,
+                reading: Reading::Chosen,
+            },
+            kind: Select,
+            hook: NoHook,
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<Q, M, T, H> ClaimBuilder<Q, M, T, H> {
+    /// The same claim on the query `query` makes of this one's, of the kind
+    /// `kind`.
+    pub(crate) fn with_kind<P, U>(
+        self,
+        query: impl FnOnce(Q) -> P,
+        kind: U,
+    ) -> ClaimBuilder<P, M, U, H> {
+        ClaimBuilder {
+            query: query(self.query),
+            options: self.options,
+            kind,
+            hook: self.hook,
+            mode: PhantomData,
+        }
+    }
+
+    /// The same claim, with the failure hook `hook`.
+    pub(crate) fn with_hook<G>(self, hook: G) -> ClaimBuilder<Q, M, T, G> {
+        ClaimBuilder {
+            query: self.query,
+            options: self.options,
+            kind: self.kind,
+            hook,
             mode: PhantomData,
         }
     }
@@ -132,7 +197,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// Sets what to do with a row another transaction has locked. Choosing two
     /// different policies for one claim is an error reported by [`each`](Self::each).
     pub fn on_locked(mut self, policy: OnLocked) -> Self {
-        self.lock.on_locked(policy);
+        self.options.lock.on_locked(policy);
         self
     }
 
@@ -143,8 +208,10 @@ impl<Q, M> ClaimBuilder<Q, M> {
 
     /// Fails with [`Error::LockNotAvailable`] when a candidate is locked by another
     /// transaction, before processing any row past it (it costs one more,
-    /// unlocked, read per batch). Not available with
-    /// [`mark_and_commit`](Self::mark_and_commit).
+    /// unlocked, read per batch). It reads candidates in pages: not available
+    /// with [`from_head`](Self::from_head), nor with
+    /// [`mark_and_commit`](Self::mark_and_commit) and
+    /// [`visibility_timeout`](Self::visibility_timeout).
     pub fn nowait(self) -> Self {
         self.on_locked(OnLocked::Fail)
     }
@@ -160,21 +227,26 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// exclude other claimers and are an error.
     pub fn strength(mut self, strength: LockStrength) -> Self {
         if matches!(strength, LockStrength::Share | LockStrength::KeyShare) {
-            self.lock.reject(format!(
+            self.options.lock.reject(format!(
                 "a claim needs an exclusive lock: {strength:?} would let other claimers process \
                  the same row"
             ));
         }
-        self.lock.strength(strength);
+        self.options.lock.strength(strength);
         self
     }
 
-    /// Stops after processing `max_rows` rows (at least 1).
+    /// Stops after processing `max_rows` rows (at least 1). The call never
+    /// reads more candidates than it may still take; when one take can reach
+    /// `max_rows` (`max_rows` no larger than the [batch](Self::batch)), it
+    /// reads none: it takes [from the head](Self::from_head).
     pub fn max_rows(mut self, max_rows: u64) -> Self {
         if max_rows == 0 {
-            self.lock.reject("max_rows must be at least 1".to_owned());
+            self.options
+                .lock
+                .reject("max_rows must be at least 1".to_owned());
         }
-        self.max_rows = Some(max_rows);
+        self.options.max_rows = Some(max_rows);
         self
     }
 
@@ -184,22 +256,28 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// once for the whole batch, with [`each_batch`](Self::each_batch)), and one
     /// commit ends it. The guarantees are those of a single row — each row is
     /// re-checked under its lock and processed at most once — but an error or a
-    /// panic in the closure rolls back the **whole batch**: rows the closure had
-    /// already handled in it stay pending too, so work outside the database (an
-    /// email sent) may be done again by the next claim. Locks are held until the
-    /// batch commits.
+    /// panic in the closure rolls back the **whole batch** and ends the call:
+    /// rows the closure had already handled in it stay pending too, so work
+    /// outside the database (an email sent) may be done again by the next
+    /// claim. With [`keep_going`](Self::keep_going) or a [failure
+    /// hook](Self::on_failure), each row's closure runs in a savepoint of its
+    /// own instead, and only a failing row is rolled back. Locks are held
+    /// until the batch commits.
     pub fn batch(mut self, rows: u32) -> Self {
         if rows == 0 {
-            self.lock.reject("batch must be at least 1 row".to_owned());
+            self.options
+                .lock
+                .reject("batch must be at least 1 row".to_owned());
         }
-        self.batch = i64::from(rows);
+        self.options.batch = i64::from(rows);
         self
     }
 
     /// Repeats until a pass claims nothing new: rows skipped because they were
     /// locked are tried again, and rows added beyond the highest key already
     /// scanned are picked up. (Without it, a pass picks up rows added beyond
-    /// only when it comes to them.)
+    /// only when it comes to them.) [From the head](Self::from_head), the
+    /// takes go on until one comes back empty, rather than short.
     ///
     /// A row is never processed twice in one call, even when the closure leaves it
     /// matching the filter: later passes revisit only the rows found locked
@@ -211,20 +289,22 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// candidates it was read from: with many workers, every worker then reads
     /// every page (see [`page_size`](Self::page_size)).
     pub fn drain(mut self) -> Self {
-        self.drain = true;
+        self.options.drain = true;
         self
     }
 
-    /// Sets how many candidate keys one read of the unlocked scan fetches. Memory
-    /// use is bounded by this and the batch size, not by the number of pending
-    /// rows.
+    /// Sets how many candidate keys one read of the unlocked scan fetches
+    /// (and so reads candidates in pages). Memory use is bounded by this and
+    /// the batch size, not by the number of pending rows.
     ///
     /// By default, 100 keys or one batch, whichever is more: a batch may run
     /// past its page, and the next page is read from where it ended, so workers
     /// do not read the keys others take. A page's first batch starts at its
     /// first candidate, not where the last page ended. When draining, or
     /// marking (whose rows come back in no order), batches keep to their page
-    /// and a page holds 1000 keys or ten batches.
+    /// and a page holds 1000 keys or ten batches; in an order other than the
+    /// key's, 5000 keys or 50 batches. Never more than `max_rows` leaves to
+    /// take.
     ///
     /// Once a take has passed over rows other workers hold or took, a claim by
     /// key spreads out for the rest of the call: its pages keep to their ends,
@@ -233,35 +313,84 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// set here does not grow.
     pub fn page_size(mut self, page_size: u32) -> Self {
         if page_size == 0 {
-            self.lock.reject("page_size must be at least 1".to_owned());
+            self.options
+                .lock
+                .reject("page_size must be at least 1".to_owned());
         }
-        self.page_size = Some(i64::from(page_size));
+        self.options.page_size = Some(i64::from(page_size));
+        self.in_pages()
+    }
+
+    /// Takes every batch from the head of the query, in one locking statement,
+    /// `… ORDER BY <order>, <key> LIMIT n FOR … SKIP LOCKED`, with no
+    /// candidates read first: a row enqueued ahead of the others (a job of
+    /// higher priority) is the next one taken, and a call that finds nothing
+    /// costs that one statement, in a transaction. [Workers](Self::worker)
+    /// take from the head unless told [`in_pages`](Self::in_pages).
+    ///
+    /// What it gives up: takes of many workers all start at the head, each
+    /// passing over the rows the others hold inside its statement, where
+    /// pages spread workers out (see [many workers](crate::guide#many-workers));
+    /// the report cannot tell rows others hold ([`locked`](ClaimReport::locked))
+    /// or took ([`gone`](ClaimReport::gone)), which the statement passes
+    /// over unseen; and the call keeps the key of every row it hands over,
+    /// so that a row its closure leaves matching is not handed over twice
+    /// (such rows, and failing ones, are then left out of the takes: past
+    /// 1000 of them, the call ends). A worker's run ends every 10,000 rows,
+    /// and the next starts afresh. Not available with
+    /// [`nowait`](Self::nowait), [`page_size`](Self::page_size) or
+    /// [`candidates_from`](Self::candidates_from), which read pages.
+    pub fn from_head(mut self) -> Self {
+        if self.options.reading == Reading::Pages {
+            self.options.lock.reject(
+                "from_head cannot be combined with page_size or in_pages: takes from the head \
+                 read no pages"
+                    .to_owned(),
+            );
+        }
+        self.options.reading = Reading::Head;
+        self
+    }
+
+    /// Reads candidates in pages, without locks, and takes each batch from
+    /// within a page: the default of a call, and what spreads many workers
+    /// out over a large backlog (see [many workers](crate::guide#many-workers)).
+    /// A worker told so reads pages too.
+    pub fn in_pages(mut self) -> Self {
+        if self.options.reading == Reading::Head {
+            self.options.lock.reject(
+                "from_head cannot be combined with page_size or in_pages: takes from the head \
+                 read no pages"
+                    .to_owned(),
+            );
+        }
+        self.options.reading = Reading::Pages;
         self
     }
 
     /// Goes on past a failing row: a closure that returns an error or panics
-    /// has its transaction rolled back (the row stays pending), the row is
-    /// counted in [`ClaimReport::failed`] and never tried again in this call,
-    /// and the call goes on with the next rows.
-    /// [`each_outcome`](Self::each_outcome) returns each failure with its key;
-    /// [`each`](Self::each) only counts them. A panic becomes
-    /// [`Error::ClosurePanicked`], converted into the closure's error type.
+    /// has its work rolled back (the row stays pending), the row is counted
+    /// in [`ClaimReport::failed`] and never tried again in this call, and the
+    /// call goes on with the next rows. [`each_outcome`](Self::each_outcome)
+    /// returns each failure with its key; [`each`](Self::each) only counts
+    /// them. A panic becomes [`Error::ClosurePanicked`], converted into the
+    /// closure's error type.
     ///
-    /// With [`batch(n)`](Self::batch), a failing batch is rolled back whole
-    /// and its rows are then claimed again one at a time, each in a
-    /// transaction of its own, so that one bad row holds back none of the
-    /// others: the closure runs again for the rows it had handled before the
-    /// failure (work outside the database may be done twice), and each retried
-    /// row costs a transaction, as per-row claims do. A row another worker
-    /// took meanwhile counts as [`gone`](ClaimReport::gone). With
-    /// [`mark_and_commit`](Self::mark_and_commit) the marks are committed
-    /// before the closure runs: a failing batch is recorded, not retried.
+    /// With [`batch(n)`](Self::batch), each row's closure runs in a savepoint
+    /// of the batch's transaction: a failing row is rolled back to its
+    /// savepoint, and the other rows of the batch commit; no closure runs
+    /// twice in one call. With [`each_batch`](Self::each_batch), the
+    /// closure's batch fails whole. A [`mark`](Self::mark) can only be undone
+    /// with its batch: without a failure hook, a failing row rolls back its
+    /// whole batch (each of its rows counted as failed, none retried in the
+    /// call). With [`mark_and_commit`](Self::mark_and_commit) the marks are
+    /// committed before the closure runs: a failure is recorded, not undone.
     ///
-    /// A row that fails on every attempt fails once per call: keep a count of
-    /// attempts in the row, and a dead-letter state, to stop retrying it
-    /// across calls (see the [guide](crate::guide#rows-that-keep-failing)).
+    /// A row that fails on every attempt fails once per call, and is tried
+    /// again by the next: write its attempts, error and next run time with a
+    /// [failure hook](Self::on_failure), which implies `keep_going`.
     pub fn keep_going(mut self) -> Self {
-        self.keep_going = true;
+        self.options.keep_going = true;
         self
     }
 
@@ -269,21 +398,18 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// next statement: the row or batch in hand is finished and committed
     /// first. The report counts what was done.
     pub fn stop_on(mut self, stop: &StopHandle) -> Self {
-        self.stop = Some(stop.clone());
+        self.options.stop = Some(stop.clone());
         self
     }
 
     /// Turns the claim into a worker that runs it over and over, waiting when
-    /// nothing is pending, until `stop` is triggered: see [`ClaimWorker`].
-    pub fn worker(self, stop: &StopHandle) -> ClaimWorker<Q, M> {
-        ClaimWorker::new(self.in_worker(stop), stop.clone())
-    }
-
-    /// The claim as a worker runs it: until `stop`, its runs traced at
-    /// debug level, inside the worker's span.
-    pub(crate) fn in_worker(mut self, stop: &StopHandle) -> Self {
-        self.in_worker = true;
-        self.stop_on(stop)
+    /// nothing is pending, until `stop` is triggered: see [`ClaimWorker`]. A
+    /// worker takes [from the head](Self::from_head) unless told
+    /// [`in_pages`](Self::in_pages) (or given a page size, `nowait` or a
+    /// replica).
+    pub fn worker(mut self, stop: &StopHandle) -> ClaimWorker<Self> {
+        self.options.in_worker = true;
+        ClaimWorker::new(self.stop_on(stop), stop.clone())
     }
 
     /// Lets the claim run inside a transaction the caller has open, each batch
@@ -297,150 +423,59 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// it or skip every row it touched, and nothing is committed. Test that
     /// with workers on connections of their own, outside a transaction.
     pub fn inside_transaction(mut self) -> Self {
-        self.nested = true;
+        self.options.nested = true;
         self
     }
-
-    /// Checks the options, the claimed table (the locking clause's `OF`) and the
-    /// connection's transaction depth, and sets up one run of the claim, taking
-    /// its rows with the statement `taking` describes.
-    pub(crate) fn start<DB: ClaimBackend, R, S: ClaimStatements<DB, R>>(
-        &self,
-        taking: Taking,
-        query: &S,
-        transaction_depth: u32,
-    ) -> Result<Claim<Position<S::Key>>, Error> {
-        let (on_locked, clause) = self
-            .lock
-            .clone()
-            .resolve(OnLocked::Skip, || query.claimed_table())?;
-        if taking == Taking::MarkAndCommit && on_locked == OnLocked::Fail {
-            return Err(Error::InvalidArgument(
-                "nowait cannot be combined with mark_and_commit or visibility_timeout: their \
-                 claims commit before a locked row could roll them back"
-                    .to_owned(),
-            ));
-        }
-        if transaction_depth > 0 && !self.nested {
-            return Err(Error::InvalidArgument(
-                "a claim must run outside a transaction: each batch needs a transaction of \
-                 its own, committed before the next (for tests that run in a transaction, \
-                 see .inside_transaction())"
-                    .to_owned(),
-            ));
-        }
-        Ok(Claim::new(Plan {
-            clause,
-            taking,
-            row_locks: DB::ROW_LOCKS,
-            update_returning: DB::UPDATE_RETURNING,
-            grow_contended_pages: DB::GROW_CONTENDED_PAGES,
-            fail_on_locked: on_locked == OnLocked::Fail,
-            batch: self.batch,
-            page_size: self.page_size,
-            drain: self.drain,
-            max_rows: self.max_rows,
-            ordered_by_key: S::ORDERED_BY_KEY,
-            keep_going: self.keep_going,
-            stop: self.stop.clone(),
-            in_worker: self.in_worker,
-        }))
-    }
 }
 
-impl<Q> ClaimBuilder<Q> {
-    /// Runs the claim, calling `f` for every claimed row: see
-    /// [`ClaimDsl::claim_each`] and [`batch`](Self::batch).
-    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, per_row(f)).into_result()
+impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
+    /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
+    /// WHERE <key> IN (<the query, locked, skipping locked rows, LIMIT batch>)
+    /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
+    /// batch's transaction: an error in the closure rolls the mark back.
+    ///
+    /// The changes should take the rows out of the query (set the flag its filter
+    /// tests); rows they leave matching are claimed again by the next call. One
+    /// call never hands a row over twice: the batches move on by key, and a row
+    /// inserted into a range already claimed from that comes back ends the call
+    /// with [`Error::UnexpectedOutcome`]. The rows' type must be
+    /// [`Selectable`](diesel::Selectable) from the claimed table. A failure
+    /// hook runs with the row still marked (the mark came before the row's
+    /// savepoint): the hook writes what a failed row becomes.
+    pub fn mark<V>(self, changes: V) -> ClaimBuilder<Q, M, Mark<V>, H> {
+        self.with_kind(
+            |query| query,
+            Mark {
+                changes,
+                commit_first: false,
+            },
+        )
     }
 
-    /// Runs the claim, calling `f` once per claimed batch with its rows, in the
-    /// claim order (see the [guide](crate::guide#the-claim-order)), inside the
-    /// batch's transaction.
-    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, f).into_result()
+    /// Like [`mark`](Self::mark), but the marking statement commits on its own,
+    /// before the closure runs: one round trip claims a batch (PostgreSQL: no
+    /// `BEGIN`/`COMMIT`; SQLite: `BEGIN IMMEDIATE` around the one statement).
+    ///
+    /// **The closure's failure cannot un-mark the rows**: if it returns an error
+    /// or panics, the batch stays marked and nobody processes it again (a
+    /// failure hook runs in a transaction of its own, and may un-mark it). Use
+    /// this when the mark is the processing (or when losing a batch to a crash
+    /// is acceptable), and [`mark`](Self::mark) when the closure's work must
+    /// succeed for the mark to stand.
+    pub fn mark_and_commit<V>(self, changes: V) -> ClaimBuilder<Q, M, Mark<V>, H> {
+        self.with_kind(
+            |query| query,
+            Mark {
+                changes,
+                commit_first: true,
+            },
+        )
     }
 
-    /// Runs the claim as [`each`](Self::each) does, and returns everything it
-    /// did: the report, counted up to where the call ended (also when an error
-    /// ended it), the failures passed over with
-    /// [`keep_going`](Self::keep_going), and what ended the call early, with
-    /// the keys of the rows it rolled back.
-    pub fn each_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        f: F,
-    ) -> ClaimOutcome<Q::Key, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, per_row(f))
-    }
-
-    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
-    /// everything it did: see [`each_outcome`](Self::each_outcome).
-    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        f: F,
-    ) -> ClaimOutcome<Q::Key, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.run(conn, f)
-    }
-
-    /// One run of the claim, as [`each_batch_outcome`](Self::each_batch_outcome).
-    pub(crate) fn run<'q, C, R, E, F>(&self, conn: &mut C, f: F) -> ClaimOutcome<Q::Key, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: LoadConnection,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let query = &self.query;
-        let claim = transaction_depth(conn)
-            .map_err(Error::from)
-            .and_then(|depth| self.start::<C::Backend, R, _>(Taking::Select, query, depth));
-        let select = |conn: &mut C, range, limit, clause: &LockClause| {
-            query.rows(conn, range, limit, clause)
-        };
-        match claim {
-            Ok(claim) => drive(claim, query, conn, select, on_primary(query), f),
-            Err(error) => ClaimOutcome::refused(error.into()),
-        }
-    }
-}
-
-impl<Q, M> ClaimBuilder<Q, M> {
     /// Reads the candidates on `replica`, a connection to a read replica of
     /// the database the claim runs on: the unlocked reads that find rows to
     /// claim leave the primary, while every lock, re-check and write stays on
-    /// the connection given to [`each`](ReplicaClaim::each).
+    /// the connection given to [`each`](ClaimBuilder::each).
     ///
     /// The double check makes this safe: a row is handed over only once the
     /// primary has re-checked it under the row's lock. A replica that lags
@@ -472,574 +507,147 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn candidates_from<Rc>(self, replica: &mut Rc) -> ReplicaClaim<'_, Q, Rc, M> {
-        ReplicaClaim {
-            claim: self,
-            replica,
+    pub fn candidates_from<Rc>(self, replica: &mut Rc) -> ClaimBuilder<Q, M, Replica<'_, Rc>, H> {
+        self.with_kind(|query| query, Replica { replica })
+    }
+}
+
+impl<Q, T> ClaimBuilder<Q, Blocking, T, NoHook> {
+    /// Records a failing row under its lock: when the closure fails (returns
+    /// an error or panics), its work is rolled back to a savepoint, and
+    /// `hook` runs with the row, as it was handed over, and the error, in the
+    /// same transaction, the row still locked: an attempt count, the error
+    /// and a next run time are written atomically with the row's release, and
+    /// no other worker can take the row in between. The call then goes on
+    /// (a hook implies [`keep_going`](Self::keep_going)), and the failure is
+    /// reported ([`ClaimReport::failed`], [`ClaimOutcome::failed`]).
+    ///
+    /// If the hook fails, the batch's transaction rolls back and the call
+    /// ends with the hook's error. The rows must be `Clone` (the hook gets
+    /// the row as the closure got it). With a
+    /// [visibility timeout](Self::visibility_timeout), the hook runs in a
+    /// transaction that clears the row's stamp if the row still carries it
+    /// (if not, another worker has the row, and the hook does not run); with
+    /// [`mark_and_commit`](Self::mark_and_commit), in a transaction of its
+    /// own; with [`mark`](Self::mark), with the row still marked.
+    ///
+    /// ```
+    /// # include!("../doctest_setup.rs");
+    /// use diesel_claim::prelude::*;
+    ///
+    /// # fn main() -> Result<(), diesel_claim::Error> {
+    /// # let mut conn = establish_connection();
+    /// // Orders without an address fail: their attempts are counted under the
+    /// // lock, and the filter leaves an order out after three.
+    /// let pending = orders::table
+    ///     .filter(orders::shipped.eq(true))
+    ///     .filter(orders::email_sent.eq(false))
+    ///     .filter(orders::attempts.lt(3));
+    /// let report = pending
+    ///     .build_claim()
+    ///     .on_failure(|conn, order: Order, _error: &diesel_claim::Error| {
+    ///         diesel::update(&order)
+    ///             .set(orders::attempts.eq(orders::attempts + 1))
+    ///             .execute(conn)?;
+    ///         Ok(())
+    ///     })
+    ///     .each(&mut conn, |conn, order: Order| {
+    ///         if order.id == 1 {
+    ///             return Err(diesel_claim::Error::InvalidArgument("no address".into()));
+    ///         }
+    ///         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+    ///         Ok(())
+    ///     })?;
+    /// assert_eq!((report.processed, report.failed), (1, 1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn on_failure<C, R, E, F>(self, hook: F) -> ClaimBuilder<Q, Blocking, T, OnFailure<F>>
+    where
+        F: FnMut(&mut C, R, &E) -> Result<(), E>,
+    {
+        self.with_hook(OnFailure(hook))
+    }
+}
+
+impl Options {
+    /// Checks the options, the claimed table (the locking clause's `OF`) and the
+    /// connection's transaction depth, and sets up one run of the claim, taking
+    /// its rows with the statement `taking` describes, reading its candidates
+    /// on a replica if `replica`.
+    pub(crate) fn start<DB: ClaimBackend, R, S: ClaimStatements<DB, R>>(
+        &self,
+        taking: Taking,
+        replica: bool,
+        query: &S,
+        transaction_depth: u32,
+    ) -> Result<Claim<Position<S::Key>>, Error> {
+        let (on_locked, clause) = self
+            .lock
+            .clone()
+            .resolve(OnLocked::Skip, || query.claimed_table())?;
+        let nowait = on_locked == OnLocked::Fail;
+        if taking == Taking::MarkAndCommit && nowait {
+            return Err(Error::InvalidArgument(
+                "nowait cannot be combined with mark_and_commit or visibility_timeout: their \
+                 claims commit before a locked row could roll them back"
+                    .to_owned(),
+            ));
         }
-    }
-}
-
-/// A claim that reads its candidates on a replica, made by
-/// [`ClaimBuilder::candidates_from`].
-#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct ReplicaClaim<'r, Q, Rc, M = Blocking> {
-    pub(crate) claim: ClaimBuilder<Q, M>,
-    pub(crate) replica: &'r mut Rc,
-}
-
-impl<Q: std::fmt::Debug, Rc, M: std::fmt::Debug> std::fmt::Debug for ReplicaClaim<'_, Q, Rc, M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicaClaim")
-            .field("claim", &self.claim)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<Q, Rc> ReplicaClaim<'_, Q, Rc> {
-    /// Runs the claim on `conn`, calling `f` for every claimed row: see
-    /// [`ClaimBuilder::each`].
-    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        Rc: LoadConnection<Backend = C::Backend>,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, per_row(f)).into_result()
-    }
-
-    /// Runs the claim on `conn`, calling `f` once per claimed batch: see
-    /// [`ClaimBuilder::each_batch`].
-    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        Rc: LoadConnection<Backend = C::Backend>,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, f).into_result()
-    }
-
-    /// Runs the claim as [`each`](Self::each) does, and returns everything it
-    /// did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        f: F,
-    ) -> ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>
-    where
-        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        Rc: LoadConnection<Backend = C::Backend>,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, per_row(f))
-    }
-
-    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
-    /// everything it did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        f: F,
-    ) -> ClaimOutcome<<Q as ClaimStatements<C::Backend, R>>::Key, E>
-    where
-        Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        Rc: LoadConnection<Backend = C::Backend>,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let ReplicaClaim { claim, replica } = self;
-        let query = &claim.query;
-        let run = transaction_depth(conn)
-            .map_err(Error::from)
-            .and_then(|depth| claim.start::<C::Backend, R, _>(Taking::Select, query, depth));
-        let select = |conn: &mut C, range, limit, clause: &LockClause| {
-            ClaimQuery::<'q, C, R>::rows(query, conn, range, limit, clause)
+        let needs_pages = nowait || replica || self.page_size.is_some();
+        let from_head = match self.reading {
+            Reading::Head if needs_pages => {
+                return Err(Error::InvalidArgument(
+                    "from_head cannot be combined with nowait or candidates_from: they read \
+                     candidates in pages"
+                        .to_owned(),
+                ))
+            }
+            Reading::Head => true,
+            Reading::Pages => false,
+            Reading::Chosen => {
+                let one_take = self.max_rows.is_some_and(|rows| rows <= self.batch as u64);
+                !needs_pages && (self.in_worker || one_take)
+            }
         };
-        let candidates =
-            |_: &mut C, range, limit| ClaimQuery::<'q, Rc, R>::keys(query, replica, range, limit);
-        match run {
-            Ok(run) => drive(run, query, conn, select, candidates, f),
-            Err(error) => ClaimOutcome::refused(error.into()),
+        if transaction_depth > 0 && !self.nested {
+            return Err(Error::InvalidArgument(
+                "a claim must run outside a transaction: each batch needs a transaction of \
+                 its own, committed before the next (for tests that run in a transaction, \
+                 see .inside_transaction())"
+                    .to_owned(),
+            ));
         }
-    }
-}
-
-impl<Q, M> ClaimBuilder<Q, M> {
-    /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
-    /// WHERE <key> IN (<the query, locked, skipping locked rows, LIMIT batch>)
-    /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
-    /// batch's transaction: an error in the closure rolls the mark back.
-    ///
-    /// The changes should take the rows out of the query (set the flag its filter
-    /// tests); rows they leave matching are claimed again by the next call. One
-    /// call never hands a row over twice: the batches move on by key, and a row
-    /// inserted into a range already claimed from that comes back ends the call
-    /// with [`Error::UnexpectedOutcome`]. The rows' type must be
-    /// [`Selectable`](diesel::Selectable) from the claimed table.
-    pub fn mark<V>(self, changes: V) -> MarkedClaim<Q, V, M> {
-        MarkedClaim {
-            claim: self,
-            changes,
-            taking: Taking::Mark,
-        }
-    }
-
-    /// Like [`mark`](Self::mark), but the marking statement commits on its own,
-    /// before the closure runs: one round trip claims a batch (PostgreSQL: no
-    /// `BEGIN`/`COMMIT`; SQLite: `BEGIN IMMEDIATE` around the one statement).
-    ///
-    /// **The closure's failure cannot un-mark the rows**: if it returns an error
-    /// or panics, the batch stays marked and nobody processes it again. Use this
-    /// when the mark is the processing (or when losing a batch to a crash is
-    /// acceptable), and [`mark`](Self::mark) when the closure's work must succeed
-    /// for the mark to stand.
-    pub fn mark_and_commit<V>(self, changes: V) -> MarkedClaim<Q, V, M> {
-        MarkedClaim {
-            claim: self,
-            changes,
-            taking: Taking::MarkAndCommit,
-        }
-    }
-}
-
-/// A claim that marks its rows in the statement that claims them, made by
-/// [`ClaimBuilder::mark`] or [`ClaimBuilder::mark_and_commit`].
-///
-/// ```
-/// # include!("../doctest_setup.rs");
-/// use diesel_claim::prelude::*;
-///
-/// # fn main() -> Result<(), diesel_claim::Error> {
-/// # let mut conn = establish_connection();
-/// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
-/// let report = pending
-///     .build_claim()
-///     .batch(100)
-///     .mark(orders::email_sent.eq(true))
-///     .each_batch(&mut conn, |conn, orders: Vec<Order>| {
-///         assert!(orders.iter().all(|order| order.email_sent));
-///         Ok::<_, diesel_claim::Error>(())
-///     })?;
-/// assert_eq!(report.processed, 2);
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone)]
-#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct MarkedClaim<Q, V, M = Blocking> {
-    pub(crate) claim: ClaimBuilder<Q, M>,
-    pub(crate) changes: V,
-    pub(crate) taking: Taking,
-}
-
-impl<Q, V> MarkedClaim<Q, V> {
-    /// Runs the claim, calling `f` for every claimed (and marked) row.
-    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: MarkQuery<'q, C, R, V>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, per_row(f)).into_result()
-    }
-
-    /// Runs the claim, calling `f` once per claimed (and marked) batch, its rows
-    /// in the claim order (a row inserted since the page was read, last).
-    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: MarkQuery<'q, C, R, V>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, f).into_result()
-    }
-
-    /// Runs the claim as [`each`](Self::each) does, and returns everything it
-    /// did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        f: F,
-    ) -> ClaimOutcome<Q::Key, E>
-    where
-        Q: MarkQuery<'q, C, R, V>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, per_row(f))
-    }
-
-    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
-    /// everything it did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        f: F,
-    ) -> ClaimOutcome<Q::Key, E>
-    where
-        Q: MarkQuery<'q, C, R, V>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let MarkedClaim {
-            claim,
-            changes,
+        Ok(Claim::new(Plan {
+            clause,
             taking,
-        } = self;
-        let query = &claim.query;
-        let run = Q::check_changes(&changes)
-            .and_then(|()| transaction_depth(conn).map_err(Error::from))
-            .and_then(|depth| claim.start::<C::Backend, R, _>(taking, query, depth));
-        let mark = |conn: &mut C, range, limit, clause: &LockClause| {
-            query.mark(conn, range, limit, clause, &changes)
-        };
-        match run {
-            Ok(run) => drive(run, query, conn, mark, on_primary(query), f),
-            Err(error) => ClaimOutcome::refused(error.into()),
-        }
+            row_locks: DB::ROW_LOCKS,
+            update_returning: DB::UPDATE_RETURNING,
+            grow_contended_pages: DB::GROW_CONTENDED_PAGES,
+            fail_on_locked: nowait,
+            batch: self.batch,
+            page_size: self.page_size,
+            drain: self.drain,
+            max_rows: self.max_rows,
+            ordered_by_key: S::ORDERED_BY_KEY,
+            keep_going: self.keep_going,
+            stop: self.stop.clone(),
+            in_worker: self.in_worker,
+            from_head,
+        }))
     }
 }
 
-/// A batch closure that calls `f` for each row of the batch, in order.
-pub(crate) fn per_row<C, R, E>(
-    mut f: impl FnMut(&mut C, R) -> Result<(), E>,
-) -> impl FnMut(&mut C, Vec<R>) -> Result<(), E> {
-    move |conn, rows| rows.into_iter().try_for_each(|row| f(&mut *conn, row))
-}
-
-/// Runs a claim on a blocking connection: its reads, and its batches each in a
-/// transaction of their own, claimed by `take`.
-fn drive<'q, Q, C, R, K, T, G, E, F>(
-    mut claim: Claim<Position<K>>,
-    query: &Q,
-    conn: &mut C,
-    mut take: T,
-    mut candidates: G,
-    mut f: F,
-) -> ClaimOutcome<K, E>
-where
-    Q: ClaimQuery<'q, C, R, Key = K>,
-    K: Clone + Eq + Hash,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
-    G: ReadCandidates<C, K>,
-    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-    E: From<Error>,
-{
-    let span = claim.span::<Q, C::Backend, R>();
-    let mut failed = Vec::new();
-    let (take, candidates) = (&mut take, &mut candidates);
-    let stopped = span
-        .in_scope(|| {
-            run_steps(
-                &mut claim,
-                query,
-                conn,
-                take,
-                candidates,
-                &mut f,
-                &mut failed,
-            )
-        })
-        .err();
-    ClaimOutcome::ended(claim.report(), failed, stopped, &span)
-}
-
-/// The loop of [`drive`]: runs the claim's steps until it is done, recording
-/// the failures passed over; an error ends it.
-#[allow(clippy::too_many_arguments)]
-fn run_steps<'q, Q, C, R, K, T, G, E, F>(
-    claim: &mut Claim<Position<K>>,
-    query: &Q,
-    conn: &mut C,
-    take: &mut T,
-    candidates: &mut G,
-    f: &mut F,
-    failed: &mut Vec<RowFailure<K, E>>,
-) -> Result<(), RowFailure<K, E>>
-where
-    Q: ClaimQuery<'q, C, R, Key = K>,
-    K: Clone + Eq + Hash,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
-    G: ReadCandidates<C, K>,
-    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-    E: From<Error>,
-{
-    let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-    let catch_panics = claim.keep_going;
-    while let Some((range, limit)) =
-        next_batch_reading(claim, query, conn, candidates).map_err(outside)?
-    {
-        // The keys of the rows handed to the closure, once it has failed.
-        let mut failing: Option<Vec<K>> = None;
-        let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
-        let batch = {
-            let _entered = span.enter();
-            if claim.taking == Taking::MarkAndCommit {
-                let rows = take_and_commit(claim, conn, take, range, limit, position_of::<Q, _, _>)
-                    .map_err(outside)?;
-                let processed = rows.len();
-                // The mark committed on its own: the closure's failure cannot undo it.
-                span.record("taken", processed)
-                    .record("outcome", "committed");
-                let called = match processed {
-                    0 => Ok(()),
-                    _ => {
-                        let keys = rows.iter().map(Q::key).collect();
-                        call(|| f(conn, rows), catch_panics).inspect_err(|_| failing = Some(keys))
-                    }
-                };
-                called.map(|()| processed)
-            } else {
-                let batch = again_if_moved(|moved| {
-                    failing = None;
-                    locking_transaction(conn, claim.nowait, |conn| {
-                        let rows = take(conn, range.clone(), limit, &claim.clause);
-                        let rows = locking_read(rows, moved)?;
-                        let rows = claim.taken(rows, limit, position_of::<Q, _, _>)?;
-                        span.record("taken", rows.len());
-                        if let Some(range) = claim.locked_check(range.clone()) {
-                            let keys = query.keys(conn, range, i64::MAX).map_err(Error::from)?;
-                            claim.verify_none_locked(keys, &rows, position_of::<Q, _, _>)?;
-                        }
-                        let processed = rows.len();
-                        if processed > 0 {
-                            let keys = rows.iter().map(Q::key).collect();
-                            call(|| f(conn, rows), catch_panics)
-                                .inspect_err(|_| failing = Some(keys))?;
-                        }
-                        Ok::<_, E>(processed)
-                    })
-                });
-                span.record("outcome", transaction_outcome(&batch));
-                batch
-            }
-        };
-        match (batch, failing) {
-            (Ok(processed), _) => claim.processed(processed),
-            (Err(error), Some(keys)) if claim.keep_going => {
-                if keys.len() > 1 && claim.taking != Taking::MarkAndCommit {
-                    // Which row failed is unknown: each is claimed again alone.
-                    for key in keys {
-                        retry_alone(claim, conn, take, f, failed, key)?;
-                    }
-                } else {
-                    claim.failed(keys.len());
-                    failed.push(RowFailure::new(keys, error));
-                }
-            }
-            (Err(error), keys) => return Err(RowFailure::new(keys.unwrap_or_default(), error)),
-        }
-    }
-    Ok(())
-}
-
-/// The range of a batch, and how many rows it may take.
-pub(crate) type NextBatch<K> = (KeyRange<Position<K>>, i64);
-
-/// Carries out the claim's unlocked reads until it asks for a batch: the
-/// batch's range and row limit, or `None` once the claim is done.
-pub(crate) fn next_batch<'q, Q, C, R, K>(
-    claim: &mut Claim<Position<K>>,
-    query: &Q,
-    conn: &mut C,
-) -> Result<Option<NextBatch<K>>, Error>
-where
-    Q: ClaimQuery<'q, C, R, Key = K>,
-    K: Clone + Eq + Hash,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-{
-    next_batch_reading(claim, query, conn, &mut on_primary(query))
-}
-
-/// Reads a page of candidates' keys, without locks: `(conn, range, limit)`,
-/// where `conn` is the connection the claim locks rows on.
-pub(crate) trait ReadCandidates<C, K>:
-    FnMut(&mut C, KeyRange<Position<K>>, i64) -> QueryResult<Vec<Position<K>>>
-{
-}
-
-impl<C, K, G> ReadCandidates<C, K> for G where
-    G: FnMut(&mut C, KeyRange<Position<K>>, i64) -> QueryResult<Vec<Position<K>>>
-{
-}
-
-/// Candidates read on the connection that locks the rows.
-fn on_primary<'a, 'q, Q, C, R>(query: &'a Q) -> impl ReadCandidates<C, Q::Key> + 'a
-where
-    Q: ClaimQuery<'q, C, R>,
-    C: Connection,
-{
-    move |conn: &mut C, range, limit| query.keys(conn, range, limit)
-}
-
-/// [`next_batch`], with the candidates read by `candidates` (on a replica,
-/// say); what still matches of a page is read on `conn`, as it must be exact.
-pub(crate) fn next_batch_reading<'q, Q, C, R, K, G>(
-    claim: &mut Claim<Position<K>>,
-    query: &Q,
-    conn: &mut C,
-    candidates: &mut G,
-) -> Result<Option<NextBatch<K>>, Error>
-where
-    Q: ClaimQuery<'q, C, R, Key = K>,
-    K: Clone + Eq + Hash,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-    G: ReadCandidates<C, K>,
-{
-    loop {
-        match claim.next() {
-            Step::Candidates(range, limit) => claim.candidates(candidates(conn, range, limit)?),
-            Step::StillMatching(range) => {
-                claim.still_matching(query.keys(conn, range, i64::MAX)?);
-            }
-            Step::Batch(range, limit) => return Ok(Some((range, limit))),
-            Step::Done => return Ok(None),
-        }
-    }
-}
-
-/// Claims a batch with a statement that commits on its own (or in a
-/// transaction of its own, where the backend needs one), before any closure
-/// runs: a mark that is committed, or a visibility-timeout stamp.
-pub(crate) fn take_and_commit<C, R, K, T>(
-    claim: &mut Claim<Position<K>>,
-    conn: &mut C,
-    take: &mut T,
-    range: KeyRange<Position<K>>,
-    limit: i64,
-    position_of: impl Fn(&R) -> Position<K>,
-) -> Result<Vec<R>, Error>
-where
-    K: Clone + Eq + Hash,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
-{
-    let rows = again_if_moved(|moved| {
-        let mut take =
-            |conn: &mut C| locking_read(take(conn, range.clone(), limit, &claim.clause), moved);
-        if claim.one_statement_mark {
-            take(conn)
-        } else {
-            // SQLite: a lone `UPDATE` would read first and then fail to take
-            // the write lock if another writer got in between. MySQL: the
-            // mark is three statements.
-            locking_transaction(conn, claim.nowait, take)
-        }
-    })?;
-    claim.taken(rows, limit, position_of)
-}
-
-/// Claims the row at `key` of a failed batch again, alone, in a transaction of
-/// its own, and runs the closure for it ([`ClaimBuilder::keep_going`]).
-fn retry_alone<C, R, K, T, E, F>(
-    claim: &mut Claim<Position<K>>,
-    conn: &mut C,
-    take: &mut T,
-    f: &mut F,
-    failed: &mut Vec<RowFailure<K, E>>,
-    key: K,
-) -> Result<(), RowFailure<K, E>>
-where
-    K: Clone + Eq + Hash,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-    T: FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
-    F: FnMut(&mut C, Vec<R>) -> Result<(), E>,
-    E: From<Error>,
-{
-    let Some(range) = claim.only(&Position::of_key(key.clone())) else {
-        claim.left_pending();
-        return Ok(());
-    };
-    let mut closure_failed = false;
-    let span = trace::debug_span!(
-        "batch",
-        limit = 1,
-        taken = trace::Empty,
-        outcome = trace::Empty
-    );
-    let retried = span.in_scope(|| {
-        again_if_moved(|moved| {
-            closure_failed = false;
-            locking_transaction(conn, claim.nowait, |conn| {
-                let rows = locking_read(take(conn, range.clone(), 1, &claim.clause), moved)?;
-                let processed = rows.len();
-                span.record("taken", processed);
-                if processed > 0 {
-                    call(|| f(conn, rows), true).inspect_err(|_| closure_failed = true)?;
-                }
-                Ok::<_, E>(processed)
-            })
-        })
-    });
-    span.record("outcome", transaction_outcome(&retried));
-    match retried {
-        Ok(0) => claim.gone(),
-        Ok(processed) => claim.processed(processed),
-        Err(error) if closure_failed => {
-            claim.failed(1);
-            failed.push(RowFailure::new(vec![key], error));
-        }
-        Err(error) => return Err(RowFailure::new(Vec::new(), error)),
-    }
-    Ok(())
-}
-
-/// Runs the closure (on a batch, or a row); with `catch_panics`, a panic is
-/// its error ([`Error::ClosurePanicked`]).
-pub(crate) fn call<E: From<Error>>(
-    f: impl FnOnce() -> Result<(), E>,
-    catch_panics: bool,
-) -> Result<(), E> {
-    if !catch_panics {
-        return f();
-    }
-    panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(panicked(&*payload)))
-}
-
-/// A closure's panic, as its error ([`Error::ClosurePanicked`]).
-pub(crate) fn panicked<E: From<Error>>(payload: &(dyn std::any::Any + Send)) -> E {
-    let message = panic_message(payload);
-    trace::warning!(panic = %message, "a closure panicked (keep_going)");
-    Error::ClosurePanicked(message).into()
-}
-
-/// The message a panic was raised with.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_else(|| "a panic without a message".to_owned())
-}
-
-/// A claimed row's key, as the claim engine compares positions (by key).
-pub(crate) fn position_of<Q: ClaimStatements<DB, R>, DB, R>(row: &R) -> Position<Q::Key> {
-    Position::of_key(Q::key(row))
+/// Whether a claim with these options rolls back only a failing closure's
+/// work, in a savepoint, rather than its whole batch: always with a hook
+/// (the row must stay locked while it runs), and with `keep_going` when a
+/// batch's rows go to the closure one at a time and can be told apart (not a
+/// mark, which only its batch's rollback undoes).
+pub(crate) fn failures_in_savepoints(
+    options: &Options,
+    taking: Taking,
+    hook: bool,
+    per_row: bool,
+) -> bool {
+    hook || (options.keep_going && per_row && options.batch > 1 && taking == Taking::Select)
 }

@@ -3,10 +3,9 @@
 //! runs outside any transaction, and the claim's final write applies only
 //! while the row still carries its stamp.
 
-use std::hash::Hash;
 use std::marker::PhantomData;
 use std::ops::Deref;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::associations::HasTable;
 use diesel::connection::LoadConnection;
@@ -18,23 +17,15 @@ use diesel::query_dsl::methods::FilterDsl;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType};
 
-use super::engine::{Claim, Taking};
-use super::report::{ClaimOutcome, RowFailure};
-use super::{
-    call, next_batch, take_and_commit, ClaimBuilder, ClaimReport, ClaimStatements, ClaimWorker,
-    StampQuery, StopHandle, WaitForRows,
-};
+use super::kind::{Select, Stamp};
+use super::ClaimBuilder;
 use crate::backend::ClaimBackend;
-use crate::connection::BlockingConnection;
-use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::rendered;
 use crate::sql::stamp::{
     CountRows, NewStamp, StampMicros, StampPassed, StampType, StillStamped, ThenUnstamp,
 };
-use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Position, Returning, SelectWhere, Update};
-use crate::trace;
-use crate::transaction::transaction_depth;
+use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Returning, SelectWhere, Update};
 use crate::{Blocking, Error};
 
 /// The caller's query, restricted to rows that are not claimed or whose claim
@@ -59,79 +50,33 @@ where
     }
 }
 
-/// A claim whose rows are stamped and committed before the closure runs, made
-/// by [`ClaimBuilder::visibility_timeout`]: the closure gets each row as a
-/// [`Claimed`], outside any transaction.
-///
-/// ```
-/// # include!("../doctest_setup.rs");
-/// use std::time::Duration;
-/// use diesel_claim::prelude::*;
-/// use diesel_claim::Claimed;
-///
-/// # fn main() -> Result<(), diesel_claim::Error> {
-/// # let mut conn = establish_connection();
-/// // invoices: id, sent, claimed_until (a nullable timestamp)
-/// let unsent = invoices::table.filter(invoices::sent.eq(false)).select(Invoice::as_select());
-/// let report = unsent
-///     .build_claim()
-///     .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
-///     .each(&mut conn, |conn, invoice: Claimed<Invoice, _>| {
-///         // Slow work here holds no transaction and no lock, for up to 60 s;
-///         // `invoice.extend(conn)?` buys another 60 s.
-///         invoice.finish(conn, invoices::sent.eq(true))
-///     })?;
-/// assert_eq!(report.processed, 2);
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug)]
-#[must_use = "a claim does nothing until `.each(conn, f)` runs it"]
-pub struct TimedClaim<Q, Col, M = Blocking> {
-    pub(crate) claim: ClaimBuilder<Unclaimed<Q, Col>, M>,
-    pub(crate) stamp: NewStamp<Col>,
-}
-
 /// A row taken by a [visibility-timeout claim](ClaimBuilder::visibility_timeout):
 /// the row as it was stamped, and the stamp, which is this claim's fencing
 /// token. It derefs to the row.
 ///
 /// Nothing is locked while the closure holds it. The claim lasts until the
-/// stamp passes, by the database clock: [`extend`](Self::extend) moves it on.
+/// stamp passes, by the database clock: [`remaining`](Self::remaining) says
+/// how long that is, and [`extend`](Self::extend) moves it on. Each row comes
+/// to the closure with its whole time to live ahead of it: the rows of a
+/// batch after the first are stamped again as they are handed over.
 /// [`finish`](Self::finish) writes the row's outcome and ends the claim, and
 /// [`release`](Self::release) gives the row back; both apply only while the row
 /// still carries this claim's stamp, and fail with [`Error::ClaimLost`] once
 /// another worker has claimed it since. A `Claimed` dropped without either
 /// leaves the stamp in place: the row is claimed again once it passes, as a
 /// crashed worker's would be.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Claimed<R, Col, M = Blocking> {
     pub(crate) row: R,
     pub(crate) stamp: i64,
     pub(crate) renew: NewStamp<Col>,
+    /// When the statement that wrote the stamp was sent: the claim runs out
+    /// no sooner than its time to live after that.
+    pub(crate) sent: Instant,
     pub(crate) mode: PhantomData<M>,
 }
 
-impl<Q, M> ClaimBuilder<Q, M> {
-    /// The same claim, on the query `f` makes of this one's.
-    fn map_query<P>(self, f: impl FnOnce(Q) -> P) -> ClaimBuilder<P, M> {
-        ClaimBuilder {
-            query: f(self.query),
-            lock: self.lock,
-            max_rows: self.max_rows,
-            drain: self.drain,
-            page_size: self.page_size,
-            batch: self.batch,
-            nested: self.nested,
-            keep_going: self.keep_going,
-            stop: self.stop,
-            in_worker: self.in_worker,
-            mode: self.mode,
-        }
-    }
-}
-
-impl<Q, M> ClaimBuilder<Q, M> {
+impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
     /// Claims rows for `ttl` at a time, in the nullable timestamp `column` of
     /// the claimed table, instead of holding a transaction open while the
     /// closure works: for slow side effects (rendering a document, calling a
@@ -140,8 +85,10 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// The query's filter is extended with `(column IS NULL OR column <
     /// now)`, and each batch is taken by one statement that sets `column =
     /// now + ttl` and commits at once, `now` being the database's clock. The
-    /// closure then gets each row as a [`Claimed`], outside any transaction;
-    /// its final write ([`Claimed::finish`]) applies only while the row still
+    /// closure then gets each row as a [`Claimed`], outside any transaction,
+    /// with its whole `ttl` ahead of it (the rows of a batch after the first
+    /// are stamped again, one statement each, as they are handed over); its
+    /// final write ([`Claimed::finish`]) applies only while the row still
     /// carries this claim's stamp. A worker that dies, or stalls past the
     /// stamp, loses nothing: the row is claimed again once its stamp has
     /// passed, and the stalled worker's late write is refused
@@ -161,326 +108,27 @@ impl<Q, M> ClaimBuilder<Q, M> {
     /// rows. `ttl` is at least a millisecond and at most
     /// [`MAX_TTL`](crate::MAX_TTL). A closure that fails leaves its row
     /// stamped: it is claimed again once the stamp passes, no sooner (so never
-    /// twice in one call). Not available with [`nowait`](Self::nowait). Set
-    /// the claim's other options ([`batch`](Self::batch), [`drain`](Self::drain),
-    /// [`keep_going`](Self::keep_going), [`max_rows`](Self::max_rows),
-    /// [`stop_on`](Self::stop_on)) before this call.
+    /// twice in one call); with a [failure hook](Self::on_failure), the hook
+    /// runs in a transaction that first clears the stamp, if the row still
+    /// carries it, so that the hook decides when the row runs again. Not
+    /// available with [`nowait`](Self::nowait).
     pub fn visibility_timeout<Col: Copy>(
         self,
         column: Col,
         ttl: Duration,
-    ) -> TimedClaim<Q, Col, M> {
-        let mut claim = self.map_query(|query| Unclaimed { query, column });
+    ) -> ClaimBuilder<Unclaimed<Q, Col>, M, Stamp<Col>, H> {
+        let stamp = NewStamp {
+            column,
+            micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
+        };
+        let mut claim = self.with_kind(|query| Unclaimed { query, column }, Stamp { stamp });
         if ttl < Duration::from_millis(1) || ttl > crate::MAX_TTL {
-            claim.lock.reject(format!(
+            claim.options.lock.reject(format!(
                 "a visibility timeout must be at least 1 ms and at most {:?}, not {ttl:?}",
                 crate::MAX_TTL
             ));
         }
-        TimedClaim {
-            claim,
-            stamp: NewStamp {
-                column,
-                micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
-            },
-        }
-    }
-}
-
-impl<Q, Col: Copy> TimedClaim<Q, Col> {
-    /// Runs the claim, calling `f` for every claimed row, outside any
-    /// transaction. An error from `f` ends the call (the row keeps its stamp
-    /// until it passes, as do the rest of its batch); with
-    /// [`keep_going`](ClaimBuilder::keep_going), the call goes on with the
-    /// next row. The report's `processed` counts the rows for which `f`
-    /// returned `Ok`.
-    pub fn each<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_outcome(conn, f).into_result()
-    }
-
-    /// Runs the claim, calling `f` once per claimed batch with its rows, in
-    /// the claim order, outside any transaction.
-    pub fn each_batch<'q, C, R, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<Claimed<R, Col>>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.each_batch_outcome(conn, f).into_result()
-    }
-
-    /// Runs the claim as [`each`](Self::each) does, and returns everything it
-    /// did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        mut f: F,
-    ) -> ClaimOutcome<KeyOf<Unclaimed<Q, Col>, C, R>, E>
-    where
-        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        self.run(conn, each_row(&mut f, self.claim.keep_going))
-    }
-
-    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
-    /// everything it did: see [`ClaimBuilder::each_outcome`].
-    pub fn each_batch_outcome<'q, C, R, E, F, Inferred>(
-        self,
-        conn: &mut C,
-        mut f: F,
-    ) -> ClaimOutcome<KeyOf<Unclaimed<Q, Col>, C, R>, E>
-    where
-        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: BlockingConnection<Inferred>,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Vec<Claimed<R, Col>>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let keep_going = self.claim.keep_going;
-        self.run(conn, |conn, rows, key_of| {
-            let keys = rows.iter().map(|row| key_of(&row.row)).collect();
-            let mut handed = Handed::default();
-            handed.record(keys, call(|| f(&mut *conn, rows), keep_going), keep_going);
-            handed
-        })
-    }
-
-    /// One run of the claim: each batch stamped and committed, then handed
-    /// to `hand`, which runs the closure and says what came of it.
-    fn run<'q, C, R, E, H>(
-        &self,
-        conn: &mut C,
-        mut hand: H,
-    ) -> ClaimOutcome<KeyOf<Unclaimed<Q, Col>, C, R>, E>
-    where
-        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: LoadConnection,
-        C::Backend: ClaimBackend,
-        H: FnMut(
-            &mut C,
-            Vec<Claimed<R, Col>>,
-            fn(&R) -> KeyOf<Unclaimed<Q, Col>, C, R>,
-        ) -> Handed<KeyOf<Unclaimed<Q, Col>, C, R>, E>,
-        E: From<Error>,
-    {
-        let TimedClaim { claim, stamp } = self;
-        let query = &claim.query;
-        let started = transaction_depth(conn)
-            .map_err(Error::from)
-            .and_then(|depth| claim.start::<C::Backend, R, _>(Taking::MarkAndCommit, query, depth));
-        let mut run = match started {
-            Ok(run) => run,
-            Err(error) => return ClaimOutcome::refused(error.into()),
-        };
-        let span = run.span::<Unclaimed<Q, Col>, C::Backend, R>();
-        let mut failed = Vec::new();
-        let stopped = span
-            .in_scope(|| drive(&mut run, query, conn, stamp, &mut hand, &mut failed))
-            .err();
-        ClaimOutcome::ended(run.report(), failed, stopped, &span)
-    }
-}
-
-impl<Q, Col, M> TimedClaim<Q, Col, M> {
-    /// Turns the claim into a worker that runs it over and over, waiting when
-    /// nothing is claimable, until `stop` is triggered: the worker loop of
-    /// [`ClaimWorker`], with the closure outside any transaction. Rows whose
-    /// stamps belong to a dead worker are claimed at the first poll after
-    /// their stamps pass.
-    pub fn worker(mut self, stop: &StopHandle) -> TimedWorker<Q, Col, M> {
-        self.claim = self.claim.in_worker(stop);
-        TimedWorker {
-            claim: self,
-            polling: ClaimWorker::new(ClaimBuilder::new(()), stop.clone()),
-        }
-    }
-}
-
-/// A [visibility-timeout claim](ClaimBuilder::visibility_timeout) run until
-/// stopped, made by [`TimedClaim::worker`]: see [`ClaimWorker`], whose
-/// options it has.
-#[derive(Debug)]
-#[must_use = "a worker does nothing until `.run(conn, f)` runs it"]
-pub struct TimedWorker<Q, Col, M = Blocking> {
-    pub(crate) claim: TimedClaim<Q, Col, M>,
-    /// The loop's options: polling and listening.
-    pub(crate) polling: ClaimWorker<(), M>,
-}
-
-impl<Q, Col, M> TimedWorker<Q, Col, M> {
-    /// See [`ClaimWorker::poll_interval`].
-    pub fn poll_interval(mut self, min: Duration, max: Duration) -> Self {
-        self.polling = self.polling.poll_interval(min, max);
-        self
-    }
-
-    /// See [`ClaimWorker::listen`].
-    pub fn listen(mut self, channel: &str) -> Self {
-        self.polling = self.polling.listen(channel);
-        self
-    }
-}
-
-impl<Q, Col: Copy> TimedWorker<Q, Col> {
-    /// Runs the worker until stopped, calling `f` for every claimed row as
-    /// [`TimedClaim::each`] does; returns the report of everything it did.
-    pub fn run<'q, C, R, E, F>(self, conn: &mut C, mut f: F) -> Result<ClaimReport, E>
-    where
-        Unclaimed<Q, Col>: StampQuery<'q, C, R, Col>,
-        C: WaitForRows,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let keep_going = self.claim.claim.keep_going;
-        let mut hand = each_row(&mut f, keep_going);
-        self.polling
-            .serve(conn, |conn| self.claim.run(conn, &mut hand))
-    }
-}
-
-/// What a timed claim hands its batches to: it runs the closure on the
-/// claims, given how to read a row's key, and says what came of it.
-trait HandBatch<C, R, Col, K, E>:
-    FnMut(&mut C, Vec<Claimed<R, Col>>, fn(&R) -> K) -> Handed<K, E>
-{
-}
-
-impl<T, C, R, Col, K, E> HandBatch<C, R, Col, K, E> for T where
-    T: FnMut(&mut C, Vec<Claimed<R, Col>>, fn(&R) -> K) -> Handed<K, E>
-{
-}
-
-/// Hands each row of a batch to `f` in turn: a failure ends the call, or,
-/// with `keep_going`, is recorded and the next row goes on.
-fn each_row<C, R, Col, K, E: From<Error>>(
-    mut f: impl FnMut(&mut C, Claimed<R, Col>) -> Result<(), E>,
-    keep_going: bool,
-) -> impl HandBatch<C, R, Col, K, E> {
-    move |conn, rows, key_of| {
-        let mut handed = Handed::default();
-        for row in rows {
-            let key = key_of(&row.row);
-            let done = call(|| f(&mut *conn, row), keep_going);
-            if !handed.record(vec![key], done, keep_going) {
-                break;
-            }
-        }
-        handed
-    }
-}
-
-/// The key of the rows `R` of the claimed query `Q`, on the connection `C`.
-type KeyOf<Q, C, R> = <Q as ClaimStatements<<C as diesel::Connection>::Backend, R>>::Key;
-
-/// What the closure made of a batch of claimed rows.
-pub(crate) struct Handed<K, E> {
-    /// Rows it returned `Ok` for.
-    pub(crate) finished: usize,
-    /// Failures passed over ([`keep_going`](ClaimBuilder::keep_going)).
-    pub(crate) failed: Vec<RowFailure<K, E>>,
-    /// The failure that ends the call.
-    pub(crate) stopped: Option<RowFailure<K, E>>,
-}
-
-impl<K, E> Default for Handed<K, E> {
-    fn default() -> Self {
-        Handed {
-            finished: 0,
-            failed: Vec::new(),
-            stopped: None,
-        }
-    }
-}
-
-/// Runs a visibility-timeout claim's steps until it is done: each batch is
-/// stamped by a statement that commits on its own, then handed over.
-fn drive<'q, Q, C, R, Col, E, H>(
-    claim: &mut Claim<Position<Q::Key>>,
-    query: &Q,
-    conn: &mut C,
-    stamp: &NewStamp<Col>,
-    hand: &mut H,
-    failed: &mut Vec<RowFailure<Q::Key, E>>,
-) -> Result<(), RowFailure<Q::Key, E>>
-where
-    Q: StampQuery<'q, C, R, Col>,
-    C: LoadConnection,
-    C::Backend: ClaimBackend,
-    Col: Copy,
-    H: FnMut(&mut C, Vec<Claimed<R, Col>>, fn(&R) -> Q::Key) -> Handed<Q::Key, E>,
-    E: From<Error>,
-{
-    let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-    let mut take = |conn: &mut C, range, limit, clause: &LockClause| {
-        query.stamp(conn, range, limit, clause, stamp)
-    };
-    let position_of = |(row, _): &(R, i64)| Position::of_key(Q::key(row));
-    while let Some((range, limit)) = next_batch(claim, query, conn).map_err(outside)? {
-        // The stamps commit on their own: the batch's span ends with them,
-        // before the closure runs outside any transaction.
-        let span = trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
-        let rows = span
-            .in_scope(|| take_and_commit(claim, conn, &mut take, range, limit, position_of))
-            .map_err(outside)?;
-        span.record("taken", rows.len())
-            .record("outcome", "committed");
-        if rows.is_empty() {
-            continue;
-        }
-        let rows = rows
-            .into_iter()
-            .map(|(row, stamped)| Claimed::new(row, stamped, *stamp))
-            .collect();
-        hand(conn, rows, Q::key).count(claim, failed)?;
-    }
-    Ok(())
-}
-
-impl<K, E> Handed<K, E> {
-    /// Records what the closure made of the rows with keys `keys`; whether
-    /// the call goes on.
-    pub(crate) fn record(&mut self, keys: Vec<K>, done: Result<(), E>, keep_going: bool) -> bool {
-        match done {
-            Ok(()) => self.finished += keys.len(),
-            Err(error) if keep_going => self.failed.push(RowFailure::new(keys, error)),
-            Err(error) => {
-                self.stopped = Some(RowFailure::new(keys, error));
-                return false;
-            }
-        }
-        true
-    }
-}
-
-impl<K: Clone + Eq + Hash, E> Handed<K, E> {
-    /// Counts what came of a batch in the claim's report, and keeps the
-    /// failures passed over: the failure that ends the call, if any, is the
-    /// error.
-    pub(crate) fn count(
-        self,
-        claim: &mut Claim<Position<K>>,
-        failed: &mut Vec<RowFailure<K, E>>,
-    ) -> Result<(), RowFailure<K, E>> {
-        claim.processed(self.finished);
-        for failure in &self.failed {
-            claim.failed(failure.keys.len());
-        }
-        failed.extend(self.failed);
-        self.stopped.map_or(Ok(()), Err)
+        claim
     }
 }
 
@@ -493,12 +141,14 @@ impl<R, Col, M> Deref for Claimed<R, Col, M> {
 }
 
 impl<R, Col, M> Claimed<R, Col, M> {
-    /// A row just stamped `stamp` by a claim that stamps with `renew`.
-    pub(crate) fn new(row: R, stamp: i64, renew: NewStamp<Col>) -> Self {
+    /// A row stamped `stamp` by a statement sent at `sent`, of a claim that
+    /// stamps with `renew`.
+    pub(crate) fn new(row: R, stamp: i64, renew: NewStamp<Col>, sent: Instant) -> Self {
         Claimed {
             row,
             stamp,
             renew,
+            sent,
             mode: PhantomData,
         }
     }
@@ -520,6 +170,15 @@ impl<R, Col, M> Claimed<R, Col, M> {
     pub fn stamp(&self) -> i64 {
         self.stamp
     }
+
+    /// How long this claim has left, at least, by this process's monotonic
+    /// clock: the time to live, less the time since the statement that wrote
+    /// the stamp was sent. Zero once it has run out: another worker may have
+    /// the row by then.
+    pub fn remaining(&self) -> Duration {
+        let ttl = Duration::from_micros(self.renew.micros.unsigned_abs());
+        ttl.saturating_sub(self.sent.elapsed())
+    }
 }
 
 impl<R: HasTable, Col> Claimed<R, Col> {
@@ -534,7 +193,9 @@ impl<R: HasTable, Col> Claimed<R, Col> {
         C: Connection,
         R: StampedRow<C, Col>,
     {
+        let sent = Instant::now();
         self.stamp = R::renew(self, conn)?;
+        self.sent = sent;
         Ok(())
     }
 
@@ -557,7 +218,10 @@ impl<R: HasTable, Col> Claimed<R, Col> {
         Col: diesel::Column,
     {
         let changes = final_changes::<C::Backend, Col, _>(changes.as_changeset())?;
-        R::unstamp(&self, conn, changes)
+        match R::unstamp(&self, conn, changes)? {
+            0 => Err(R::lost(&self, conn)),
+            _ => Ok(()),
+        }
     }
 
     /// Gives the row back: clears its stamp, if it still carries this
@@ -568,7 +232,10 @@ impl<R: HasTable, Col> Claimed<R, Col> {
         C: Connection,
         R: StampedRow<C, Col>,
     {
-        R::unstamp(&self, conn, None::<()>)
+        match R::unstamp(&self, conn, None::<()>)? {
+            0 => Err(R::lost(&self, conn)),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -606,13 +273,19 @@ pub trait StampedRow<C: Connection, Col>: Sized {
     #[doc(hidden)]
     fn renew(claimed: &Claimed<Self, Col>, conn: &mut C) -> Result<i64, Error>;
 
-    /// Writes `changes`, if any, and clears the stamp.
+    /// Writes `changes`, if any, and clears the stamp, if the row still
+    /// carries it: how many rows it did (0 or 1).
     #[doc(hidden)]
     fn unstamp<Ch: QueryFragment<C::Backend>>(
         claimed: &Claimed<Self, Col>,
         conn: &mut C,
         changes: Option<Ch>,
-    ) -> Result<(), Error>;
+    ) -> Result<usize, Error>;
+
+    /// Why a write guarded by the stamp matched nothing: the row was claimed
+    /// again ([`Error::ClaimLost`]), or is gone.
+    #[doc(hidden)]
+    fn lost(claimed: &Claimed<Self, Col>, conn: &mut C) -> Error;
 }
 
 type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
@@ -671,7 +344,7 @@ where
         claimed: &Claimed<R, Col>,
         conn: &mut C,
         changes: Option<Ch>,
-    ) -> Result<(), Error> {
+    ) -> Result<usize, Error> {
         let updated = Update {
             from: R::table().from_clause(),
             changes: ThenUnstamp {
@@ -681,10 +354,11 @@ where
             filter: claimed.still_stamped(),
         }
         .execute(conn)?;
-        match updated {
-            0 => Err(claimed.lost(conn)),
-            _ => Ok(()),
-        }
+        Ok(updated)
+    }
+
+    fn lost(claimed: &Claimed<R, Col>, conn: &mut C) -> Error {
+        claimed.lost(conn)
     }
 }
 

@@ -1,18 +1,20 @@
-//! A claim run over and over until stopped: the worker loop, the stop handle,
-//! and how a connection waits for new rows (polling, or PostgreSQL's `LISTEN`).
+//! A claim run over and over until stopped: the stop handle, the worker's
+//! options and its blocking loop, and the backoff that keeps a worker from
+//! retrying a failing row at once.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use diesel::connection::LoadConnection;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-use diesel::r2d2::{ConnectionManager, PooledConnection, R2D2Connection};
-
-use super::{per_row, ClaimBuilder, ClaimOutcome, ClaimQuery, ClaimReport};
+use super::engine::MAX_EXCLUDED;
+use super::kind::{FailureHook, Takes};
+use super::run::PerRow;
+use super::{ClaimBuilder, ClaimOutcome, ClaimReport, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::trace::{self, Span};
-use crate::Error;
+use crate::{Blocking, Error};
 
 /// Asks claims and workers to stop: cloneable, shared between threads, and
 /// safe to trigger from a signal handler (triggering is one atomic store).
@@ -53,16 +55,23 @@ impl From<Arc<AtomicBool>> for StopHandle {
 }
 
 /// A claim that runs over and over until stopped, made by
-/// [`ClaimBuilder::worker`]: it claims what is pending, and when nothing is,
-/// waits — polling, from every `min` up to every `max` while it stays idle
-/// ([`poll_interval`](Self::poll_interval)), and on PostgreSQL woken at once
-/// by a notification on a channel ([`listen`](Self::listen)).
+/// [`ClaimBuilder::worker`] from a claim of any kind: it claims what is
+/// pending, and when nothing is, waits — polling, from every `min` up to
+/// every `max` while it stays idle ([`poll_interval`](Self::poll_interval)),
+/// and on PostgreSQL woken at once by a notification on a channel
+/// ([`listen`](Self::listen)).
+///
+/// A worker takes [from the head](ClaimBuilder::from_head) of its query:
+/// each take re-runs the query in its order, so a job enqueued ahead of the
+/// others is the next one taken. A row whose closure fails is left out of
+/// this worker's claims for a while ([`failure_backoff`](Self::failure_backoff)),
+/// so that a row a [failure hook](ClaimBuilder::on_failure) leaves runnable
+/// is not retried at once.
 ///
 /// [`StopHandle::stop`] ends it gracefully: the row or batch in hand is
 /// finished and committed, and [`run`](Self::run) returns the report of
 /// everything the worker did. A closure's error ends it too, unless the claim
-/// [keeps going](ClaimBuilder::keep_going): with it, a failing row is counted
-/// and tried again no sooner than the next poll.
+/// [keeps going](ClaimBuilder::keep_going) or has a failure hook.
 ///
 /// ```
 /// # include!("../doctest_setup.rs");
@@ -92,22 +101,33 @@ impl From<Arc<AtomicBool>> for StopHandle {
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a worker does nothing until `.run(conn, f)` runs it"]
-pub struct ClaimWorker<Q, M = crate::Blocking> {
-    pub(crate) claim: ClaimBuilder<Q, M>,
+pub struct ClaimWorker<B> {
+    pub(crate) claim: B,
+    pub(crate) polling: Polling,
+}
+
+/// How a worker waits between its claims, and backs off from failing rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Polling {
     pub(crate) stop: StopHandle,
     pub(crate) min_poll: Duration,
     pub(crate) max_poll: Duration,
     pub(crate) channel: Option<String>,
+    /// A failing row is left out for the first, doubling up to the second.
+    pub(crate) backoff: (Duration, Duration),
 }
 
-impl<Q, M> ClaimWorker<Q, M> {
-    pub(crate) fn new(claim: ClaimBuilder<Q, M>, stop: StopHandle) -> Self {
+impl<B> ClaimWorker<B> {
+    pub(crate) fn new(claim: B, stop: StopHandle) -> Self {
         ClaimWorker {
             claim,
-            stop,
-            min_poll: Duration::from_millis(10),
-            max_poll: Duration::from_secs(1),
-            channel: None,
+            polling: Polling {
+                stop,
+                min_poll: Duration::from_millis(10),
+                max_poll: Duration::from_secs(1),
+                channel: None,
+                backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+            },
         }
     }
 
@@ -116,8 +136,8 @@ impl<Q, M> ClaimWorker<Q, M> {
     /// 10 ms up to 1 s). With [`listen`](Self::listen), the polls are the
     /// fallback for a notification that was never sent.
     pub fn poll_interval(mut self, min: Duration, max: Duration) -> Self {
-        self.min_poll = min;
-        self.max_poll = max;
+        self.polling.min_poll = min;
+        self.polling.max_poll = max;
         self
     }
 
@@ -126,10 +146,47 @@ impl<Q, M> ClaimWorker<Q, M> {
     /// with the rows, in their transaction ([`notify`](crate::notify), or a
     /// trigger). Other backends refuse it with [`Error::InvalidArgument`].
     pub fn listen(mut self, channel: &str) -> Self {
-        self.channel = Some(channel.to_owned());
+        self.polling.channel = Some(channel.to_owned());
         self
     }
 
+    /// How long this worker leaves a row out of its claims after the row's
+    /// closure failed: `first` after its first failure here, doubling with
+    /// each failure after it up to `max` (by default 1 s up to 5 min).
+    ///
+    /// The backoff is this worker's own, kept in memory: a row that a
+    /// [failure hook](ClaimBuilder::on_failure) leaves matching the query is
+    /// not retried by this worker sooner, but other workers may take it. To
+    /// retry a row no sooner than a time of your choosing across workers,
+    /// write that time in the hook and filter on it (`run_at <= now`). A
+    /// worker leaves out at most 500 rows at a time, those that failed last.
+    pub fn failure_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.polling.backoff = (first, max);
+        self
+    }
+}
+
+impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
+    /// Runs the worker until stopped, calling `f` for every claimed row as
+    /// [`ClaimBuilder::each`] does; returns the report of everything it did.
+    pub fn run<'q, C, I, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        T: Takes<'q, Q, C, I>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: WaitForRows,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, I) -> Result<(), E>,
+        E: From<Error>,
+    {
+        let ClaimWorker { mut claim, polling } = self;
+        let mut f = PerRow(f);
+        polling.serve(conn, |conn, excluded| {
+            claim.run_once(conn, &mut f, excluded)
+        })
+    }
+}
+
+impl Polling {
     /// The options, checked before anything is sent.
     pub(crate) fn check(&self) -> Result<(), Error> {
         if self.min_poll.is_zero() || self.min_poll > self.max_poll {
@@ -138,8 +195,14 @@ impl<Q, M> ClaimWorker<Q, M> {
                 self.min_poll, self.max_poll
             )));
         }
+        let (first, max) = self.backoff;
+        if first > max {
+            return Err(Error::InvalidArgument(format!(
+                "failure_backoff needs first <= max, got {first:?} and {max:?}"
+            )));
+        }
         if let Some(channel) = &self.channel {
-            check_channel(channel)?;
+            super::wait::check_channel(channel)?;
         }
         Ok(())
     }
@@ -167,35 +230,19 @@ impl<Q, M> ClaimWorker<Q, M> {
         *pause = (now * 2).min(self.max_poll);
         Some(now)
     }
-}
 
-impl<Q> ClaimWorker<Q> {
-    /// Runs the worker until stopped, calling `f` for every claimed row as
-    /// [`ClaimBuilder::each`] does; returns the report of everything it did.
-    pub fn run<'q, C, R, E, F>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
-    where
-        Q: ClaimQuery<'q, C, R>,
-        C: WaitForRows,
-        C::Backend: ClaimBackend,
-        F: FnMut(&mut C, R) -> Result<(), E>,
-        E: From<Error>,
-    {
-        let mut f = per_row(f);
-        self.serve(conn, |conn| self.claim.run(conn, &mut f))
-    }
-}
-
-impl<Q> ClaimWorker<Q> {
-    /// The worker loop, blocking: runs `claim_once` until stopped, waiting
-    /// between runs that found nothing, listening on the channel if one was
-    /// given; returns the report of all the runs.
+    /// The worker loop, blocking: runs `claim_once` until stopped, leaving
+    /// out the rows it backs off from, waiting between runs that found
+    /// nothing, listening on the channel if one was given; returns the
+    /// report of all the runs.
     pub(crate) fn serve<C, K, E>(
         &self,
         conn: &mut C,
-        mut claim_once: impl FnMut(&mut C) -> ClaimOutcome<K, E>,
+        mut claim_once: impl FnMut(&mut C, Vec<K>) -> ClaimOutcome<K, E>,
     ) -> Result<ClaimReport, E>
     where
         C: WaitForRows,
+        K: Clone + Eq + Hash,
         E: From<Error>,
     {
         let span = self.span();
@@ -207,13 +254,11 @@ impl<Q> ClaimWorker<Q> {
         let mut worked = || {
             let mut total = ClaimReport::default();
             let mut pause = self.min_poll;
+            let mut backoff = Backoff::new(self.backoff);
             while !self.stop.is_stopped() {
-                let outcome = claim_once(conn);
-                total.add(&outcome.report);
-                if let Some(failure) = outcome.stopped {
-                    return Err(failure.error);
-                }
-                if let Some(wait) = self.next_pause(outcome.report.processed, &mut pause) {
+                let outcome = claim_once(conn, backoff.excluded());
+                let processed = backoff.record(&mut total, outcome)?;
+                if let Some(wait) = self.next_pause(processed, &mut pause) {
                     if conn.wait_for_rows(wait, &self.stop)? {
                         pause = self.min_poll;
                     }
@@ -237,219 +282,130 @@ impl<Q> ClaimWorker<Q> {
     }
 }
 
-/// How a connection waits for new rows between a worker's claims.
-///
-/// Implemented for Diesel's connections and their r2d2 pooled connections:
-/// PostgreSQL listens for notifications, the others sleep.
-#[diagnostic::on_unimplemented(
-    message = "a blocking claim worker cannot wait for rows on `{Self}`",
-    note = "blocking workers run on Diesel's connections and their r2d2 pooled connections; on a \
-            diesel-async connection, import `diesel_claim::aio::prelude::*` in place of \
-            `diesel_claim::prelude::*`"
-)]
-pub trait WaitForRows: LoadConnection {
-    /// Starts listening on `channel`: PostgreSQL `LISTEN`; elsewhere
-    /// [`Error::InvalidArgument`].
-    fn listen(&mut self, channel: &str) -> Result<(), Error>;
-
-    /// Stops listening on `channel`.
-    fn unlisten(&mut self, channel: &str) -> Result<(), Error>;
-
-    /// Waits up to `timeout`, less if `stop` is triggered or (when listening)
-    /// a notification arrives; whether one did. Notifications that arrived
-    /// before count too.
-    fn wait_for_rows(&mut self, timeout: Duration, stop: &StopHandle) -> Result<bool, Error>;
+/// The rows a worker leaves out of its claims after their closures failed,
+/// each until its backoff has passed.
+pub(crate) struct Backoff<K> {
+    first: Duration,
+    max: Duration,
+    /// Per row: its failures here, and when it may be taken again.
+    rows: HashMap<K, (u32, Instant)>,
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-/// How often a waiting worker looks at its stop handle (and, on PostgreSQL,
-/// at its socket for notifications: a read, no round trip).
-const WAKE_UP_EVERY: Duration = Duration::from_millis(1);
+/// Rows a worker leaves out of a claim, at most: the rest of the claim's
+/// room is for the rows that fail during it.
+const MAX_BACKED_OFF: usize = MAX_EXCLUDED / 2;
 
-/// A worker's wait between claims, in both APIs: until a deadline, cut short
-/// by its stop handle.
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    all(
-        feature = "async",
-        any(feature = "postgres_backend", feature = "mysql_backend")
-    )
-))]
-pub(crate) struct Wait<'a> {
-    deadline: std::time::Instant,
-    stop: &'a StopHandle,
-}
-
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    all(
-        feature = "async",
-        any(feature = "postgres_backend", feature = "mysql_backend")
-    )
-))]
-impl<'a> Wait<'a> {
-    pub(crate) fn new(timeout: Duration, stop: &'a StopHandle) -> Self {
-        Wait {
-            deadline: std::time::Instant::now() + timeout,
-            stop,
+impl<K: Clone + Eq + Hash> Backoff<K> {
+    pub(crate) fn new((first, max): (Duration, Duration)) -> Self {
+        Backoff {
+            first,
+            max,
+            rows: HashMap::new(),
         }
     }
 
-    /// How long to sleep before looking again, at most `step`; `None` once
-    /// the wait is over or stopped.
-    pub(crate) fn next_step(&self, step: Duration) -> Option<Duration> {
-        let left = self
-            .deadline
-            .saturating_duration_since(std::time::Instant::now());
-        (!left.is_zero() && !self.stop.is_stopped()).then(|| left.min(step))
-    }
-}
-
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-/// Sleeps up to `timeout` in short steps, until `stop` is triggered or
-/// `notified` says so; whether it did.
-fn wait_until(
-    timeout: Duration,
-    stop: &StopHandle,
-    mut notified: impl FnMut() -> Result<bool, Error>,
-) -> Result<bool, Error> {
-    let wait = Wait::new(timeout, stop);
-    loop {
-        if notified()? {
-            return Ok(true);
+    /// Counts what a run did into `total`, and backs off from the rows that
+    /// failed in it: the rows it processed, or the failure that ended it.
+    pub(crate) fn record<E>(
+        &mut self,
+        total: &mut ClaimReport,
+        outcome: ClaimOutcome<K, E>,
+    ) -> Result<u64, E> {
+        total.add(&outcome.report);
+        for failure in &outcome.failed {
+            for key in &failure.keys {
+                self.failed(key.clone());
+            }
         }
-        let Some(pause) = wait.next_step(WAKE_UP_EVERY) else {
-            return Ok(false);
-        };
-        std::thread::sleep(pause);
+        match outcome.stopped {
+            Some(failure) => Err(failure.error),
+            None => Ok(outcome.report.processed),
+        }
+    }
+
+    /// The row at `key` failed: it is left out until its backoff passes.
+    fn failed(&mut self, key: K) {
+        let now = Instant::now();
+        let (failures, until) = self.rows.entry(key).or_insert((0, now));
+        let doublings = (*failures).min(31);
+        *failures += 1;
+        *until = now + self.first.saturating_mul(1 << doublings).min(self.max);
+    }
+
+    /// The rows to leave out now: those whose backoff has not passed, the
+    /// latest first, at most [`MAX_BACKED_OFF`]. Rows whose backoff passed
+    /// longer than the longest backoff ago are forgotten.
+    pub(crate) fn excluded(&mut self) -> Vec<K> {
+        let now = Instant::now();
+        let max = self.max;
+        self.rows
+            .retain(|_, (_, until)| now.saturating_duration_since(*until) <= max);
+        let mut waiting: Vec<(&K, Instant)> = self
+            .rows
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(key, (_, until))| (key, *until))
+            .collect();
+        waiting.sort_by_key(|(_, until)| std::cmp::Reverse(*until));
+        waiting
+            .into_iter()
+            .take(MAX_BACKED_OFF)
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 }
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "mysql",
-    all(feature = "async", feature = "mysql_backend")
-))]
-pub(crate) fn no_notifications(channel: &str) -> Result<(), Error> {
-    Err(Error::InvalidArgument(format!(
-        "cannot listen on {channel:?}: LISTEN and NOTIFY are PostgreSQL's; poll instead"
-    )))
-}
-
-/// A channel name PostgreSQL accepts: an identifier of at most 63 bytes.
-pub(crate) fn check_channel(channel: &str) -> Result<(), Error> {
-    if channel.is_empty() || channel.len() > 63 || channel.contains('\0') {
-        return Err(Error::InvalidArgument(format!(
-            "a notification channel is 1 to 63 bytes without NUL, got {channel:?}"
-        )));
-    }
-    Ok(())
-}
-
-/// `channel` as a quoted identifier, for `LISTEN` and `UNLISTEN`.
-#[cfg(any(
-    feature = "postgres",
-    all(feature = "async", feature = "postgres_backend")
-))]
-pub(crate) fn quoted(channel: &str) -> String {
-    format!("\"{}\"", channel.replace('"', "\"\""))
-}
-
-#[cfg(feature = "postgres")]
-mod pg {
-    use diesel::connection::SimpleConnection;
-    use diesel::PgConnection;
-
+#[cfg(test)]
+mod tests {
     use super::*;
+    use crate::RowFailure;
 
-    impl WaitForRows for PgConnection {
-        fn listen(&mut self, channel: &str) -> Result<(), Error> {
-            check_channel(channel)?;
-            Ok(self.batch_execute(&format!("LISTEN {}", quoted(channel)))?)
-        }
-
-        fn unlisten(&mut self, channel: &str) -> Result<(), Error> {
-            check_channel(channel)?;
-            Ok(self.batch_execute(&format!("UNLISTEN {}", quoted(channel)))?)
-        }
-
-        fn wait_for_rows(&mut self, timeout: Duration, stop: &StopHandle) -> Result<bool, Error> {
-            wait_until(timeout, stop, || {
-                let mut notified = false;
-                // Every notification waiting: one claim serves them all.
-                for notification in self.notifications_iter() {
-                    notification?;
-                    notified = true;
-                }
-                Ok(notified)
-            })
+    fn failing(keys: &[i32]) -> ClaimOutcome<i32, Error> {
+        let failed = keys
+            .iter()
+            .map(|key| RowFailure::new(vec![*key], Error::NotFound))
+            .collect();
+        ClaimOutcome {
+            report: ClaimReport::default(),
+            failed,
+            stopped: None,
         }
     }
-}
 
-/// Sends a notification on `channel`, for workers that
-/// [listen](ClaimWorker::listen) on it: in the transaction that writes
-/// the rows, PostgreSQL delivers it when that commits. A trigger can send
-/// it instead: `PERFORM pg_notify('channel', '')` in a function run
-/// `AFTER INSERT … FOR EACH STATEMENT`.
-#[cfg(feature = "postgres_backend")]
-pub fn notify<C>(conn: &mut C, channel: &str) -> Result<(), Error>
-where
-    C: diesel::Connection<Backend = diesel::pg::Pg>,
-{
-    use diesel::RunQueryDsl;
+    /// A failing row is left out for the first backoff, doubling with each
+    /// failure up to the longest; it comes back once its backoff has passed.
+    #[test]
+    fn failing_rows_are_left_out_until_their_backoff_passes() {
+        let first = Duration::from_millis(40);
+        let mut backoff = Backoff::new((first, first * 3));
+        let mut total = ClaimReport::default();
+        backoff.record(&mut total, failing(&[1, 2])).unwrap();
+        let mut excluded = backoff.excluded();
+        excluded.sort();
+        assert_eq!(excluded, [1, 2]);
+        std::thread::sleep(first + Duration::from_millis(10));
+        assert!(backoff.excluded().is_empty());
+        // The second failure doubles the backoff, the third caps it.
+        backoff.record(&mut total, failing(&[1])).unwrap();
+        backoff.record(&mut total, failing(&[1])).unwrap();
+        let (failures, until) = backoff.rows[&1];
+        assert_eq!(failures, 3);
+        let left = until.saturating_duration_since(Instant::now());
+        assert!(left > first * 2 && left <= first * 3, "{left:?}");
+        assert_eq!(total.failed, 0, "the report is the runs' own");
+    }
 
-    check_channel(channel)?;
-    diesel::sql_query("SELECT pg_notify($1, '')")
-        .bind::<diesel::sql_types::Text, _>(channel)
-        .execute(conn)?;
-    Ok(())
-}
-
-/// Connections without notifications: waiting is sleeping.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-macro_rules! sleeps_while_waiting {
-    ($($conn:ty),*) => {$(
-        impl WaitForRows for $conn {
-            fn listen(&mut self, channel: &str) -> Result<(), Error> {
-                no_notifications(channel)
-            }
-
-            fn unlisten(&mut self, channel: &str) -> Result<(), Error> {
-                no_notifications(channel)
-            }
-
-            fn wait_for_rows(&mut self, timeout: Duration, stop: &StopHandle) -> Result<bool, Error> {
-                wait_until(timeout, stop, || Ok(false))
-            }
+    /// At most half the claim's room for left-out rows goes to the backoff,
+    /// the rows that failed last.
+    #[test]
+    fn a_worker_leaves_out_a_bounded_number_of_rows() {
+        let mut backoff = Backoff::new((Duration::from_secs(60), Duration::from_secs(60)));
+        let keys: Vec<i32> = (0..(MAX_BACKED_OFF as i32 + 10)).collect();
+        for key in &keys {
+            backoff.failed(*key);
         }
-    )*};
-}
-
-#[cfg(feature = "sqlite")]
-sleeps_while_waiting!(diesel::SqliteConnection);
-#[cfg(feature = "mysql")]
-sleeps_while_waiting!(diesel::MysqlConnection);
-
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-impl<C> WaitForRows for PooledConnection<ConnectionManager<C>>
-where
-    C: WaitForRows + R2D2Connection + Send + 'static,
-    PooledConnection<ConnectionManager<C>>: LoadConnection,
-{
-    fn listen(&mut self, channel: &str) -> Result<(), Error> {
-        (**self).listen(channel)
-    }
-
-    fn unlisten(&mut self, channel: &str) -> Result<(), Error> {
-        (**self).unlisten(channel)
-    }
-
-    fn wait_for_rows(&mut self, timeout: Duration, stop: &StopHandle) -> Result<bool, Error> {
-        (**self).wait_for_rows(timeout, stop)
+        let excluded = backoff.excluded();
+        assert_eq!(excluded.len(), MAX_BACKED_OFF);
+        assert!(excluded.contains(keys.last().unwrap()));
     }
 }

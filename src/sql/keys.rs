@@ -12,6 +12,8 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{Bool, HasSqlType, SqlType};
 use diesel::{Column, Identifiable, QueryResult, Table};
 
+use std::sync::Arc;
+
 use super::order::RangeColumns;
 use crate::backend::{strategy::Strategy, ClaimBackend};
 
@@ -309,12 +311,16 @@ impl<C: AppearsOnTable<QS>, QS> KeyOn<QS> for One<C> {}
 
 impl<C: AppearsOnTable<QS>, QS> KeyOn<QS> for Row<C> {}
 
-/// A range of primary-key values, in the database's order of the key.
+/// A range of primary-key values, in the database's order of the key, less
+/// the keys it excludes.
 #[derive(Debug, Clone)]
 pub struct KeyRange<K> {
     pub lower: Lower<K>,
     /// Inclusive upper bound.
     pub through: Option<K>,
+    /// Keys left out wherever they fall: rows a worker backs off from, and
+    /// rows a claim from the head of the queue has handed over already.
+    pub excluded: Arc<[K]>,
 }
 
 /// The lower end of a [`KeyRange`].
@@ -328,12 +334,23 @@ pub enum Lower<K> {
 }
 
 impl<K: Clone> KeyRange<K> {
+    /// Keys from `lower` up to `through`, inclusive (no upper bound: `None`).
+    pub fn new(lower: Lower<K>, through: Option<K>) -> Self {
+        KeyRange {
+            lower,
+            through,
+            excluded: Arc::new([]),
+        }
+    }
+
     /// Every key after `cursor` (every key when there is none).
     pub fn after(cursor: Option<K>) -> Self {
-        KeyRange {
-            lower: cursor.map_or(Lower::Unbounded, Lower::After),
-            through: None,
-        }
+        Self::new(cursor.map_or(Lower::Unbounded, Lower::After), None)
+    }
+
+    /// Every key.
+    pub fn whole() -> Self {
+        Self::after(None)
     }
 
     /// Keys after `cursor` up to `through`, inclusive.
@@ -346,10 +363,12 @@ impl<K: Clone> KeyRange<K> {
 
     /// Just `key`.
     pub fn exactly(key: K) -> Self {
-        KeyRange {
-            lower: Lower::From(key.clone()),
-            through: Some(key),
-        }
+        Self::new(Lower::From(key.clone()), Some(key))
+    }
+
+    /// The same range, less `excluded`.
+    pub fn excluding(self, excluded: Arc<[K]>) -> Self {
+        KeyRange { excluded, ..self }
     }
 }
 
@@ -375,7 +394,8 @@ where
         let through = self.range.through.as_ref().map(|key| (" <= ", key));
         let bounds = [lower, through];
         let mut bounds = bounds.iter().flatten().peekable();
-        if bounds.peek().is_none() {
+        let excluded = &self.range.excluded;
+        if bounds.peek().is_none() && excluded.is_empty() {
             out.push_sql("1 = 1");
             return Ok(());
         }
@@ -385,6 +405,15 @@ where
             if bounds.peek().is_some() {
                 out.push_sql(" AND ");
             }
+        }
+        if !excluded.is_empty() {
+            // The statement's text depends on the number of keys.
+            out.unsafe_to_cache_prepared();
+            if lower.is_some() || through.is_some() {
+                out.push_sql(" AND ");
+            }
+            out.push_sql("NOT ");
+            self.column.walk_among(excluded, out.reborrow())?;
         }
         out.push_sql(")");
         Ok(())
@@ -439,28 +468,43 @@ where
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         // The statement's text depends on the number of keys.
         out.unsafe_to_cache_prepared();
-        if Column::ROW {
-            out.push_sql("(");
-            for (index, key) in self.keys.iter().enumerate() {
-                if index > 0 {
-                    out.push_sql(" OR ");
-                }
-                self.column.walk_compare(" = ", key, out.reborrow())?;
+        walk_in_list(&self.column, self.keys.iter(), out)
+    }
+}
+
+/// `column IN (?, ?, …)`, or `((a, b) = (?, ?) OR …)` for a key of several
+/// columns, in parentheses either way; at least one key.
+pub(crate) fn walk_in_list<'b, Column, K, DB>(
+    column: &'b Column,
+    keys: impl Iterator<Item = &'b K>,
+    mut out: AstPass<'_, 'b, DB>,
+) -> QueryResult<()>
+where
+    DB: Backend,
+    Column: KeyColumns<K, DB>,
+    K: 'b,
+{
+    out.push_sql("(");
+    if Column::ROW {
+        for (index, key) in keys.enumerate() {
+            if index > 0 {
+                out.push_sql(" OR ");
             }
-            out.push_sql(")");
-            return Ok(());
+            column.walk_compare(" = ", key, out.reborrow())?;
         }
-        self.column.walk_columns(out.reborrow())?;
+    } else {
+        column.walk_columns(out.reborrow())?;
         out.push_sql(" IN (");
-        for (index, key) in self.keys.iter().enumerate() {
+        for (index, key) in keys.enumerate() {
             if index > 0 {
                 out.push_sql(", ");
             }
             Column::walk_value(key, out.reborrow())?;
         }
         out.push_sql(")");
-        Ok(())
     }
+    out.push_sql(")");
+    Ok(())
 }
 
 #[cfg(all(test, feature = "postgres_backend", feature = "mysql_backend"))]
@@ -508,7 +552,7 @@ mod tests {
         };
         assert_eq!(
             sql::<diesel::pg::Pg>(&one),
-            r#""lines"."order_id" IN ($1, $2)"#
+            r#"("lines"."order_id" IN ($1, $2))"#
         );
     }
 }

@@ -501,6 +501,9 @@ pub trait RangeColumns<P, DB: Backend> {
         value: &'b P,
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()>;
+
+    /// The key among the keys of `positions` (at least one), in parentheses.
+    fn walk_among<'b>(&'b self, positions: &'b [P], out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
 }
 
 impl<T, Key, K, DB> RangeColumns<Position<K>, DB> for Positioned<T, Key>
@@ -516,6 +519,15 @@ where
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
         self.walk_from(0, operator, value, out)
+    }
+
+    fn walk_among<'b>(
+        &'b self,
+        positions: &'b [Position<K>],
+        out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        let keys = positions.iter().map(|position| &position.key);
+        super::keys::walk_in_list(&self.key, keys, out)
     }
 }
 

@@ -1,0 +1,371 @@
+//! The async driver of a claim: the engine's steps carried out with a kind's
+//! statements on a diesel-async connection, as the blocking driver
+//! (`claim/run.rs`) carries them out on a blocking one.
+
+use std::hash::Hash;
+use std::time::Instant;
+
+use diesel_async::{AsyncConnection, TransactionManager};
+use scoped_futures::ScopedFutureExt;
+
+use super::backend::AsyncBackend;
+use super::claim::{call, Closure};
+use super::kind::{FailureHook, Takes};
+use super::transaction::{locking_transaction, roll_back_to, transaction_depth};
+use crate::claim::engine::{Claim, Step, Taking};
+use crate::claim::run::{calls, Failing, NextBatch};
+use crate::claim::{failures_in_savepoints, Options};
+use crate::sql::{KeyRange, Position};
+use crate::trace::{self, Instrument};
+use crate::transaction::{locking_read, transaction_outcome, MOVED_ROW_RETRIES};
+use crate::{Error, RowFailure};
+
+/// One run of a claim on a diesel-async connection, and the failures passed
+/// over so far.
+pub(super) struct Driver<'d, Q, T, H, K, E> {
+    pub(super) claim: &'d mut Claim<Position<K>>,
+    pub(super) query: &'d Q,
+    pub(super) kind: &'d mut T,
+    pub(super) hook: &'d mut H,
+    pub(super) options: &'d Options,
+    pub(super) failed: Vec<RowFailure<K, E>>,
+}
+
+impl<'a, Q, T, H, K, E> Driver<'_, Q, T, H, K, E>
+where
+    Q: Sync,
+    K: Clone + Eq + Hash + Send + Sync,
+    E: From<Error> + Send,
+{
+    /// Runs the claim's steps until it is done; an error ends it.
+    pub(super) async fn run<C, I, F>(
+        &mut self,
+        conn: &mut C,
+        f: &mut F,
+    ) -> Result<(), RowFailure<K, E>>
+    where
+        T: Takes<'a, Q, C, I, Key = K>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        I: Send,
+        F: Closure<C, I, E>,
+    {
+        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
+        while let Some((range, limit)) = self.next_batch(conn).await.map_err(outside)? {
+            let span =
+                trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
+            if self.claim.taking == Taking::MarkAndCommit {
+                self.hand_committed(conn, f, range, limit, &span).await?;
+            } else {
+                self.take_and_hand(conn, f, range, limit, &span)
+                    .instrument(span.clone())
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads candidates until the claim's next batch is known, as the
+    /// blocking driver does: its range and limit, or `None` once the claim is
+    /// done.
+    async fn next_batch<C, I>(&mut self, conn: &mut C) -> Result<Option<NextBatch<K>>, Error>
+    where
+        T: Takes<'a, Q, C, I, Key = K>,
+        C: AsyncConnection,
+    {
+        loop {
+            match self.claim.next() {
+                Step::Candidates(range, limit) => {
+                    let keys = self
+                        .kind
+                        .keys(self.query, conn, range, limit, false)
+                        .await?;
+                    self.claim.candidates(keys);
+                }
+                Step::StillMatching(range) => {
+                    let keys = self
+                        .kind
+                        .keys(self.query, conn, range, i64::MAX, true)
+                        .await?;
+                    self.claim.still_matching(keys);
+                }
+                Step::Batch(range, limit) => return Ok(Some((range, limit))),
+                Step::Done => return Ok(None),
+            }
+        }
+    }
+
+    /// Takes a batch in a transaction of its own and hands it to the closure
+    /// in it, as the blocking driver's `take_and_hand` does.
+    async fn take_and_hand<C, I, F>(
+        &mut self,
+        conn: &mut C,
+        f: &mut F,
+        range: KeyRange<Position<K>>,
+        limit: i64,
+        span: &trace::Span,
+    ) -> Result<(), RowFailure<K, E>>
+    where
+        T: Takes<'a, Q, C, I, Key = K>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        I: Send,
+        F: Closure<C, I, E>,
+    {
+        let catch = self.options.keep_going || H::SET;
+        let savepoints =
+            failures_in_savepoints(self.options, self.claim.taking, H::SET, F::PER_ROW);
+        let mut attempts = 0;
+        let (batch, failing, caught) = loop {
+            let (mut moved, mut failing, mut caught) = (false, None, Vec::new());
+            let (moved_read, failing_at, caught_in) = (&mut moved, &mut failing, &mut caught);
+            let (claim, kind, hook, query, f, range) = (
+                &mut *self.claim,
+                &mut *self.kind,
+                &mut *self.hook,
+                self.query,
+                &mut *f,
+                range.clone(),
+            );
+            let batch = locking_transaction(conn, |conn| {
+                async move {
+                    let rows = kind
+                        .take(query, conn, range.clone(), limit, &claim.clause)
+                        .await;
+                    let rows = locking_read(rows, moved_read)?;
+                    let rows =
+                        claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
+                    span.record("taken", rows.len());
+                    if let Some(range) = claim.locked_check(range) {
+                        let keys = kind.keys(query, conn, range, i64::MAX, true).await;
+                        let key_of = |row: &T::Taken| Position::of_key(T::taken_key(row));
+                        claim.verify_none_locked(keys.map_err(Error::from)?, &rows, key_of)?;
+                    }
+                    let now = Instant::now();
+                    let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
+                    let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
+                    let mut processed = 0;
+                    for items in calls(items, savepoints && F::PER_ROW) {
+                        let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                        if !savepoints {
+                            let called = call(f.call(conn, items), catch).await;
+                            called.inspect_err(|_| {
+                                *failing_at = Some(Failing::Closure(batch_keys.clone()))
+                            })?;
+                            processed += keys.len();
+                            continue;
+                        }
+                        let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
+                        let depth = transaction_depth(conn)?;
+                        C::TransactionManager::begin_transaction(conn)
+                            .await
+                            .map_err(Error::from)?;
+                        match call(f.call(conn, items), catch).await {
+                            Ok(()) => {
+                                C::TransactionManager::commit_transaction(conn)
+                                    .await
+                                    .map_err(Error::from)?;
+                                processed += keys.len();
+                            }
+                            Err(error) => {
+                                if !roll_back_to(conn, depth).await {
+                                    *failing_at = Some(Failing::Ends(batch_keys));
+                                    return Err(error);
+                                }
+                                for item in kept.into_iter().flatten() {
+                                    let hooked = hook.failed(conn, T::into_row(item), &error).await;
+                                    hooked.inspect_err(|_| {
+                                        *failing_at = Some(Failing::Ends(batch_keys.clone()))
+                                    })?;
+                                }
+                                caught_in.push(RowFailure::new(keys, error));
+                            }
+                        }
+                    }
+                    Ok::<_, E>(processed)
+                }
+                .scope_boxed()
+            })
+            .await;
+            match batch {
+                Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
+                    attempts += 1;
+                    trace::moved_row(attempts);
+                }
+                batch => break (batch, failing, caught),
+            }
+        };
+        span.record("outcome", transaction_outcome(&batch));
+        match (batch, failing) {
+            (Ok(processed), _) => {
+                self.claim.processed(processed);
+                for failure in caught {
+                    self.passed_over::<C, I>(&failure.keys);
+                    self.failed.push(failure);
+                }
+            }
+            (Err(error), Some(Failing::Closure(keys))) if catch => {
+                self.passed_over::<C, I>(&keys);
+                self.failed.push(RowFailure::new(keys, error));
+            }
+            (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
+                return Err(RowFailure::new(keys, error))
+            }
+            (Err(error), None) => return Err(RowFailure::new(Vec::new(), error)),
+        }
+        Ok(())
+    }
+
+    /// Takes a batch with a statement that commits before any closure runs,
+    /// then hands it over outside any transaction, as the blocking driver's
+    /// `hand_committed` does.
+    async fn hand_committed<C, I, F>(
+        &mut self,
+        conn: &mut C,
+        f: &mut F,
+        range: KeyRange<Position<K>>,
+        limit: i64,
+        span: &trace::Span,
+    ) -> Result<(), RowFailure<K, E>>
+    where
+        T: Takes<'a, Q, C, I, Key = K>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+        I: Send,
+        F: Closure<C, I, E>,
+    {
+        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
+        let catch = self.options.keep_going || H::SET;
+        let sent = Instant::now();
+        let rows = self
+            .take_and_commit(conn, range, limit)
+            .instrument(span.clone())
+            .await
+            .map_err(outside)?;
+        span.record("taken", rows.len())
+            .record("outcome", "committed");
+        let items: Vec<I> = rows
+            .into_iter()
+            .map(|row| self.kind.hand(row, sent))
+            .collect();
+        let mut processed = 0;
+        let mut ended = Ok(());
+        for (index, mut items) in calls(items, F::PER_ROW).into_iter().enumerate() {
+            if index > 0 {
+                match self.kind.refresh(&mut items[0], conn).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.claim.gone();
+                        continue;
+                    }
+                    Err(error) => {
+                        ended = Err(outside(error));
+                        break;
+                    }
+                }
+            }
+            let keys: Vec<K> = items.iter().map(T::item_key).collect();
+            let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
+            let error = match call(f.call(conn, items), catch).await {
+                Ok(()) => {
+                    processed += keys.len();
+                    continue;
+                }
+                Err(error) if catch => error,
+                Err(error) => {
+                    ended = Err(RowFailure::new(keys, error));
+                    break;
+                }
+            };
+            let error = if H::SET {
+                // The error goes into the hook's transaction, and comes back.
+                let (kind, hook) = (&*self.kind, &mut *self.hook);
+                let hooked = locking_transaction(conn, |conn| {
+                    async move {
+                        for item in kept.into_iter().flatten() {
+                            if kind.settle(&item, conn).await? {
+                                hook.failed(conn, T::into_row(item), &error).await?;
+                            }
+                        }
+                        Ok::<_, E>(error)
+                    }
+                    .scope_boxed()
+                })
+                .await;
+                match hooked {
+                    Ok(error) => error,
+                    Err(hook_error) => {
+                        ended = Err(RowFailure::new(keys, hook_error));
+                        break;
+                    }
+                }
+            } else {
+                error
+            };
+            self.passed_over::<C, I>(&keys);
+            self.failed.push(RowFailure::new(keys, error));
+        }
+        self.claim.processed(processed);
+        ended
+    }
+
+    /// Takes a batch with a statement that commits on its own (or with
+    /// MySQL's three statements, in a transaction of their own): a mark that
+    /// is committed, or a visibility-timeout stamp; the blocking
+    /// `take_and_commit`, awaited. A take that meets a row moved to another
+    /// partition runs again (see `crate::transaction::locking_read`).
+    async fn take_and_commit<C, I>(
+        &mut self,
+        conn: &mut C,
+        range: KeyRange<Position<K>>,
+        limit: i64,
+    ) -> Result<Vec<T::Taken>, Error>
+    where
+        T: Takes<'a, Q, C, I, Key = K>,
+        C: AsyncConnection,
+        C::Backend: AsyncBackend,
+    {
+        let mut attempts = 0;
+        let rows = loop {
+            let mut moved = false;
+            let (kind, query, range, clause) =
+                (&*self.kind, self.query, range.clone(), &self.claim.clause);
+            let taken = if self.claim.one_statement_mark {
+                let rows = kind.take(query, conn, range, limit, clause).await;
+                locking_read(rows, &mut moved)
+            } else {
+                let moved = &mut moved;
+                locking_transaction(conn, |conn| {
+                    async move {
+                        locking_read(kind.take(query, conn, range, limit, clause).await, moved)
+                    }
+                    .scope_boxed()
+                })
+                .await
+            };
+            match taken {
+                Err(_) if moved && attempts < MOVED_ROW_RETRIES => {
+                    attempts += 1;
+                    trace::moved_row(attempts);
+                }
+                done => break done?,
+            }
+        };
+        self.claim
+            .taken(rows, limit, |row| Position::of_key(T::taken_key(row)))
+    }
+
+    /// Counts a failure the call goes on past, and says so.
+    fn passed_over<C, I>(&mut self, keys: &[K])
+    where
+        T: Takes<'a, Q, C, I, Key = K>,
+        C: AsyncConnection,
+    {
+        trace::passed_over(&T::table_name(), keys.len());
+        self.claim
+            .failed(keys.iter().cloned().map(Position::of_key).collect());
+    }
+}

@@ -1,0 +1,678 @@
+//! The kinds of claim on a diesel-async connection: the async twin of
+//! [`crate::kind::Takes`], each kind's statements (a mark's and a stamp's
+//! among them), and the async failure hook.
+
+use std::future::Future;
+use std::hash::Hash;
+use std::time::Instant;
+
+use diesel::associations::HasTable;
+use diesel::dsl;
+use diesel::prelude::*;
+use diesel::query_builder::QueryFragment;
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use futures_util::future::{self, BoxFuture};
+
+use super::backend::AsyncBackend;
+use super::claim::{lock_keys, ClaimQuery};
+use super::closure::AsyncFnMut3;
+use super::timed::StampedRow;
+use super::Async;
+use crate::backend::strategy::Strategy;
+use crate::claim::engine::Claim;
+use crate::claim::kind::{start, Kind, Mark, NoHook, OnFailure, Replica, Select, Stamp};
+use crate::claim::query::{
+    check_mark, read_by_keys, taken_in_one, update_by_keys, MarkByKeys, MarkStatement, PrimaryKey,
+    ReadByKeys, ReadStampedByKeys, StampByKeys, StampStatement,
+};
+use crate::claim::{ClaimStatements, Options};
+use crate::locking::LockClause;
+use crate::sql::stamp::{NewStamp, StampMicros, StampType};
+use crate::sql::{KeyRange, Position};
+use crate::{ClaimBuilder, Claimed, Error};
+
+/// How a kind of claim runs on a diesel-async connection `C`, from the query
+/// `Q`, for a closure that gets `I` for each row: the async twin of
+/// [`crate::kind::Takes`], implemented by the same kinds for the same queries.
+#[diagnostic::on_unimplemented(
+    message = "`{I}` cannot be claimed from `{Q}` on `{C}`",
+    note = "the closure gets the rows of the query (a `#[derive(Identifiable)]` type loadable from \
+            it), or, with a visibility timeout, `Claimed<Row, _, Async>`"
+)]
+pub trait Takes<'a, Q, C: AsyncConnection, I>: Kind + Send + Sync {
+    /// The rows, as a failure hook gets them.
+    #[doc(hidden)]
+    type Row: Send;
+    /// The claimed table's primary-key value.
+    #[doc(hidden)]
+    type Key: Clone + Eq + Hash + Send + Sync;
+    /// What the taking statement returns per row.
+    #[doc(hidden)]
+    type Taken: Send;
+
+    /// Checks the query and the options, and sets up one run.
+    #[doc(hidden)]
+    fn start(
+        &self,
+        query: &Q,
+        options: &Options,
+        depth: u32,
+    ) -> Result<Claim<Position<Self::Key>>, Error>;
+
+    /// The claimed table's name, for spans and events.
+    #[doc(hidden)]
+    fn table_name() -> String;
+
+    /// Up to `limit` positions of matching rows in `range`, without locks,
+    /// read on `conn` (`exact`), or on the replica if the kind has one.
+    #[doc(hidden)]
+    fn keys<'c>(
+        &'c mut self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        exact: bool,
+    ) -> BoxFuture<'c, QueryResult<Vec<Position<Self::Key>>>>
+    where
+        'a: 'c,
+        I: 'c,
+        Self::Key: 'c;
+
+    /// Takes up to `limit` rows of `range` under `lock`.
+    #[doc(hidden)]
+    fn take<'c>(
+        &'c self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<Self::Taken>>>
+    where
+        'a: 'c,
+        I: 'c,
+        Self::Key: 'c;
+
+    /// A taken row's key.
+    #[doc(hidden)]
+    fn taken_key(taken: &Self::Taken) -> Self::Key;
+
+    /// What the closure gets of a row taken by a statement sent at `sent`.
+    #[doc(hidden)]
+    fn hand(&self, taken: Self::Taken, sent: Instant) -> I;
+
+    /// The key of what the closure gets.
+    #[doc(hidden)]
+    fn item_key(item: &I) -> Self::Key;
+
+    /// The row of what the closure gets, for a failure hook.
+    #[doc(hidden)]
+    fn into_row(item: I) -> Self::Row;
+
+    /// See [`crate::kind::Takes::refresh`].
+    #[doc(hidden)]
+    fn refresh<'c>(
+        &'c self,
+        _item: &'c mut I,
+        _conn: &'c mut C,
+    ) -> BoxFuture<'c, Result<bool, Error>> {
+        Box::pin(future::ready(Ok(true)))
+    }
+
+    /// See [`crate::kind::Takes::settle`].
+    #[doc(hidden)]
+    fn settle<'c>(&'c self, _item: &'c I, _conn: &'c mut C) -> BoxFuture<'c, Result<bool, Error>> {
+        Box::pin(future::ready(Ok(true)))
+    }
+}
+
+/// The parts of an async kind that only pass the query's own on: the key,
+/// the row and what the closure gets, when it gets the row itself.
+macro_rules! hands_rows_as_they_are {
+    ($key:ty) => {
+        type Row = R;
+        type Key = $key;
+        type Taken = R;
+
+        fn taken_key(taken: &R) -> $key {
+            <Q as ClaimStatements<C::Backend, R>>::key(taken)
+        }
+
+        fn hand(&self, taken: R, _sent: Instant) -> R {
+            taken
+        }
+
+        fn item_key(item: &R) -> $key {
+            <Q as ClaimStatements<C::Backend, R>>::key(item)
+        }
+
+        fn into_row(item: R) -> R {
+            item
+        }
+
+        fn table_name() -> String {
+            <Q as ClaimStatements<C::Backend, R>>::table_name()
+        }
+
+        fn start(
+            &self,
+            query: &Q,
+            options: &Options,
+            depth: u32,
+        ) -> Result<Claim<Position<$key>>, Error> {
+            start::<C::Backend, R, Q, Self>(self, query, options, depth)
+        }
+    };
+}
+
+impl<'a, Q, C, R> Takes<'a, Q, C, R> for Select
+where
+    Q: ClaimQuery<'a, C, R> + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: Send,
+{
+    hands_rows_as_they_are!(Q::Key);
+
+    fn keys<'c>(
+        &'c mut self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        _exact: bool,
+    ) -> BoxFuture<'c, QueryResult<Vec<Position<Q::Key>>>>
+    where
+        'a: 'c,
+        R: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(query.keys(conn, range, limit))
+    }
+
+    fn take<'c>(
+        &'c self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<R>>>
+    where
+        'a: 'c,
+        R: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(query.rows(conn, range, limit, lock))
+    }
+}
+
+impl<'a, Q, C, R, Rc, K> Takes<'a, Q, C, R> for Replica<'_, Rc>
+where
+    Q: ClaimQuery<'a, C, R, Key = K> + ClaimQuery<'a, Rc, R, Key = K> + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    Rc: AsyncConnection<Backend = C::Backend> + Sync,
+    R: Send,
+    K: Clone + Eq + Hash + Send + Sync,
+{
+    hands_rows_as_they_are!(K);
+
+    fn keys<'c>(
+        &'c mut self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        exact: bool,
+    ) -> BoxFuture<'c, QueryResult<Vec<Position<Self::Key>>>>
+    where
+        'a: 'c,
+        R: 'c,
+        Self::Key: 'c,
+    {
+        if exact {
+            Box::pin(ClaimQuery::<'a, C, R>::keys(query, conn, range, limit))
+        } else {
+            Box::pin(ClaimQuery::<'a, Rc, R>::keys(
+                query,
+                self.replica,
+                range,
+                limit,
+            ))
+        }
+    }
+
+    fn take<'c>(
+        &'c self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<R>>>
+    where
+        'a: 'c,
+        R: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(ClaimQuery::<'a, C, R>::rows(
+            query, conn, range, limit, lock,
+        ))
+    }
+}
+
+impl<'a, Q, C, R, V> Takes<'a, Q, C, R> for Mark<V>
+where
+    Q: MarkQuery<'a, C, R, V> + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: Send,
+    V: Send + Sync,
+{
+    type Row = R;
+    type Key = Q::Key;
+    type Taken = R;
+
+    fn start(
+        &self,
+        query: &Q,
+        options: &Options,
+        depth: u32,
+    ) -> Result<Claim<Position<Q::Key>>, Error> {
+        Q::check_changes(&self.changes)?;
+        start::<C::Backend, R, Q, Self>(self, query, options, depth)
+    }
+
+    fn table_name() -> String {
+        Q::table_name()
+    }
+
+    fn keys<'c>(
+        &'c mut self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        _exact: bool,
+    ) -> BoxFuture<'c, QueryResult<Vec<Position<Q::Key>>>>
+    where
+        'a: 'c,
+        R: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(query.keys(conn, range, limit))
+    }
+
+    fn take<'c>(
+        &'c self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<R>>>
+    where
+        'a: 'c,
+        R: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(query.mark(conn, range, limit, lock, &self.changes))
+    }
+
+    fn taken_key(taken: &R) -> Q::Key {
+        Q::key(taken)
+    }
+
+    fn hand(&self, taken: R, _sent: Instant) -> R {
+        taken
+    }
+
+    fn item_key(item: &R) -> Q::Key {
+        Q::key(item)
+    }
+
+    fn into_row(item: R) -> R {
+        item
+    }
+}
+
+impl<'a, Q, C, R, Col> Takes<'a, Q, C, Claimed<R, Col, Async>> for Stamp<Col>
+where
+    Q: StampQuery<'a, C, R, Col> + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: StampedRow<C, Col> + HasTable + Send + Sync,
+    Col: Copy + Send + Sync,
+{
+    type Row = R;
+    type Key = Q::Key;
+    type Taken = (R, i64);
+
+    fn start(
+        &self,
+        query: &Q,
+        options: &Options,
+        depth: u32,
+    ) -> Result<Claim<Position<Q::Key>>, Error> {
+        start::<C::Backend, R, Q, Self>(self, query, options, depth)
+    }
+
+    fn table_name() -> String {
+        Q::table_name()
+    }
+
+    fn keys<'c>(
+        &'c mut self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        _exact: bool,
+    ) -> BoxFuture<'c, QueryResult<Vec<Position<Q::Key>>>>
+    where
+        'a: 'c,
+        Claimed<R, Col, Async>: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(query.keys(conn, range, limit))
+    }
+
+    fn take<'c>(
+        &'c self,
+        query: &'c Q,
+        conn: &'c mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &'c LockClause,
+    ) -> BoxFuture<'c, QueryResult<Vec<(R, i64)>>>
+    where
+        'a: 'c,
+        Claimed<R, Col, Async>: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(query.stamp(conn, range, limit, lock, &self.stamp))
+    }
+
+    fn taken_key((row, _): &(R, i64)) -> Q::Key {
+        Q::key(row)
+    }
+
+    fn hand(&self, (row, stamp): (R, i64), sent: Instant) -> Claimed<R, Col, Async> {
+        Claimed::new(row, stamp, self.stamp, sent)
+    }
+
+    fn item_key(item: &Claimed<R, Col, Async>) -> Q::Key {
+        Q::key(&item.row)
+    }
+
+    fn into_row(item: Claimed<R, Col, Async>) -> R {
+        item.row
+    }
+
+    fn refresh<'c>(
+        &'c self,
+        item: &'c mut Claimed<R, Col, Async>,
+        conn: &'c mut C,
+    ) -> BoxFuture<'c, Result<bool, Error>> {
+        Box::pin(async move {
+            match item.extend(conn).await {
+                Ok(()) => Ok(true),
+                Err(Error::ClaimLost { .. } | Error::NotFound) => Ok(false),
+                Err(error) => Err(error),
+            }
+        })
+    }
+
+    fn settle<'c>(
+        &'c self,
+        item: &'c Claimed<R, Col, Async>,
+        conn: &'c mut C,
+    ) -> BoxFuture<'c, Result<bool, Error>> {
+        Box::pin(async move { Ok(R::unstamp(item, conn, None::<()>).await? > 0) })
+    }
+}
+
+/// A failure hook on a diesel-async connection `C`: the async twin of
+/// [`crate::kind::FailureHook`]: [`NoHook`], or [`OnFailure`] with an
+/// `async` closure `async |conn, row: Row, error: &E| -> Result<(), E>`.
+#[diagnostic::on_unimplemented(
+    message = "the failure hook does not fit this claim",
+    note = "an async failure hook is an `async` closure `async |conn, row: Row, error: &E| -> \
+            Result<(), E>`, with the rows and the error type of the claim's closure, and rows \
+            that are `Clone` (the hook gets the row as it was handed over)"
+)]
+pub trait FailureHook<C, I, Row, E>: Send {
+    /// Whether there is a hook to run.
+    #[doc(hidden)]
+    const SET: bool;
+
+    /// A copy of what the closure gets, kept for the hook.
+    #[doc(hidden)]
+    fn keep(item: &I) -> Option<I>;
+
+    /// Runs the hook.
+    #[doc(hidden)]
+    fn failed<'c>(
+        &'c mut self,
+        conn: &'c mut C,
+        row: Row,
+        error: &'c E,
+    ) -> BoxFuture<'c, Result<(), E>>
+    where
+        Row: 'c;
+}
+
+impl<C, I, Row, E: Send> FailureHook<C, I, Row, E> for NoHook {
+    const SET: bool = false;
+
+    fn keep(_item: &I) -> Option<I> {
+        None
+    }
+
+    fn failed<'c>(
+        &'c mut self,
+        _conn: &'c mut C,
+        _row: Row,
+        _error: &'c E,
+    ) -> BoxFuture<'c, Result<(), E>>
+    where
+        Row: 'c,
+    {
+        Box::pin(future::ready(Ok(())))
+    }
+}
+
+impl<C, I, Row, E, F> FailureHook<C, I, Row, E> for OnFailure<F>
+where
+    I: Clone,
+    for<'c, 'e> F: AsyncFnMut(&'c mut C, Row, &'e E) -> Result<(), E>
+        + AsyncFnMut3<&'c mut C, Row, &'e E, Result<(), E>, Fut: Send>
+        + Send,
+{
+    const SET: bool = true;
+
+    fn keep(item: &I) -> Option<I> {
+        Some(item.clone())
+    }
+
+    fn failed<'c>(
+        &'c mut self,
+        conn: &'c mut C,
+        row: Row,
+        error: &'c E,
+    ) -> BoxFuture<'c, Result<(), E>>
+    where
+        Row: 'c,
+    {
+        Box::pin((self.0)(conn, row, error))
+    }
+}
+
+impl<Q, T> ClaimBuilder<Q, Async, T, NoHook> {
+    /// Records a failing row under its lock, as the blocking
+    /// [`on_failure`](ClaimBuilder::on_failure) does, with an `async`
+    /// closure: `async |conn, job: Job, error: &MyError| { … }`.
+    pub fn on_failure<C, R, E, F>(self, hook: F) -> ClaimBuilder<Q, Async, T, OnFailure<F>>
+    where
+        for<'c, 'e> F: AsyncFnMut(&'c mut C, R, &'e E) -> Result<(), E>
+            + AsyncFnMut3<&'c mut C, R, &'e E, Result<(), E>, Fut: Send>
+            + Send,
+    {
+        self.with_hook(OnFailure(hook))
+    }
+}
+
+/// A query an async [marking claim](crate::ClaimBuilder::mark) can take rows
+/// of type `R` from, on a diesel-async connection `C`, marking them with the
+/// changeset `V`: the async twin of [`crate::MarkQuery`].
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}` and marked with `{V}`",
+    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
+            the changes an `AsChangeset` for that table"
+)]
+pub trait MarkQuery<'q, C: AsyncConnection, R, V>: ClaimQuery<'q, C, R> {
+    /// Rejects a changeset that changes nothing or changes the key.
+    #[doc(hidden)]
+    fn check_changes(changes: &V) -> Result<(), Error>;
+
+    /// Up to `limit` matching rows in `range`, locked by `lock`, updated by
+    /// `changes`, as updated.
+    #[doc(hidden)]
+    fn mark(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        lock: &LockClause,
+        changes: &V,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
+}
+
+impl<'q, Q, C, R, V> MarkQuery<'q, C, R, V> for Q
+where
+    Q: ClaimQuery<'q, C, R> + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: HasTable + Selectable<C::Backend> + Send,
+    // The rows come back from the marking statement, which reads the claimed
+    // table alone: a column of a joined table is refused at compile time.
+    dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
+    V: AsChangeset<Target = R::Table> + Clone + Sync,
+    V::Changeset: QueryFragment<C::Backend> + Send,
+    PrimaryKey<R>: QueryFragment<C::Backend>,
+    MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>: LoadQuery<'q, C, R> + 'q,
+    MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C> + 'q,
+    ReadByKeys<R, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, R> + 'q,
+    Q::KeyColumns: Send,
+{
+    fn check_changes(changes: &V) -> Result<(), Error> {
+        check_mark::<C::Backend, R, V>(changes)
+    }
+
+    fn mark(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &LockClause,
+        changes: &V,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
+        let changes = || changes.clone().as_changeset();
+        async move {
+            if <C::Backend as Strategy>::UPDATE_RETURNING {
+                let statement = taken_in_one::<_, _, R, _, _>(
+                    self,
+                    range,
+                    limit,
+                    lock,
+                    changes(),
+                    R::as_select(),
+                );
+                return statement.load(conn).await;
+            }
+            // Without `RETURNING` (MySQL): lock, mark by key, and read the rows
+            // back, in the batch's transaction.
+            let keys = lock_keys(self, conn, range, limit, lock).await?;
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let key = Q::key_columns();
+            let update = update_by_keys::<R, _, _, _>(key, keys.clone(), changes());
+            update.execute(conn).await?;
+            let read_back = read_by_keys::<R, _, _, _>(key, keys, R::as_select());
+            read_back.load(conn).await
+        }
+    }
+}
+
+/// A query an async [visibility-timeout
+/// claim](crate::ClaimBuilder::visibility_timeout) can take rows of type `R`
+/// from, on a diesel-async connection `C`, stamping them in the column
+/// `Col`: the async twin of [`crate::StampQuery`].
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}` with a stamp in `{Col}`",
+    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
+            the stamp a nullable timestamp column of that table"
+)]
+pub trait StampQuery<'q, C: AsyncConnection, R, Col>: ClaimQuery<'q, C, R> {
+    /// Up to `limit` matching rows in `range`, locked by `lock`, stamped by
+    /// `stamp`, with the stamp written.
+    #[doc(hidden)]
+    fn stamp(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Self::Key>>,
+        limit: i64,
+        lock: &LockClause,
+        stamp: &NewStamp<Col>,
+    ) -> impl Future<Output = QueryResult<Vec<(R, i64)>>> + Send;
+}
+
+impl<'q, Q, C, R, Col> StampQuery<'q, C, R, Col> for Q
+where
+    Q: ClaimQuery<'q, C, R> + Sync,
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: HasTable + Selectable<C::Backend> + Send,
+    dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
+    Col: Column<Table = R::Table> + Copy + Send + Sync,
+    Col::SqlType: StampType<C::Backend>,
+    StampStatement<R, Col, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>:
+        LoadQuery<'q, C, (R, i64)> + 'q,
+    StampByKeys<R, Col, Q::KeyColumns, Q::Key>: ExecuteDsl<C> + 'q,
+    ReadStampedByKeys<R, Col, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, (R, i64)> + 'q,
+    Q::KeyColumns: Send,
+{
+    fn stamp(
+        &self,
+        conn: &mut C,
+        range: KeyRange<Position<Q::Key>>,
+        limit: i64,
+        lock: &LockClause,
+        stamp: &NewStamp<Col>,
+    ) -> impl Future<Output = QueryResult<Vec<(R, i64)>>> + Send {
+        let stamp = *stamp;
+        let stamped = move || (R::as_select(), StampMicros(stamp.column));
+        async move {
+            if <C::Backend as Strategy>::UPDATE_RETURNING {
+                let statement =
+                    taken_in_one::<_, _, R, _, _>(self, range, limit, lock, stamp, stamped());
+                return statement.load(conn).await;
+            }
+            // Without `RETURNING` (MySQL): lock, stamp by key, and read the
+            // rows and their stamps back, in the caller's transaction.
+            let keys = lock_keys(self, conn, range, limit, lock).await?;
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let key = Q::key_columns();
+            let update = update_by_keys::<R, _, _, _>(key, keys.clone(), stamp);
+            update.execute(conn).await?;
+            let read_back = read_by_keys::<R, _, _, _>(key, keys, stamped());
+            read_back.load(conn).await
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! Running a claim on a blocking connection: the methods every kind of claim
+//! runs through, and the driver that carries out the engine's steps with the
+//! kind's statements.
+
+use std::hash::Hash;
+use std::panic::{self, AssertUnwindSafe};
+use std::time::Instant;
+
+use diesel::connection::{Connection, LoadConnection, TransactionManager};
+use diesel::QueryResult;
+
+use super::engine::{Claim, Step, Taking};
+use super::kind::{FailureHook, Takes};
+use super::report::{ClaimOutcome, ClaimReport, RowFailure};
+use super::{failures_in_savepoints, ClaimBuilder, Options};
+use crate::backend::ClaimBackend;
+use crate::connection::BlockingConnection;
+use crate::locking::LockClause;
+use crate::sql::{KeyRange, Position};
+use crate::trace;
+use crate::transaction::{
+    again_if_moved, locking_read, locking_transaction, roll_back_to, transaction_depth,
+    transaction_outcome,
+};
+use crate::{Blocking, Error};
+
+impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
+    /// Runs the claim, calling `f` for every claimed row: see
+    /// [`ClaimDsl::claim_each`](crate::ClaimDsl::claim_each) and
+    /// [`batch`](Self::batch). `f` gets each row as the query loads it, or,
+    /// with a [visibility timeout](Self::visibility_timeout), a
+    /// [`Claimed`](crate::Claimed) handle on it.
+    pub fn each<'q, C, I, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        T: Takes<'q, Q, C, I>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: BlockingConnection<Inferred>,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, I) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_outcome(conn, f).into_result()
+    }
+
+    /// Runs the claim, calling `f` once per claimed batch with its rows, in the
+    /// claim order (see the [guide](crate::guide#the-claim-order); rows a mark
+    /// or a stamp took come in the order of the page they were read from, a
+    /// row inserted since last, or, from the head, in no particular order).
+    /// With a transaction (not `mark_and_commit`, nor a visibility timeout),
+    /// `f` runs inside the batch's transaction.
+    pub fn each_batch<'q, C, I, E, F, Inferred>(self, conn: &mut C, f: F) -> Result<ClaimReport, E>
+    where
+        T: Takes<'q, Q, C, I>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: BlockingConnection<Inferred>,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<I>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.each_batch_outcome(conn, f).into_result()
+    }
+
+    /// Runs the claim as [`each`](Self::each) does, and returns everything it
+    /// did: the report, counted up to where the call ended (also when an error
+    /// ended it), the failures passed over with
+    /// [`keep_going`](Self::keep_going) or a [failure hook](Self::on_failure),
+    /// and what ended the call early, with the keys of the rows it rolled
+    /// back.
+    pub fn each_outcome<'q, C, I, E, F, Inferred>(
+        mut self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<T::Key, E>
+    where
+        T: Takes<'q, Q, C, I>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: BlockingConnection<Inferred>,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, I) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.run_once(conn, &mut PerRow(f), Vec::new())
+    }
+
+    /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
+    /// everything it did: see [`each_outcome`](Self::each_outcome).
+    pub fn each_batch_outcome<'q, C, I, E, F, Inferred>(
+        mut self,
+        conn: &mut C,
+        f: F,
+    ) -> ClaimOutcome<T::Key, E>
+    where
+        T: Takes<'q, Q, C, I>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: BlockingConnection<Inferred>,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, Vec<I>) -> Result<(), E>,
+        E: From<Error>,
+    {
+        self.run_once(conn, &mut PerBatch(f), Vec::new())
+    }
+
+    /// One run of the claim, leaving out the rows at `excluded` (a worker's
+    /// backoff).
+    pub(crate) fn run_once<'q, C, I, E, F>(
+        &mut self,
+        conn: &mut C,
+        f: &mut F,
+        excluded: Vec<T::Key>,
+    ) -> ClaimOutcome<T::Key, E>
+    where
+        T: Takes<'q, Q, C, I>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: Closure<C, I, E>,
+        E: From<Error>,
+    {
+        let started = transaction_depth(conn)
+            .map_err(Error::from)
+            .and_then(|depth| self.kind.start(&self.query, &self.options, depth));
+        let mut claim = match started {
+            Ok(claim) => claim,
+            Err(error) => return ClaimOutcome::refused(error.into()),
+        };
+        claim.exclude(excluded.into_iter().map(Position::of_key));
+        let span = claim.span(&T::table_name());
+        let mut driver = Driver {
+            claim: &mut claim,
+            query: &self.query,
+            kind: &mut self.kind,
+            hook: &mut self.hook,
+            options: &self.options,
+            failed: Vec::new(),
+        };
+        let stopped = span.in_scope(|| driver.run(conn, f)).err();
+        let failed = driver.failed;
+        ClaimOutcome::ended(claim.report(), failed, stopped, &span)
+    }
+}
+
+/// The range of a claim's next batch, and how many rows it may take.
+pub(crate) type NextBatch<K> = (KeyRange<Position<K>>, i64);
+
+/// A claim's closure, as the driver calls it: with each row, or with each
+/// batch.
+pub(crate) trait Closure<C, I, E> {
+    /// The closure takes one row at a time.
+    const PER_ROW: bool;
+
+    /// Calls the closure for `items`, in order: once per row, or once.
+    fn call(&mut self, conn: &mut C, items: Vec<I>) -> Result<(), E>;
+}
+
+/// A closure called with each row.
+pub(crate) struct PerRow<F>(pub(crate) F);
+
+/// A closure called with each batch.
+pub(crate) struct PerBatch<F>(pub(crate) F);
+
+impl<C, I, E, F: FnMut(&mut C, I) -> Result<(), E>> Closure<C, I, E> for PerRow<F> {
+    const PER_ROW: bool = true;
+
+    fn call(&mut self, conn: &mut C, items: Vec<I>) -> Result<(), E> {
+        items.into_iter().try_for_each(|item| (self.0)(conn, item))
+    }
+}
+
+impl<C, I, E, F: FnMut(&mut C, Vec<I>) -> Result<(), E>> Closure<C, I, E> for PerBatch<F> {
+    const PER_ROW: bool = false;
+
+    fn call(&mut self, conn: &mut C, items: Vec<I>) -> Result<(), E> {
+        (self.0)(conn, items)
+    }
+}
+
+/// Splits a batch into the closure's calls: one per row when each row's
+/// failure is to be told apart, else one.
+pub(crate) fn calls<I>(items: Vec<I>, one_per_row: bool) -> Vec<Vec<I>> {
+    if one_per_row {
+        items.into_iter().map(|item| vec![item]).collect()
+    } else {
+        vec![items]
+    }
+}
+
+/// One run of a claim on a blocking connection: the engine's steps carried
+/// out with the kind's statements, and the failures passed over so far.
+struct Driver<'d, Q, T, H, K, E> {
+    claim: &'d mut Claim<Position<K>>,
+    query: &'d Q,
+    kind: &'d mut T,
+    hook: &'d mut H,
+    options: &'d Options,
+    failed: Vec<RowFailure<K, E>>,
+}
+
+/// How a batch whose closure failed ends the transaction it ran in.
+pub(crate) enum Failing<K> {
+    /// The closure failed, and the call may go on without the batch's rows
+    /// (`keep_going`).
+    Closure(Vec<K>),
+    /// The call ends: a failure that was not caught, a failure hook's own, or
+    /// a savepoint that could not be rolled back to.
+    Ends(Vec<K>),
+}
+
+impl<'q, Q, T, H, K, E> Driver<'_, Q, T, H, K, E>
+where
+    K: Clone + Eq + Hash,
+    E: From<Error>,
+{
+    /// Runs the claim's steps until it is done; an error ends it.
+    fn run<C, I, F>(&mut self, conn: &mut C, f: &mut F) -> Result<(), RowFailure<K, E>>
+    where
+        T: Takes<'q, Q, C, I, Key = K>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: Closure<C, I, E>,
+    {
+        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
+        while let Some((range, limit)) = self.next_batch(conn).map_err(outside)? {
+            let span =
+                trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
+            let _entered = span.enter();
+            if self.claim.taking == Taking::MarkAndCommit {
+                self.hand_committed(conn, f, range, limit, &span)?;
+            } else {
+                self.take_and_hand(conn, f, range, limit, &span)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out the claim's unlocked reads until it asks for a batch: the
+    /// batch's range and row limit, or `None` once the claim is done.
+    fn next_batch<C, I>(&mut self, conn: &mut C) -> Result<Option<NextBatch<K>>, Error>
+    where
+        T: Takes<'q, Q, C, I, Key = K>,
+        C: LoadConnection,
+    {
+        loop {
+            match self.claim.next() {
+                Step::Candidates(range, limit) => {
+                    let keys = self.kind.keys(self.query, conn, range, limit, false)?;
+                    self.claim.candidates(keys);
+                }
+                Step::StillMatching(range) => {
+                    // Exact, so on the connection that locks the rows.
+                    let keys = self.kind.keys(self.query, conn, range, i64::MAX, true)?;
+                    self.claim.still_matching(keys);
+                }
+                Step::Batch(range, limit) => return Ok(Some((range, limit))),
+                Step::Done => return Ok(None),
+            }
+        }
+    }
+
+    /// Takes a batch in a transaction of its own and hands it to the closure
+    /// in it; with failures caught in savepoints, a failing call is rolled
+    /// back alone and its failure hook runs, the rows still locked.
+    fn take_and_hand<C, I, F>(
+        &mut self,
+        conn: &mut C,
+        f: &mut F,
+        range: KeyRange<Position<K>>,
+        limit: i64,
+        span: &trace::Span,
+    ) -> Result<(), RowFailure<K, E>>
+    where
+        T: Takes<'q, Q, C, I, Key = K>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: Closure<C, I, E>,
+    {
+        let Driver {
+            claim,
+            query,
+            kind,
+            hook,
+            options,
+            failed,
+        } = self;
+        let catch = options.keep_going || H::SET;
+        let savepoints = failures_in_savepoints(options, claim.taking, H::SET, F::PER_ROW);
+        let mut failing = None;
+        let mut caught = Vec::new();
+        let batch = again_if_moved(|moved| {
+            (failing, caught) = (None, Vec::new());
+            locking_transaction(conn, claim.nowait, |conn| {
+                let rows = kind.take(query, conn, range.clone(), limit, &claim.clause);
+                let rows = locking_read(rows, moved)?;
+                let rows = claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
+                span.record("taken", rows.len());
+                if let Some(range) = claim.locked_check(range.clone()) {
+                    let keys = kind
+                        .keys(query, conn, range, i64::MAX, true)
+                        .map_err(Error::from)?;
+                    let key_of = |row: &T::Taken| Position::of_key(T::taken_key(row));
+                    claim.verify_none_locked(keys, &rows, key_of)?;
+                }
+                let now = Instant::now();
+                let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
+                let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
+                let mut processed = 0;
+                for items in calls(items, savepoints && F::PER_ROW) {
+                    let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                    if !savepoints {
+                        let called = call(|| f.call(conn, items), catch);
+                        called.inspect_err(|_| {
+                            failing = Some(Failing::Closure(batch_keys.clone()))
+                        })?;
+                        processed += keys.len();
+                        continue;
+                    }
+                    let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
+                    match in_savepoint(conn, |conn| call(|| f.call(conn, items), catch))? {
+                        Saved::Done => processed += keys.len(),
+                        Saved::RolledBack(error) => {
+                            for item in kept.into_iter().flatten() {
+                                let hooked = hook.failed(conn, T::into_row(item), &error);
+                                hooked.inspect_err(|_| {
+                                    failing = Some(Failing::Ends(batch_keys.clone()))
+                                })?;
+                            }
+                            caught.push(RowFailure::new(keys, error));
+                        }
+                        Saved::Lost(error) => {
+                            failing = Some(Failing::Ends(batch_keys));
+                            return Err(error);
+                        }
+                    }
+                }
+                Ok::<_, E>(processed)
+            })
+        });
+        span.record("outcome", transaction_outcome(&batch));
+        match (batch, failing) {
+            (Ok(processed), _) => {
+                claim.processed(processed);
+                for failure in caught {
+                    failure_passed_over::<T, _, _, _>(claim, &failure.keys);
+                    failed.push(failure);
+                }
+            }
+            (Err(error), Some(Failing::Closure(keys))) if catch => {
+                failure_passed_over::<T, _, _, _>(claim, &keys);
+                failed.push(RowFailure::new(keys, error));
+            }
+            (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
+                return Err(RowFailure::new(keys, error))
+            }
+            (Err(error), None) => return Err(RowFailure::new(Vec::new(), error)),
+        }
+        Ok(())
+    }
+
+    /// Takes a batch with a statement that commits before any closure runs (a
+    /// mark committed on its own, or a visibility-timeout stamp), then hands
+    /// it over outside any transaction; a failure hook runs in a transaction
+    /// of its own, which first ends the row's claim (see [`Takes::settle`]).
+    fn hand_committed<C, I, F>(
+        &mut self,
+        conn: &mut C,
+        f: &mut F,
+        range: KeyRange<Position<K>>,
+        limit: i64,
+        span: &trace::Span,
+    ) -> Result<(), RowFailure<K, E>>
+    where
+        T: Takes<'q, Q, C, I, Key = K>,
+        H: FailureHook<C, I, T::Row, E>,
+        C: LoadConnection,
+        C::Backend: ClaimBackend,
+        F: Closure<C, I, E>,
+    {
+        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
+        let catch = self.options.keep_going || H::SET;
+        let sent = Instant::now();
+        let (query, kind) = (self.query, &mut *self.kind);
+        let take = |conn: &mut C, range, limit, clause: &LockClause| {
+            kind.take(query, conn, range, limit, clause)
+        };
+        let key_of = |row: &T::Taken| Position::of_key(T::taken_key(row));
+        let rows =
+            take_and_commit(self.claim, conn, take, range, limit, key_of).map_err(outside)?;
+        // The rows are committed: the batch's span ends with them, before the
+        // closure runs outside any transaction.
+        span.record("taken", rows.len())
+            .record("outcome", "committed");
+        let items: Vec<I> = rows
+            .into_iter()
+            .map(|row| self.kind.hand(row, sent))
+            .collect();
+        let mut processed = 0;
+        let ended = (|| {
+            for (index, mut items) in calls(items, F::PER_ROW).into_iter().enumerate() {
+                if index > 0 && !self.kind.refresh(&mut items[0], conn).map_err(outside)? {
+                    self.claim.gone();
+                    continue;
+                }
+                let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
+                let error = match call(|| f.call(conn, items), catch) {
+                    Ok(()) => {
+                        processed += keys.len();
+                        continue;
+                    }
+                    Err(error) if catch => error,
+                    Err(error) => return Err(RowFailure::new(keys, error)),
+                };
+                if H::SET {
+                    let (kind, hook) = (&*self.kind, &mut *self.hook);
+                    let hooked = locking_transaction(conn, false, |conn| {
+                        for item in kept.into_iter().flatten() {
+                            if kind.settle(&item, conn)? {
+                                hook.failed(conn, T::into_row(item), &error)?;
+                            }
+                        }
+                        Ok::<_, E>(())
+                    });
+                    hooked.map_err(|hook_error| RowFailure::new(keys.clone(), hook_error))?;
+                }
+                failure_passed_over::<T, _, _, _>(self.claim, &keys);
+                self.failed.push(RowFailure::new(keys, error));
+            }
+            Ok(())
+        })();
+        self.claim.processed(processed);
+        ended
+    }
+}
+
+/// Counts a failure the call goes on past, and says so.
+fn failure_passed_over<'q, T, Q, C, I>(claim: &mut Claim<Position<T::Key>>, keys: &[T::Key])
+where
+    T: Takes<'q, Q, C, I>,
+    C: Connection,
+{
+    trace::passed_over(&T::table_name(), keys.len());
+    claim.failed(keys.iter().cloned().map(Position::of_key).collect());
+}
+
+/// Claims a batch with a statement that commits on its own (or in a
+/// transaction of its own, where the backend needs one), before any closure
+/// runs: a mark that is committed, or a visibility-timeout stamp.
+pub(crate) fn take_and_commit<C, R, K>(
+    claim: &mut Claim<Position<K>>,
+    conn: &mut C,
+    mut take: impl FnMut(&mut C, KeyRange<Position<K>>, i64, &LockClause) -> QueryResult<Vec<R>>,
+    range: KeyRange<Position<K>>,
+    limit: i64,
+    position_of: impl Fn(&R) -> Position<K>,
+) -> Result<Vec<R>, Error>
+where
+    K: Clone + Eq + Hash,
+    C: LoadConnection,
+    C::Backend: ClaimBackend,
+{
+    let rows = again_if_moved(|moved| {
+        let mut take =
+            |conn: &mut C| locking_read(take(conn, range.clone(), limit, &claim.clause), moved);
+        if claim.one_statement_mark {
+            take(conn)
+        } else {
+            // SQLite: a lone `UPDATE` would read first and then fail to take
+            // the write lock if another writer got in between. MySQL: the
+            // mark is three statements.
+            locking_transaction(conn, claim.nowait, take)
+        }
+    })?;
+    claim.taken(rows, limit, position_of)
+}
+
+/// What became of a closure run in a savepoint.
+enum Saved<E> {
+    /// It succeeded: the savepoint is released.
+    Done,
+    /// It failed, and its work is rolled back to the savepoint: the rows the
+    /// transaction took before are still locked.
+    RolledBack(E),
+    /// It failed, and the rollback to the savepoint failed too: the
+    /// transaction is lost (a deadlock victim's, on MySQL).
+    Lost(E),
+}
+
+/// Runs `body` in a savepoint of the transaction open on `conn`.
+fn in_savepoint<C, E>(
+    conn: &mut C,
+    body: impl FnOnce(&mut C) -> Result<(), E>,
+) -> Result<Saved<E>, Error>
+where
+    C: Connection,
+{
+    let depth = transaction_depth(conn)?;
+    C::TransactionManager::begin_transaction(conn)?;
+    match body(conn) {
+        Ok(()) => {
+            C::TransactionManager::commit_transaction(conn)?;
+            Ok(Saved::Done)
+        }
+        Err(error) if roll_back_to(conn, depth) => Ok(Saved::RolledBack(error)),
+        Err(error) => Ok(Saved::Lost(error)),
+    }
+}
+
+/// Runs the closure (on a batch, or a row); with `catch_panics`, a panic is
+/// its error ([`Error::ClosurePanicked`]).
+pub(crate) fn call<E: From<Error>>(
+    f: impl FnOnce() -> Result<(), E>,
+    catch_panics: bool,
+) -> Result<(), E> {
+    if !catch_panics {
+        return f();
+    }
+    panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(panicked(&*payload)))
+}
+
+/// A closure's panic, as its error ([`Error::ClosurePanicked`]).
+pub(crate) fn panicked<E: From<Error>>(payload: &(dyn std::any::Any + Send)) -> E {
+    let message = panic_message(payload);
+    trace::warning!(panic = %message, "a closure panicked");
+    Error::ClosurePanicked(message).into()
+}
+
+/// The message a panic was raised with.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
