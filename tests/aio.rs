@@ -1583,6 +1583,8 @@ on_async_backends! {
 
 // Each form of closure the API takes, on the backends above.
 mod closures;
+// Job workers: the head of the queue, failure hooks, backoff.
+mod workers;
 // Visibility-timeout claims, on the backends above.
 mod timed;
 

@@ -498,6 +498,45 @@ on_every_backend! {
         assert!(entries[0].starts_with("query: SELECT"), "{entries:#?}");
     }
 
+    /// A call whose `max_rows` one take can reach reads no candidates: its
+    /// only statements are the take and the closure's own. An ordered queue
+    /// read `max_rows(1)` at a time is the job runner's loop.
+    #[test]
+    fn a_claim_that_one_take_can_finish_reads_no_candidates() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        insert_jobs(conn, 20);
+        let queue = || jobs::table.filter(jobs::done.eq(false)).order(jobs::priority.desc()).select(Job::as_select());
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        for (max_rows, batch) in [(1, 1), (3, 5)] {
+            let mut taken = Vec::new();
+            let report = queue()
+                .build_claim()
+                .batch(batch)
+                .max_rows(max_rows)
+                .each(conn, |conn, job: Job| {
+                    taken.push(job.id);
+                    finish_job(conn, &job)
+                })
+                .unwrap();
+            assert_eq!(report.processed, max_rows);
+            let selects: Vec<String> = log
+                .entries()
+                .into_iter()
+                .filter(|entry| entry.starts_with("query: SELECT"))
+                .collect();
+            assert_eq!(selects.len(), 1, "{selects:#?}");
+            assert!(selects[0].contains("LIMIT"), "{selects:#?}");
+            log.0.lock().unwrap().clear();
+        }
+        // The first four of the queue: priority 3, the key breaking ties.
+        let done: Vec<i32> =
+            jobs::table.filter(jobs::done.eq(true)).select(jobs::id).order(jobs::id).load(conn).unwrap();
+        assert_eq!(done, [3, 7, 11, 15]);
+    }
+
     #[test]
     fn closure_error_rolls_back_that_row_and_ends_the_call() {
         let (_db, pool) = test_db(1);

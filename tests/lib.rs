@@ -14,6 +14,7 @@ extern crate diesel_claim_testkit as testkit;
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 mod aio;
 mod claim;
+mod jobs;
 // Programs that must not compile; they use PostgreSQL and SQLite.
 #[cfg(all(feature = "postgres", feature = "sqlite"))]
 mod compile_fail;

@@ -148,6 +148,113 @@ on_every_backend! {
         })
     }
 
+    /// Each row of a batch comes to the closure with its whole time to live:
+    /// the rows after the first are stamped again as they are handed over.
+    /// A second worker polling all along takes none of them, and every final
+    /// write lands. (With one stamp for the batch, the fourth row would come
+    /// with a quarter of its time left, and the poller would take it while
+    /// the first worker still worked on it.)
+    #[test]
+    fn each_row_of_a_batch_comes_with_its_whole_ttl() {
+        let (_db, pool) = invoices_db(4, 2);
+        let ttl = Duration::from_secs(2);
+        let work = Duration::from_millis(500);
+        // The poller starts once the batch is taken, and stops once it is
+        // done.
+        let first_started = std::sync::Barrier::new(2);
+        let first_done = std::sync::atomic::AtomicBool::new(false);
+        let (report, remaining, polled) = thread::scope(|scope| {
+            let poller = scope.spawn(|| {
+                let mut conn = pool.get().unwrap();
+                first_started.wait();
+                let mut taken = 0;
+                while !first_done.load(std::sync::atomic::Ordering::Acquire) {
+                    taken += unsent()
+                        .build_claim()
+                        .visibility_timeout(invoices::claimed_until, ttl)
+                        .each(&mut conn, |conn, invoice| {
+                            work_on(conn, &invoice, 2)?;
+                            send(conn, invoice)
+                        })
+                        .unwrap()
+                        .processed;
+                    thread::sleep(Duration::from_millis(20));
+                }
+                taken
+            });
+            let mut conn = pool.get().unwrap();
+            let mut remaining = Vec::new();
+            let report = unsent()
+                .build_claim()
+                .batch(4)
+                .visibility_timeout(invoices::claimed_until, ttl)
+                .each(&mut conn, |conn, invoice| {
+                    remaining.push(invoice.remaining());
+                    if remaining.len() == 1 {
+                        first_started.wait();
+                    }
+                    thread::sleep(work);
+                    work_on(conn, &invoice, 1)?;
+                    send(conn, invoice)
+                });
+            first_done.store(true, std::sync::atomic::Ordering::Release);
+            (report, remaining, poller.join().unwrap())
+        });
+        assert_eq!(report.unwrap().processed, 4);
+        assert_eq!(polled, 0);
+        let slack = Duration::from_millis(250);
+        assert!(remaining.iter().all(|left| *left > ttl - slack), "{remaining:?}");
+        let mut conn = pool.get().unwrap();
+        let worked: Vec<i32> = invoice_work::table.select(invoice_work::worker).load(&mut conn).unwrap();
+        assert_eq!(worked, [1, 1, 1, 1]);
+        assert_eq!(invoice_figures(&mut conn), (0, 0, 0));
+    }
+
+    /// With a failure hook, a failing row's stamp is cleared and the hook
+    /// runs in one transaction, so that the hook decides when the row runs
+    /// again; a row whose claim was lost (another worker stamped it since)
+    /// is not the hook's to write: it does not run, and the failure is
+    /// reported all the same.
+    #[test]
+    fn a_failure_hook_records_a_failing_row_and_releases_it() {
+        let (_db, pool) = invoices_db(4, 2);
+        let mut conn = pool.get().unwrap();
+        let mut other = pool.get().unwrap();
+        let outcome = unsent()
+            .build_claim()
+            .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
+            .on_failure(|conn: &mut Conn, invoice: Invoice, _: &Error| {
+                diesel::update(&invoice).set(invoices::times_sent.eq(-1)).execute(conn)?;
+                Ok(())
+            })
+            .each_outcome(&mut conn, |conn, invoice: Claimed<Invoice, invoices::claimed_until>| {
+                match invoice.id {
+                    2 => Err(Error::InvalidArgument("invoice 2 fails".to_owned())),
+                    3 => {
+                        // Another worker's claim, as if this one had run out.
+                        diesel::update(invoices::table.find(3))
+                            .set(invoices::claimed_until.eq(diesel::dsl::sql("NULL")))
+                            .execute(&mut other)?;
+                        Err(Error::InvalidArgument("invoice 3 fails".to_owned()))
+                    }
+                    _ => send(conn, invoice),
+                }
+            });
+        assert!(outcome.stopped.is_none(), "{:?}", outcome.stopped);
+        let failed: Vec<&[i32]> = outcome.failed.iter().map(|failure| &failure.keys[..]).collect();
+        assert_eq!(failed, [&[2][..], &[3]]);
+        assert_eq!((outcome.report.processed, outcome.report.failed), (2, 2));
+        let rows: Vec<(i32, bool, i32, bool)> = invoices::table
+            .select((invoices::id, invoices::sent, invoices::times_sent, invoices::claimed_until.is_null()))
+            .order(invoices::id)
+            .load(&mut conn)
+            .unwrap();
+        assert_eq!(
+            rows,
+            [(1, true, 1, true), (2, false, -1, true), (3, false, 0, true), (4, true, 1, true)]
+        );
+    }
+
     /// The closure runs outside any transaction and holds no lock: another
     /// session updates the row at once while the closure works on it.
     #[test]

@@ -48,13 +48,14 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// Jobs run by priority, then by due time.
+    /// Jobs run by priority, then by due time; `attempts` counts failed runs.
     jobs (id) {
         id -> Integer,
         priority -> Integer,
         due -> Timestamp,
         done -> Bool,
         times_done -> Integer,
+        attempts -> Integer,
     }
 }
 
@@ -88,6 +89,7 @@ pub struct Job {
     pub priority: i32,
     pub done: bool,
     pub times_done: i32,
+    pub attempts: i32,
 }
 
 /// Inserts jobs `1..=count`: priority `id % 4`, due `id * 7 % 60` minutes past
@@ -144,7 +146,8 @@ pub const POSTGRES_SCHEMA: &str = "
         priority INTEGER NOT NULL,
         due TIMESTAMP NOT NULL,
         done BOOLEAN NOT NULL DEFAULT FALSE,
-        times_done INTEGER NOT NULL DEFAULT 0
+        times_done INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0
     );
 ";
 
@@ -171,7 +174,8 @@ pub const SQLITE_SCHEMA: &str = "
         priority INTEGER NOT NULL,
         due TIMESTAMP NOT NULL,
         done BOOLEAN NOT NULL DEFAULT FALSE,
-        times_done INTEGER NOT NULL DEFAULT 0
+        times_done INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0
     );
 ";
 
@@ -209,6 +213,7 @@ pub const MYSQL_SCHEMA: &str = "
         due DATETIME(6) NOT NULL,
         done BOOLEAN NOT NULL DEFAULT FALSE,
         times_done INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
         INDEX by_claim_order (priority DESC, due, id)
     ) ENGINE = InnoDB;
 ";

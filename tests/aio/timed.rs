@@ -151,6 +151,88 @@ on_async_backends! {
         }
     }
 
+    /// Each row of a batch comes to the closure with its whole time to live,
+    /// its stamp renewed as it is handed over: a task polling all along
+    /// takes none of them, and every final write lands.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_row_of_a_batch_comes_with_its_whole_ttl() {
+        let (_db, pool) = invoices_db(4, 2).await;
+        let ttl = Duration::from_secs(2);
+        // The poller starts once the batch is taken, and stops once it is
+        // done.
+        let first_started = std::sync::Arc::new(tokio::sync::Notify::new());
+        let first_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let poller = {
+            let (pool, first_started, first_done) = (pool.clone(), first_started.clone(), first_done.clone());
+            tokio::spawn(async move {
+                let mut conn = pool.get_owned().await.unwrap();
+                first_started.notified().await;
+                let mut taken = 0;
+                while !std::sync::atomic::AtomicBool::load(&first_done, std::sync::atomic::Ordering::Acquire) {
+                    taken += unsent()
+                        .build_claim()
+                        .visibility_timeout(invoices::claimed_until, ttl)
+                        .each(&mut *conn, async |conn: &mut Conn, invoice: Claim| send(conn, invoice).await)
+                        .await
+                        .unwrap()
+                        .processed;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                taken
+            })
+        };
+        let mut conn = pool.get().await.unwrap();
+        let remaining = std::sync::Mutex::new(Vec::new());
+        let report = unsent()
+            .build_claim()
+            .batch(4)
+            .visibility_timeout(invoices::claimed_until, ttl)
+            .each(&mut *conn, async |conn: &mut Conn, invoice: Claim| {
+                remaining.lock().unwrap().push(invoice.remaining());
+                first_started.notify_one();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                send(conn, invoice).await
+            })
+            .await;
+        first_done.store(true, std::sync::atomic::Ordering::Release);
+        assert_eq!(report.unwrap().processed, 4);
+        assert_eq!(poller.await.unwrap(), 0);
+        let remaining = remaining.into_inner().unwrap();
+        let slack = Duration::from_millis(250);
+        assert!(remaining.iter().all(|left| *left > ttl - slack), "{remaining:?}");
+        assert_eq!(invoice_figures(&mut conn).await, (0, 0, 0));
+    }
+
+    /// An `async` failure hook records a failing row and releases its stamp,
+    /// in one transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failure_hook_records_a_failing_row_and_releases_it() {
+        let (_db, pool) = invoices_db(3, 1).await;
+        let mut conn = pool.get().await.unwrap();
+        let outcome = unsent()
+            .build_claim()
+            .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
+            .on_failure(async |conn: &mut Conn, invoice: Invoice, _: &Error| {
+                diesel::update(&invoice).set(invoices::times_sent.eq(-1)).execute(conn).await?;
+                Ok(())
+            })
+            .each_outcome(&mut *conn, async |conn: &mut Conn, invoice: Claim| match invoice.id {
+                2 => Err(Error::InvalidArgument("invoice 2 fails".to_owned())),
+                _ => send(conn, invoice).await,
+            })
+            .await;
+        assert!(outcome.stopped.is_none(), "{:?}", outcome.stopped);
+        let failed: Vec<&[i32]> = outcome.failed.iter().map(|failure| &failure.keys[..]).collect();
+        assert_eq!(failed, [&[2][..]]);
+        let rows: Vec<(i32, bool, i32, bool)> = invoices::table
+            .select((invoices::id, invoices::sent, invoices::times_sent, invoices::claimed_until.is_null()))
+            .order(invoices::id)
+            .load(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(rows, [(1, true, 1, true), (2, false, -1, true), (3, true, 1, true)]);
+    }
+
     /// The closure runs outside any transaction: another session updates
     /// the claimed row at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,332 @@
+//! Job workers: the next job from the head of the queue, a failing job's
+//! attempt recorded under its lock, a backoff for failing jobs, dead letters,
+//! and batches whose failing rows are rolled back alone.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel_claim::prelude::*;
+use diesel_claim::{Error, StopHandle};
+
+use testkit::fixtures::{insert_jobs, jobs, on_every_backend, Job};
+
+/// A job that fails on every attempt is left out of the queue after this many.
+const MAX_ATTEMPTS: i32 = 3;
+
+on_every_backend! {
+    /// The queue: jobs not done and not dead-lettered, by priority, then due
+    /// time.
+    fn queue() -> diesel::dsl::Order<
+        diesel::dsl::Select<
+            diesel::dsl::Filter<
+                jobs::table,
+                diesel::dsl::And<diesel::dsl::Eq<jobs::done, bool>, diesel::dsl::Lt<jobs::attempts, i32>>,
+            >,
+            diesel::dsl::AsSelect<Job, <Conn as Connection>::Backend>,
+        >,
+        (diesel::dsl::Desc<jobs::priority>, jobs::due),
+    > {
+        jobs::table
+            .filter(jobs::done.eq(false).and(jobs::attempts.lt(MAX_ATTEMPTS)))
+            .select(Job::as_select())
+            .order((jobs::priority.desc(), jobs::due))
+    }
+
+    /// How many jobs the queue holds.
+    fn queued(conn: &mut Conn) -> i64 {
+        jobs::table
+            .filter(jobs::done.eq(false).and(jobs::attempts.lt(MAX_ATTEMPTS)))
+            .count()
+            .get_result(conn)
+            .unwrap()
+    }
+
+    /// Does a job: marks it done and counts how often it was done.
+    fn finish(conn: &mut Conn, job: &Job) -> Result<(), Error> {
+        diesel::update(job)
+            .set((jobs::done.eq(true), jobs::times_done.eq(jobs::times_done + 1)))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// The failure hook of these tests: one more attempt, recorded with the
+    /// job's lock still held.
+    fn record_attempt(conn: &mut Conn, job: Job, _error: &Error) -> Result<(), Error> {
+        diesel::update(&job)
+            .set(jobs::attempts.eq(jobs::attempts + 1))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// `(times_done, attempts)` of every job, by id.
+    fn figures(conn: &mut Conn) -> HashMap<i32, (i32, i32)> {
+        jobs::table
+            .select((jobs::id, jobs::times_done, jobs::attempts))
+            .load::<(i32, i32, i32)>(conn)
+            .unwrap()
+            .into_iter()
+            .map(|(id, done, attempts)| (id, (done, attempts)))
+            .collect()
+    }
+
+    /// A job enqueued ahead of the others while a worker runs is the next
+    /// one the worker takes: each take starts from the head of the queue.
+    /// (Enqueued in the transaction of the job in hand, so that it commits
+    /// before the next take on every backend, SQLite's one writer included.)
+    #[test]
+    fn a_job_enqueued_ahead_is_the_next_one_taken() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let expected = insert_jobs(conn, 12);
+        let stop = StopHandle::new();
+        let mut seen = Vec::new();
+        let report = queue()
+            .build_claim()
+            .worker(&stop)
+            .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
+            .run(conn, |conn, job: Job| {
+                seen.push(job.id);
+                if seen.len() == 2 {
+                    diesel::insert_into(jobs::table)
+                        .values((
+                            jobs::id.eq(100),
+                            jobs::priority.eq(9),
+                            jobs::due.eq(diesel::dsl::sql("'2026-01-01 09:00:00'")),
+                        ))
+                        .execute(conn)?;
+                }
+                if seen.len() == 13 {
+                    stop.stop();
+                }
+                finish(conn, &job)
+            })
+            .unwrap();
+        assert_eq!(report.processed, 13);
+        let mut queue_order = expected[..2].to_vec();
+        queue_order.push(100);
+        queue_order.extend(&expected[2..]);
+        assert_eq!(seen, queue_order);
+    }
+
+    /// Under many workers, a job that fails has its attempt recorded before
+    /// any other worker can take it: each of its runs sees the attempts of
+    /// the runs before it, 0, 1, 2, never one twice; after `MAX_ATTEMPTS` it
+    /// leaves the queue (a dead letter). Every other job is done once. Half
+    /// the workers take batches, whose failing rows are rolled back alone.
+    #[test]
+    fn failing_jobs_are_recorded_under_their_lock_and_dead_lettered() {
+        let (workers, count) = if ROW_LOCKS { (8, 240) } else { (4, 80) };
+        let (_db, pool) = test_db(workers + 1);
+        insert_jobs(&mut *pool.get().unwrap(), count);
+        let failing = |id: i32| id % 5 == 0;
+        let runs: Mutex<HashMap<i32, Vec<i32>>> = Mutex::default();
+        let stop = StopHandle::new();
+        thread::scope(|scope| {
+            for worker in 0..workers {
+                let (pool, runs, stop) = (&pool, &runs, &stop);
+                scope.spawn(move || {
+                    let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+                    queue()
+                        .build_claim()
+                        .batch(if worker % 2 == 0 { 1 } else { 4 })
+                        .on_failure(record_attempt)
+                        .worker(stop)
+                        .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
+                        .failure_backoff(Duration::from_millis(1), Duration::from_millis(1))
+                        .run(conn, |conn, job: Job| {
+                            runs.lock().unwrap().entry(job.id).or_default().push(job.attempts);
+                            if failing(job.id) {
+                                // Written, then rolled back with the failure.
+                                finish(conn, &job)?;
+                                return Err(Error::InvalidArgument(format!("job {} fails", job.id)));
+                            }
+                            finish(conn, &job)
+                        })
+                        .unwrap()
+                });
+            }
+            let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while queued(conn) > 0 {
+                assert!(Instant::now() < deadline, "the workers did not empty the queue");
+                thread::sleep(Duration::from_millis(20));
+            }
+            stop.stop();
+        });
+        let runs = runs.into_inner().unwrap();
+        let figures = figures(&mut pool.get().unwrap());
+        for id in 1..=count {
+            let attempts_seen = &runs[&id];
+            if failing(id) {
+                assert_eq!(attempts_seen, &[0, 1, 2], "job {id}: the attempts its runs saw");
+                assert_eq!(figures[&id], (0, MAX_ATTEMPTS), "job {id}");
+            } else {
+                assert_eq!(attempts_seen, &[0], "job {id}");
+                assert_eq!(figures[&id], (1, 0), "job {id}");
+            }
+        }
+    }
+
+    /// A worker leaves a job whose closure failed (and whose hook left it in
+    /// the queue) out of its claims for its backoff: it retries it no faster.
+    #[test]
+    fn a_worker_retries_a_failing_job_no_faster_than_its_backoff() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        insert_jobs(conn, 1);
+        let backoff = Duration::from_millis(150);
+        let stop = StopHandle::new();
+        let started = Instant::now();
+        let mut runs = Vec::new();
+        let report = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .on_failure(record_attempt)
+            .worker(&stop)
+            .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
+            .failure_backoff(backoff, backoff)
+            .run(conn, |_, job: Job| {
+                runs.push(Instant::now());
+                if started.elapsed() > Duration::from_millis(1000) {
+                    stop.stop();
+                }
+                Err(Error::InvalidArgument(format!("job {} fails", job.id)))
+            })
+            .unwrap();
+        assert_eq!(report.failed as usize, runs.len());
+        assert!((4..=8).contains(&runs.len()), "{} runs in about a second", runs.len());
+        for pair in runs.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(gap >= backoff, "retried after {gap:?}, before its backoff of {backoff:?}");
+        }
+    }
+
+    /// In a batch, a failing row is rolled back to its own savepoint and its
+    /// hook runs; the other rows of the batch commit; no closure runs twice
+    /// for a row in the call. Selected, marked (the hook puts the row back),
+    /// and marked and committed.
+    #[test]
+    fn a_failing_row_of_a_batch_is_rolled_back_alone_and_recorded() {
+        for way in ["select", "mark", "mark_and_commit"] {
+            let (_db, pool) = test_db(1);
+            let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+            insert_jobs(conn, 10);
+            let mut seen: HashMap<i32, u32> = HashMap::new();
+            let mut work = |conn: &mut Conn, job: Job| {
+                *seen.entry(job.id).or_default() += 1;
+                if let 3 | 7 = job.id {
+                    // Written, then rolled back with the failure (unless
+                    // the mark committed before the closure ran).
+                    diesel::update(&job)
+                        .set(jobs::times_done.eq(jobs::times_done + 1))
+                        .execute(conn)?;
+                    return Err(Error::InvalidArgument(format!("job {} fails", job.id)));
+                }
+                finish(conn, &job)
+            };
+            let claim = queue().build_claim().batch(4).drain();
+            // A marked job is done already: the hook puts it back.
+            let put_back = |conn: &mut Conn, job: Job, _: &Error| {
+                diesel::update(&job)
+                    .set((jobs::done.eq(false), jobs::attempts.eq(jobs::attempts + 1)))
+                    .execute(conn)?;
+                Ok::<_, Error>(())
+            };
+            let outcome = match way {
+                "select" => claim.on_failure(record_attempt).each_outcome(conn, &mut work),
+                "mark" => claim
+                    .mark(jobs::done.eq(true))
+                    .on_failure(put_back)
+                    .each_outcome(conn, &mut work),
+                _ => claim
+                    .mark_and_commit(jobs::done.eq(true))
+                    .on_failure(put_back)
+                    .each_outcome(conn, &mut work),
+            };
+            assert!(outcome.stopped.is_none(), "{way}: {:?}", outcome.stopped);
+            let failed: Vec<&[i32]> = outcome.failed.iter().map(|failure| &failure.keys[..]).collect();
+            assert_eq!(failed, [&[3][..], &[7]], "{way}");
+            assert_eq!((outcome.report.processed, outcome.report.failed), (8, 2), "{way}");
+            assert!(seen.values().all(|&times| times == 1), "{way}: {seen:?}");
+            let figures = figures(conn);
+            for id in 1..=10 {
+                let expected = match id {
+                    // Marked and committed, the closure runs outside any
+                    // transaction: its write stays; the hook undid the mark.
+                    3 | 7 if way == "mark_and_commit" => (1, 1),
+                    3 | 7 => (0, 1),
+                    _ => (1, 0),
+                };
+                assert_eq!(figures[&id], expected, "{way}: job {id}");
+            }
+            let mut pending: Vec<i32> = queue().load(conn).unwrap().iter().map(|job: &Job| job.id).collect();
+            pending.sort();
+            assert_eq!(pending, [3, 7], "{way}: the failed jobs are back in the queue");
+        }
+    }
+
+    /// A failure hook that fails ends the call with its own error, and its
+    /// batch is rolled back whole: nothing of it is lost or half written.
+    #[test]
+    fn a_failing_hook_ends_the_call_and_rolls_its_batch_back() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        insert_jobs(conn, 6);
+        let order = insert_jobs_order(6);
+        let outcome = queue()
+            .build_claim()
+            .batch(3)
+            .on_failure(|_: &mut Conn, job: Job, _: &Error| {
+                Err(Error::InvalidArgument(format!("cannot record job {}", job.id)))
+            })
+            .each_outcome(conn, |conn, job: Job| match job.id == order[1] {
+                true => Err(Error::NotFound),
+                false => finish(conn, &job),
+            });
+        let stopped = outcome.stopped.expect("the hook's failure ends the call");
+        assert!(matches!(&stopped.error, Error::InvalidArgument(m) if m.starts_with("cannot record")));
+        assert_eq!(stopped.keys, order[..3]);
+        assert_eq!(outcome.report.processed, 0);
+        let figures = figures(conn);
+        assert!(figures.values().all(|&f| f == (0, 0)), "{figures:?}");
+    }
+
+    /// The claim order of `insert_jobs(count)`, without inserting.
+    fn insert_jobs_order(count: i32) -> Vec<i32> {
+        let minutes = |id: i32| id * 7 % 60;
+        let mut order: Vec<i32> = (1..=count).collect();
+        order.sort_by_key(|&id| (std::cmp::Reverse(id % 4), minutes(id), id));
+        order
+    }
+
+    /// Options that read candidates in pages cannot take from the head: the
+    /// call is refused before any SQL.
+    #[test]
+    fn from_head_refuses_options_that_read_pages() {
+        let (_db, pool) = test_db(2);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let mut replica = pool.get().unwrap();
+        insert_jobs(conn, 3);
+        let refused = |result: Result<diesel_claim::ClaimReport, Error>| {
+            assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
+        };
+        let work = |conn: &mut Conn, job: Job| finish(conn, &job);
+        refused(queue().build_claim().from_head().nowait().each(conn, work));
+        refused(queue().build_claim().from_head().page_size(10).each(conn, work));
+        refused(queue().build_claim().page_size(10).from_head().each(conn, work));
+        refused(queue().build_claim().in_pages().from_head().each(conn, work));
+        refused(queue().build_claim().from_head().candidates_from(&mut replica).each(conn, work));
+        assert_eq!(queued(conn), 3);
+    }
+}
