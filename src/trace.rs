@@ -37,6 +37,14 @@ mod enabled {
         tracing::warn!(%error, "a lease renewal failed");
     }
 
+    /// A worker's run was ended by a deadlock or a serialization failure of
+    /// the crate's own statements; the worker goes on.
+    pub(crate) fn passed_over_transient() {
+        tracing::warn!(
+            "a claim was rolled back by a deadlock or a serialization failure: running it again"
+        );
+    }
+
     /// A closure failed on `rows` rows of `table`, which the call passes over.
     pub(crate) fn passed_over(table: &str, rows: usize) {
         tracing::warn!(
@@ -108,6 +116,8 @@ mod disabled {
     pub(crate) fn renewal_failed(_error: &dyn std::fmt::Display) {}
 
     pub(crate) fn passed_over(_table: &str, _rows: usize) {}
+
+    pub(crate) fn passed_over_transient() {}
 }
 
 #[cfg(feature = "tracing")]

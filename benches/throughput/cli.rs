@@ -15,6 +15,10 @@ pub const INDEX_EFFECT: &str = "IX";
 /// The id `--only` knows the pickup-latency measurement by.
 pub const PICKUP: &str = "PL";
 
+/// The ids `--only` knows the job runner's drain and steady state by.
+pub const JOB_DRAIN: &str = "JR";
+pub const JOB_STEADY: &str = "JS";
+
 /// The id `--only` knows the seed's Django loop by: left out of `--quick`.
 const DJANGO: &str = "DJ";
 
@@ -69,7 +73,8 @@ pub struct Options {
     pub backends: std::vec::Vec<BackendKind>,
     /// Run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4 O3 O3h, the peers DJ (the seed's
     /// Django loop) D0 D3 (Diesel alone, per row and n=100) FQ (the fang job queue),
-    /// B5 (contention), IX (the index effect), PL (the worker loop's pickup latency)
+    /// B5 (contention), IX (the index effect), PL (the worker loop's pickup latency),
+    /// JR and JS (a job runner's drain and steady state, PostgreSQL and MySQL)
     #[arg(long, value_name = "MODE,...", value_delimiter = ',')]
     only: Vec<String>,
     /// Batch sizes of B3, B3d and B3h
@@ -119,6 +124,33 @@ pub struct Options {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub repeat: u32,
+    /// Queued jobs per job-runner drain, JR (200 with --quick)
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = number::<usize>,
+        default_value = "4000",
+        default_value_if("quick", "true", "200")
+    )]
+    pub jobs: usize,
+    /// Jobs a second the job runner's producer enqueues, JS (100 with --quick)
+    #[arg(
+        long,
+        value_name = "R",
+        value_parser = number::<u32>,
+        default_value = "500",
+        default_value_if("quick", "true", "100")
+    )]
+    pub job_rate: u32,
+    /// Seconds the job runner's producer runs, JS (1 with --quick)
+    #[arg(
+        long,
+        value_name = "S",
+        value_parser = number::<u32>,
+        default_value = "10",
+        default_value_if("quick", "true", "1")
+    )]
+    pub job_seconds: u32,
     /// Print every statement the drains send (with few --rows)
     #[arg(long)]
     pub trace: bool,

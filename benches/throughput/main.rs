@@ -28,7 +28,8 @@
 //! timed drain), `peers` (the Django loop and the fang job queue, which drain
 //! outside the modes' loop), `contention` (B5), `index_effect` (claiming with and without
 //! the partial index), `memory` (peak RSS, in child processes), `pickup` (the
-//! worker loop's pickup latency), `report`
+//! worker loop's pickup latency), `jobs` (a job runner's workload, JR and
+//! JS), `report`
 //! (medians, tables and bars) and `svg` (the plot).
 
 // Throwaway databases, shared with the tests and examples.
@@ -41,6 +42,7 @@ mod database;
 mod db;
 mod drain;
 mod index_effect;
+mod jobs;
 mod memory;
 mod peers;
 mod pickup;
@@ -100,6 +102,13 @@ fn bench(options: &Options) -> Result<(), String> {
             BackendKind::Mysql => run_backend::<MysqlConnection>(options, &mut results)?,
         };
         machine.push_str(&format!("- {}: {version}\n", backend.name()));
+        let jobs = match backend {
+            BackendKind::Postgres => run_jobs::<PgConnection>(options)?,
+            BackendKind::Mysql => run_jobs::<MysqlConnection>(options)?,
+            BackendKind::Sqlite => Default::default(),
+        };
+        results.job_drains.extend(jobs.0);
+        results.job_steady.extend(jobs.1);
     }
     // Other work on a shared machine is what makes timings noisy.
     machine.push_str(&format!(
@@ -127,6 +136,17 @@ fn bench(options: &Options) -> Result<(), String> {
         "correctness checks failed:\n  {}",
         failures.join("\n  ")
     ))
+}
+
+/// The job runner's workload (JR, JS) on a database of its own, if asked for.
+fn run_jobs<C: BenchConn + jobs::JobConn>(
+    options: &Options,
+) -> Result<(Vec<jobs::JobRun>, Vec<jobs::JobRun>), String> {
+    if !options.runs(cli::JOB_DRAIN) && !options.runs(cli::JOB_STEADY) {
+        return Ok(Default::default());
+    }
+    let db = BenchDb::<C>::create(false)?;
+    jobs::run_all::<C>(&db.url, options)
 }
 
 /// Runs everything asked for on one backend; returns the server's version.
@@ -348,6 +368,23 @@ fn print_report(options: &Options, machine: &str, results: &Results) {
             "## PL: pickup latency of the worker loop\n\n{}\n{}",
             report::pickup_table(&results.pickup),
             report::PICKUP_NOTES
+        );
+    }
+    if !results.job_drains.is_empty() {
+        println!(
+            "## JR: a job runner draining {} queued jobs\n\n{}\n{}",
+            options.jobs,
+            jobs::drain_table(&results.job_drains),
+            jobs::JOB_NOTES
+        );
+    }
+    if !results.job_steady.is_empty() {
+        println!(
+            "## JS: a job runner fed {} jobs/s for {} s\n\n{}\n{}",
+            options.job_rate,
+            options.job_seconds,
+            jobs::steady_table(&results.job_steady),
+            jobs::JOB_NOTES
         );
     }
     if !results.memory.is_empty() {

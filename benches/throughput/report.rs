@@ -20,6 +20,9 @@ pub struct Results {
     pub memory: Vec<MemoryRun>,
     pub index_effect: Vec<IndexEffect>,
     pub pickup: Vec<PickupRun>,
+    /// The job runner's drains (JR) and steady states (JS).
+    pub job_drains: Vec<crate::jobs::JobRun>,
+    pub job_steady: Vec<crate::jobs::JobRun>,
     /// What could not run, and why (a peer without its runtime, for one).
     pub notes: Vec<String>,
 }
@@ -485,13 +488,13 @@ pub fn memory_table(runs: &[MemoryRun]) -> String {
 
 /// How a table column is aligned: text left, numbers right.
 #[derive(Clone, Copy)]
-enum Align {
+pub enum Align {
     Text,
     Number,
 }
-use Align::{Number, Text};
+pub use Align::{Number, Text};
 
-fn markdown_table(header: &[(&str, Align)], rows: impl Iterator<Item = Vec<String>>) -> String {
+pub fn markdown_table(header: &[(&str, Align)], rows: impl Iterator<Item = Vec<String>>) -> String {
     let line = |cells: Vec<&str>| format!("| {} |\n", cells.join(" | "));
     let mut out = line(header.iter().map(|(name, _)| *name).collect());
     out.push_str(&line(

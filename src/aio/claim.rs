@@ -195,10 +195,11 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             hook: &mut self.hook,
             options: &self.options,
             failed: Vec::new(),
+            transient: false,
         };
         let stopped = driver.run(conn, f).instrument(span.clone()).await.err();
-        let failed = driver.failed;
-        ClaimOutcome::ended(claim.report(), failed, stopped, &span)
+        let (failed, transient) = (driver.failed, driver.transient);
+        ClaimOutcome::ended(claim.report(), failed, stopped, transient, &span)
     }
 }
 

@@ -29,6 +29,8 @@ pub(super) struct Driver<'d, Q, T, H, K, E> {
     pub(super) hook: &'d mut H,
     pub(super) options: &'d Options,
     pub(super) failed: Vec<RowFailure<K, E>>,
+    /// See the blocking driver's.
+    pub(super) transient: bool,
 }
 
 impl<'a, Q, T, H, K, E> Driver<'_, Q, T, H, K, E>
@@ -51,8 +53,7 @@ where
         I: Send,
         F: Closure<C, I, E>,
     {
-        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-        while let Some((range, limit)) = self.next_batch(conn).await.map_err(outside)? {
+        while let Some((range, limit)) = self.next_batch(conn).await.map_err(|e| self.outside(e))? {
             let span =
                 trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
             if self.claim.taking == Taking::MarkAndCommit {
@@ -64,6 +65,12 @@ where
             }
         }
         Ok(())
+    }
+
+    /// An error of the crate's own, outside any closure, that ends the run.
+    fn outside(&mut self, error: Error) -> RowFailure<K, E> {
+        self.transient = error.is_transient();
+        RowFailure::new(Vec::new(), E::from(error))
     }
 
     /// Reads candidates until the claim's next batch is known, as the
@@ -118,9 +125,11 @@ where
         let savepoints =
             failures_in_savepoints(self.options, self.claim.taking, H::SET, F::PER_ROW);
         let mut attempts = 0;
-        let (batch, failing, caught) = loop {
+        let (batch, failing, caught, taking_failed) = loop {
             let (mut moved, mut failing, mut caught) = (false, None, Vec::new());
+            let mut taking_failed = false;
             let (moved_read, failing_at, caught_in) = (&mut moved, &mut failing, &mut caught);
+            let taking_failed_at = &mut taking_failed;
             let (claim, kind, hook, query, f, range) = (
                 &mut *self.claim,
                 &mut *self.kind,
@@ -134,7 +143,8 @@ where
                     let rows = kind
                         .take(query, conn, range.clone(), limit, &claim.clause)
                         .await;
-                    let rows = locking_read(rows, moved_read)?;
+                    let rows = locking_read(rows, moved_read)
+                        .inspect_err(|error| *taking_failed_at = error.is_transient())?;
                     let rows =
                         claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
                     span.record("taken", rows.len());
@@ -194,7 +204,7 @@ where
                     attempts += 1;
                     trace::moved_row(attempts);
                 }
-                batch => break (batch, failing, caught),
+                batch => break (batch, failing, caught, taking_failed),
             }
         };
         span.record("outcome", transaction_outcome(&batch));
@@ -213,7 +223,10 @@ where
             (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
                 return Err(RowFailure::new(keys, error))
             }
-            (Err(error), None) => return Err(RowFailure::new(Vec::new(), error)),
+            (Err(error), None) => {
+                self.transient = taking_failed;
+                return Err(RowFailure::new(Vec::new(), error));
+            }
         }
         Ok(())
     }
@@ -237,14 +250,13 @@ where
         I: Send,
         F: Closure<C, I, E>,
     {
-        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
         let catch = self.options.keep_going || H::SET;
         let sent = Instant::now();
         let rows = self
             .take_and_commit(conn, range, limit)
             .instrument(span.clone())
             .await
-            .map_err(outside)?;
+            .map_err(|e| self.outside(e))?;
         span.record("taken", rows.len())
             .record("outcome", "committed");
         let items: Vec<I> = rows
@@ -262,7 +274,7 @@ where
                         continue;
                     }
                     Err(error) => {
-                        ended = Err(outside(error));
+                        ended = Err(self.outside(error));
                         break;
                     }
                 }

@@ -69,6 +69,10 @@ pub struct ClaimOutcome<K, E> {
     /// keys its transaction rolled back), or an error outside any closure (a
     /// lost connection: no keys).
     pub stopped: Option<RowFailure<K, E>>,
+    /// The call was ended by one of the crate's own statements failing in a
+    /// way that running again mends (a deadlock, a serialization failure):
+    /// its batch was rolled back, and a worker goes on.
+    pub(crate) transient: bool,
 }
 
 /// A failure in a claim call, and the rows it rolled back.
@@ -100,6 +104,7 @@ impl<K, E> ClaimOutcome<K, E> {
             report: ClaimReport::default(),
             failed: Vec::new(),
             stopped: Some(RowFailure::new(Vec::new(), error)),
+            transient: false,
         }
     }
 
@@ -109,9 +114,11 @@ impl<K, E> ClaimOutcome<K, E> {
         report: ClaimReport,
         failed: Vec<RowFailure<K, E>>,
         stopped: Option<RowFailure<K, E>>,
+        transient: bool,
         span: &Span,
     ) -> Self {
         let outcome = ClaimOutcome {
+            transient: transient && stopped.is_some(),
             report,
             failed,
             stopped,

@@ -132,10 +132,11 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             hook: &mut self.hook,
             options: &self.options,
             failed: Vec::new(),
+            transient: false,
         };
         let stopped = span.in_scope(|| driver.run(conn, f)).err();
-        let failed = driver.failed;
-        ClaimOutcome::ended(claim.report(), failed, stopped, &span)
+        let (failed, transient) = (driver.failed, driver.transient);
+        ClaimOutcome::ended(claim.report(), failed, stopped, transient, &span)
     }
 }
 
@@ -193,6 +194,9 @@ struct Driver<'d, Q, T, H, K, E> {
     hook: &'d mut H,
     options: &'d Options,
     failed: Vec<RowFailure<K, E>>,
+    /// The error that ended the run is one of the crate's statements', and
+    /// running again mends it (see [`ClaimOutcome::transient`]).
+    transient: bool,
 }
 
 /// How a batch whose closure failed ends the transaction it ran in.
@@ -219,8 +223,7 @@ where
         C::Backend: ClaimBackend,
         F: Closure<C, I, E>,
     {
-        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
-        while let Some((range, limit)) = self.next_batch(conn).map_err(outside)? {
+        while let Some((range, limit)) = self.next_batch(conn).map_err(|e| self.outside(e))? {
             let span =
                 trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
             let _entered = span.enter();
@@ -231,6 +234,12 @@ where
             }
         }
         Ok(())
+    }
+
+    /// An error of the crate's own, outside any closure, that ends the run.
+    fn outside(&mut self, error: Error) -> RowFailure<K, E> {
+        self.transient = error.is_transient();
+        RowFailure::new(Vec::new(), E::from(error))
     }
 
     /// Carries out the claim's unlocked reads until it asks for a batch: the
@@ -282,16 +291,19 @@ where
             hook,
             options,
             failed,
+            transient,
         } = self;
         let catch = options.keep_going || H::SET;
         let savepoints = failures_in_savepoints(options, claim.taking, H::SET, F::PER_ROW);
         let mut failing = None;
         let mut caught = Vec::new();
+        let mut taking_failed = false;
         let batch = again_if_moved(|moved| {
-            (failing, caught) = (None, Vec::new());
+            (failing, caught, taking_failed) = (None, Vec::new(), false);
             locking_transaction(conn, claim.nowait, |conn| {
                 let rows = kind.take(query, conn, range.clone(), limit, &claim.clause);
-                let rows = locking_read(rows, moved)?;
+                let rows = locking_read(rows, moved)
+                    .inspect_err(|error| taking_failed = error.is_transient())?;
                 let rows = claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
                 span.record("taken", rows.len());
                 if let Some(range) = claim.locked_check(range.clone()) {
@@ -352,7 +364,10 @@ where
             (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
                 return Err(RowFailure::new(keys, error))
             }
-            (Err(error), None) => return Err(RowFailure::new(Vec::new(), error)),
+            (Err(error), None) => {
+                *transient = taking_failed;
+                return Err(RowFailure::new(Vec::new(), error));
+            }
         }
         Ok(())
     }
@@ -376,7 +391,6 @@ where
         C::Backend: ClaimBackend,
         F: Closure<C, I, E>,
     {
-        let outside = |error| RowFailure::new(Vec::new(), E::from(error));
         let catch = self.options.keep_going || H::SET;
         let sent = Instant::now();
         let (query, kind) = (self.query, &mut *self.kind);
@@ -384,8 +398,8 @@ where
             kind.take(query, conn, range, limit, clause)
         };
         let key_of = |row: &T::Taken| Position::of_key(T::taken_key(row));
-        let rows =
-            take_and_commit(self.claim, conn, take, range, limit, key_of).map_err(outside)?;
+        let rows = take_and_commit(self.claim, conn, take, range, limit, key_of);
+        let rows = rows.map_err(|e| self.outside(e))?;
         // The rows are committed: the batch's span ends with them, before the
         // closure runs outside any transaction.
         span.record("taken", rows.len())
@@ -397,7 +411,12 @@ where
         let mut processed = 0;
         let ended = (|| {
             for (index, mut items) in calls(items, F::PER_ROW).into_iter().enumerate() {
-                if index > 0 && !self.kind.refresh(&mut items[0], conn).map_err(outside)? {
+                if index > 0
+                    && !self
+                        .kind
+                        .refresh(&mut items[0], conn)
+                        .map_err(|e| self.outside(e))?
+                {
                     self.claim.gone();
                     continue;
                 }

@@ -305,7 +305,9 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
     }
 
     /// Counts what a run did into `total`, and backs off from the rows that
-    /// failed in it: the rows it processed, or the failure that ended it.
+    /// failed in it: the rows it processed, or the failure that ended it (a
+    /// run ended by a deadlock or a serialization failure of the crate's own
+    /// statements, rolled back, is not the worker's end).
     pub(crate) fn record<E>(
         &mut self,
         total: &mut ClaimReport,
@@ -318,6 +320,11 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
             }
         }
         match outcome.stopped {
+            // Rolled back, nothing lost: the next run takes the rows again.
+            Some(_) if outcome.transient => {
+                trace::passed_over_transient();
+                Ok(outcome.report.processed)
+            }
             Some(failure) => Err(failure.error),
             None => Ok(outcome.report.processed),
         }
@@ -369,6 +376,7 @@ mod tests {
             report: ClaimReport::default(),
             failed,
             stopped: None,
+            transient: false,
         }
     }
 

@@ -21,7 +21,8 @@ const MAX_ATTEMPTS: i32 = 3;
 on_async_backends! {
     /// The queue: jobs not done and not dead-lettered, by priority, then due
     /// time.
-    fn queue() -> diesel::dsl::Order<
+    /// The queue's type.
+    type Queue = diesel::dsl::Order<
         diesel::dsl::Select<
             diesel::dsl::Filter<
                 jobs::table,
@@ -30,7 +31,9 @@ on_async_backends! {
             diesel::dsl::AsSelect<Job, <Conn as diesel_async::AsyncConnectionCore>::Backend>,
         >,
         (diesel::dsl::Desc<jobs::priority>, jobs::due),
-    > {
+    >;
+
+    fn queue() -> Queue {
         jobs::table
             .filter(jobs::done.eq(false).and(jobs::attempts.lt(MAX_ATTEMPTS)))
             .select(Job::as_select())

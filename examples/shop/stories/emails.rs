@@ -147,37 +147,32 @@ fn send_pending_order_shipped_emails(
             .select(Order::as_select())
     });
 
-    // A failing order does not stop the job (`keep_going`): its transaction
-    // rolls back, it stays pending, and the others go on.
-    let outcome =
-        orders_to_email
-            .build_claim()
-            .keep_going()
-            .each_outcome(conn, |conn, order: Order| {
-                // Runs in the order's own transaction: the email and the flag commit
-                // together, or (on an error, or a panic) not at all and the order stays
-                // pending for the next run.
-                send_shipped_email(conn, &order, worker)?;
-                // Clearing the filter is what makes the next claimer skip this order.
-                diesel::update(&order)
-                    .set(orders::shipped_email_sent.eq(true))
-                    .execute(conn)?;
-                progress.tick();
-                Ok(())
-            });
-    // The attempt is counted outside the order's rolled-back transaction: at
-    // the limit, the query leaves the order out (a dead letter). One statement
-    // per order: every worker counts its attempts at the same failing orders,
-    // and statements updating several of them could lock them in different
-    // orders and deadlock.
-    for failure in &outcome.failed {
-        for id in &failure.keys {
-            diesel::update(orders::table.find(id))
+    // A failing order does not stop the job: its work is rolled back to a
+    // savepoint, and the failure hook counts the attempt in the same
+    // transaction, the order still locked, so that no other worker can try it
+    // before the attempt is counted. At the limit the query leaves the order
+    // out (a dead letter).
+    let report = orders_to_email
+        .build_claim()
+        .on_failure(|conn, order: Order, _error: &diesel_claim::Error| {
+            diesel::update(&order)
                 .set(orders::email_attempts.eq(orders::email_attempts + 1))
                 .execute(conn)?;
-        }
-    }
-    outcome.into_result()
+            Ok(())
+        })
+        .each(conn, |conn, order: Order| {
+            // Runs in the order's own transaction: the email and the flag commit
+            // together, or (on an error, or a panic) not at all and the order stays
+            // pending for the next run.
+            send_shipped_email(conn, &order, worker)?;
+            // Clearing the filter is what makes the next claimer skip this order.
+            diesel::update(&order)
+                .set(orders::shipped_email_sent.eq(true))
+                .execute(conn)?;
+            progress.tick();
+            Ok(())
+        })?;
+    Ok(report)
 }
 
 /// Hands the email to the "mail server": a row in the outbox. An address

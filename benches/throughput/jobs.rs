@@ -1,0 +1,670 @@
+//! JR and JS: a job runner's workload, the crate's worker beside the loop a
+//! job runner writes by hand (the Rust package registry's background-job
+//! runner's, in Diesel).
+//!
+//! Jobs are run in priority order (`ORDER BY priority DESC, id`), the next
+//! one taken each time by whichever worker is free; a job that succeeds is
+//! deleted; one in 20 fails on its first attempt, and its failure is
+//! recorded (attempts, error, next run time) under its lock, to run again at
+//! once. The hand-written twin is the registry runner's: a transaction,
+//! `SELECT … ORDER BY priority DESC, id LIMIT n FOR UPDATE SKIP LOCKED`,
+//! each job run in a savepoint, then its `DELETE` or the failure's `UPDATE`,
+//! and `COMMIT`. The crate runs the same queue with a worker from the head
+//! of the queue, `on_failure` writing the same `UPDATE`.
+//!
+//! - JR drains a backlog of queued jobs.
+//! - JS feeds the workers from a producer at a fixed rate (one job per
+//!   transaction, with `pg_notify` on PostgreSQL, where the workers listen;
+//!   MySQL polls) and measures the pickup latency, from the producer's
+//!   commit returning to the job's closure starting.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::{MysqlConnection, PgConnection};
+use diesel_claim::{Error, StopHandle, WaitForRows};
+
+use crate::db::BackendKind;
+use crate::report::{markdown_table, Number, Text};
+
+diesel::table! {
+    bench_jobs (id) {
+        id -> BigInt,
+        priority -> Integer,
+        run_at -> Timestamp,
+        attempts -> Integer,
+        last_error -> Nullable<Text>,
+        seq -> BigInt,
+        payload -> Text,
+    }
+}
+
+/// A job as the workers load it.
+#[derive(Debug, Clone, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = bench_jobs)]
+pub struct BenchJob {
+    pub id: i64,
+    pub priority: i32,
+    pub attempts: i32,
+    pub seq: i64,
+    pub payload: String,
+}
+
+/// The channel the workers listen on (PostgreSQL).
+const CHANNEL: &str = "bench_jobs";
+
+/// How often an idle worker looks for jobs: from `min`, doubling up to
+/// `max` (both runners).
+const POLL: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(20));
+
+/// Whether a job fails on this attempt: one in 20, on its first.
+fn fails(job: &BenchJob) -> bool {
+    job.seq % 20 == 0 && job.attempts == 0
+}
+
+/// Who runs the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runner {
+    /// The hand-written loop.
+    Twin,
+    /// The crate's worker.
+    Crate,
+}
+
+/// One way of running jobs: the runner, and the jobs per transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobMode {
+    pub runner: Runner,
+    pub batch: u32,
+}
+
+impl JobMode {
+    pub const ALL: [JobMode; 4] = [
+        JobMode {
+            runner: Runner::Twin,
+            batch: 1,
+        },
+        JobMode {
+            runner: Runner::Crate,
+            batch: 1,
+        },
+        JobMode {
+            runner: Runner::Twin,
+            batch: 10,
+        },
+        JobMode {
+            runner: Runner::Crate,
+            batch: 10,
+        },
+    ];
+
+    pub fn name(self) -> String {
+        let runner = match self.runner {
+            Runner::Twin => "hand-written",
+            Runner::Crate => "diesel-claim",
+        };
+        format!("{runner}, {} per transaction", self.batch)
+    }
+}
+
+/// What the workers saw of the jobs: when each was first picked up, and
+/// how often; and how many jobs are done.
+pub struct Ledger {
+    first_pick: Mutex<Vec<Option<Instant>>>,
+    picks: Vec<AtomicU32>,
+    done: AtomicU64,
+}
+
+impl Ledger {
+    fn new(jobs: usize) -> Self {
+        Ledger {
+            first_pick: Mutex::new(vec![None; jobs]),
+            picks: (0..jobs).map(|_| AtomicU32::new(0)).collect(),
+            done: AtomicU64::new(0),
+        }
+    }
+
+    /// A worker's closure starts on `job`.
+    fn picked(&self, job: &BenchJob) {
+        let seq = job.seq as usize;
+        if self.picks[seq].fetch_add(1, Ordering::Relaxed) == 0 {
+            self.first_pick.lock().unwrap()[seq] = Some(Instant::now());
+        }
+    }
+
+    /// Runs `job`: fails it (one in 20, the first time), or counts it done.
+    fn run(&self, job: &BenchJob) -> Result<(), Error> {
+        self.picked(job);
+        if fails(job) {
+            return Err(Error::InvalidArgument(format!("job {} failed", job.seq)));
+        }
+        self.done.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Jobs picked other than once (twice for those that failed once).
+    fn misrun(&self) -> Vec<String> {
+        self.picks
+            .iter()
+            .enumerate()
+            .filter_map(|(seq, picks)| {
+                let expected = if seq % 20 == 0 { 2 } else { 1 };
+                let picks = picks.load(Ordering::Relaxed);
+                (picks != expected).then(|| format!("job {seq} run {picks} times"))
+            })
+            .collect()
+    }
+}
+
+/// What a connection does for the job runners, per backend.
+pub trait JobConn: Connection + WaitForRows + Send + Sized + 'static {
+    const BACKEND: BackendKind;
+
+    fn open(url: &str) -> ConnectionResult<Self>;
+
+    /// The jobs table, new and empty.
+    fn create_jobs_table(&mut self) -> QueryResult<()>;
+
+    /// Enqueues the jobs `seqs`, in one transaction (with a notification).
+    fn enqueue(&mut self, seqs: std::ops::Range<i64>) -> QueryResult<()>;
+
+    fn queued(&mut self) -> QueryResult<i64>;
+
+    /// The twin: takes up to `batch` jobs in one transaction and runs them;
+    /// how many it took.
+    fn twin_take(&mut self, batch: i64, ledger: &Ledger) -> QueryResult<usize>;
+
+    /// The crate's worker, until `stop`.
+    fn crate_worker(
+        &mut self,
+        batch: u32,
+        stop: &StopHandle,
+        listen: bool,
+        ledger: &Ledger,
+    ) -> Result<u64, Error>;
+}
+
+/// The queue, as both runners read it.
+macro_rules! queue {
+    ($db:ty) => {
+        bench_jobs::table
+            .filter(bench_jobs::run_at.le(diesel::dsl::now))
+            .order((bench_jobs::priority.desc(), bench_jobs::id))
+            .select(<BenchJob as SelectableHelper<$db>>::as_select())
+    };
+}
+
+/// What a failed job's record becomes: one more attempt, the error, and a
+/// next run time (now: the failure was the bench's own).
+macro_rules! failed {
+    ($error:expr) => {
+        (
+            bench_jobs::attempts.eq(bench_jobs::attempts + 1),
+            bench_jobs::last_error.eq($error.to_string()),
+            bench_jobs::run_at.eq(diesel::dsl::now),
+        )
+    };
+}
+
+macro_rules! impl_job_conn {
+    ($conn:ty, $db:ty, $kind:expr, $table:expr, $notify:expr) => {
+        impl JobConn for $conn {
+            const BACKEND: BackendKind = $kind;
+
+            fn open(url: &str) -> ConnectionResult<Self> {
+                <$conn>::establish(url)
+            }
+
+            fn create_jobs_table(&mut self) -> QueryResult<()> {
+                self.batch_execute($table)
+            }
+
+            fn enqueue(&mut self, seqs: std::ops::Range<i64>) -> QueryResult<()> {
+                self.transaction(|conn| {
+                    let rows: Vec<_> = seqs
+                        .map(|seq| {
+                            (
+                                bench_jobs::priority.eq((seq % 4) as i32),
+                                bench_jobs::seq.eq(seq),
+                                bench_jobs::payload.eq("{\"crate\":\"diesel-claim\"}"),
+                            )
+                        })
+                        .collect();
+                    for chunk in rows.chunks(1000) {
+                        diesel::insert_into(bench_jobs::table)
+                            .values(chunk)
+                            .execute(conn)?;
+                    }
+                    conn.batch_execute($notify)
+                })
+            }
+
+            fn queued(&mut self) -> QueryResult<i64> {
+                bench_jobs::table.count().get_result(self)
+            }
+
+            fn twin_take(&mut self, batch: i64, ledger: &Ledger) -> QueryResult<usize> {
+                self.transaction(|conn| {
+                    let jobs: Vec<BenchJob> = queue!($db)
+                        .limit(batch)
+                        .for_update()
+                        .skip_locked()
+                        .load(conn)?;
+                    for job in &jobs {
+                        let ran = conn.transaction(|_| ledger.run(job).map_err(JobFailed));
+                        match ran {
+                            Ok(()) => diesel::delete(job).execute(conn)?,
+                            Err(JobFailed(error)) => {
+                                diesel::update(job).set(failed!(error)).execute(conn)?
+                            }
+                        };
+                    }
+                    Ok(jobs.len())
+                })
+            }
+
+            fn crate_worker(
+                &mut self,
+                batch: u32,
+                stop: &StopHandle,
+                listen: bool,
+                ledger: &Ledger,
+            ) -> Result<u64, Error> {
+                use diesel_claim::prelude::*;
+                let worker = queue!($db)
+                    .build_claim()
+                    .batch(batch)
+                    .on_failure(|conn: &mut $conn, job: BenchJob, error: &Error| {
+                        diesel::update(&job).set(failed!(error)).execute(conn)?;
+                        Ok(())
+                    })
+                    .worker(stop)
+                    .poll_interval(POLL.0, POLL.1)
+                    // The failure's run time is the queue's own backoff.
+                    .failure_backoff(Duration::ZERO, Duration::ZERO);
+                let worker = if listen {
+                    worker.listen(CHANNEL)
+                } else {
+                    worker
+                };
+                let report = worker.run(self, |conn, job: BenchJob| {
+                    ledger.run(&job)?;
+                    diesel::delete(&job).execute(conn)?;
+                    Ok(())
+                })?;
+                Ok(report.processed)
+            }
+        }
+    };
+}
+
+/// A job's failure, as the twin's savepoint returns it (Diesel's
+/// `transaction` wants an error that converts from its own).
+struct JobFailed(Error);
+
+impl From<diesel::result::Error> for JobFailed {
+    fn from(error: diesel::result::Error) -> Self {
+        JobFailed(error.into())
+    }
+}
+
+impl_job_conn!(
+    PgConnection,
+    diesel::pg::Pg,
+    BackendKind::Postgres,
+    "DROP TABLE IF EXISTS bench_jobs;
+     CREATE TABLE bench_jobs (
+         id BIGSERIAL PRIMARY KEY,
+         priority INTEGER NOT NULL,
+         run_at TIMESTAMP NOT NULL DEFAULT '2000-01-01',
+         attempts INTEGER NOT NULL DEFAULT 0,
+         last_error TEXT,
+         seq BIGINT NOT NULL,
+         payload TEXT NOT NULL
+     );
+     CREATE INDEX bench_jobs_queue ON bench_jobs (priority DESC, id);",
+    "SELECT pg_notify('bench_jobs', '')"
+);
+
+impl_job_conn!(
+    MysqlConnection,
+    diesel::mysql::Mysql,
+    BackendKind::Mysql,
+    "DROP TABLE IF EXISTS bench_jobs;
+     CREATE TABLE bench_jobs (
+         id BIGINT AUTO_INCREMENT PRIMARY KEY,
+         priority INTEGER NOT NULL,
+         run_at DATETIME(6) NOT NULL DEFAULT '2000-01-01',
+         attempts INTEGER NOT NULL DEFAULT 0,
+         last_error TEXT,
+         seq BIGINT NOT NULL,
+         payload TEXT NOT NULL,
+         INDEX bench_jobs_queue (priority DESC, id)
+     ) ENGINE = InnoDB;",
+    "DO 0"
+);
+
+/// One worker of either runner, until `stop`: the crate's worker, or the
+/// twin's loop, which waits as the crate's does (through the crate's
+/// `WaitForRows`: a read of the socket for notifications, or a sleep).
+fn work<C: JobConn>(
+    conn: &mut C,
+    mode: JobMode,
+    stop: &StopHandle,
+    listen: bool,
+    ledger: &Ledger,
+) -> Result<(), String> {
+    let fail = |error: &dyn std::fmt::Display| format!("{}: {error}", mode.name());
+    if mode.runner == Runner::Crate {
+        return conn
+            .crate_worker(mode.batch, stop, listen, ledger)
+            .map(drop)
+            .map_err(|e| fail(&e));
+    }
+    if listen {
+        conn.listen(CHANNEL).map_err(|e| fail(&e))?;
+    }
+    let mut pause = POLL.0;
+    while !stop.is_stopped() {
+        let taken = conn
+            .twin_take(i64::from(mode.batch), ledger)
+            .map_err(|e| fail(&e))?;
+        if taken > 0 {
+            pause = POLL.0;
+            continue;
+        }
+        if conn.wait_for_rows(pause, stop).map_err(|e| fail(&e))? {
+            pause = POLL.0;
+        } else {
+            pause = (pause * 2).min(POLL.1);
+        }
+    }
+    Ok(())
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct JobRun {
+    pub backend: BackendKind,
+    pub mode: JobMode,
+    pub workers: usize,
+    /// Jobs done per second: a drain's backlog over its time, or a steady
+    /// state's jobs over the time from the first insert to the last done.
+    pub jobs_per_sec: f64,
+    /// Steady state only: commit to closure, per job, sorted.
+    pub pickups: Vec<Duration>,
+}
+
+impl JobRun {
+    fn quantile(&self, q: f64) -> Duration {
+        let rank = ((q * self.pickups.len() as f64).ceil() as usize).clamp(1, self.pickups.len());
+        self.pickups[rank - 1]
+    }
+}
+
+/// Runs `workers` workers of `mode` and `feed` beside them, which returns
+/// once every job it enqueued is done; then checks that every job was run
+/// once (twice if it failed once) and that none is left.
+fn run_workers<C: JobConn>(
+    url: &str,
+    mode: JobMode,
+    workers: usize,
+    jobs: usize,
+    listen: bool,
+    feed: impl FnOnce(&Ledger) -> Result<(), String>,
+) -> Result<(), String> {
+    let ledger = Ledger::new(jobs);
+    let stop = StopHandle::new();
+    let ready = Barrier::new(workers + 1);
+    let fed = thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                let (ledger, stop, ready) = (&ledger, &stop, &ready);
+                scope.spawn(move || {
+                    let connected = C::open(url).map_err(|e| e.to_string());
+                    ready.wait();
+                    work(&mut connected?, mode, stop, listen, ledger)
+                })
+            })
+            .collect();
+        ready.wait();
+        let fed = feed(&ledger);
+        stop.stop();
+        for handle in handles {
+            handle.join().expect("a worker panicked")?;
+        }
+        fed
+    });
+    fed?;
+    let misrun = ledger.misrun();
+    if !misrun.is_empty() {
+        return Err(format!(
+            "{}: {}",
+            mode.name(),
+            misrun[..misrun.len().min(5)].join(", ")
+        ));
+    }
+    let mut conn = C::open(url).map_err(|e| e.to_string())?;
+    match conn.queued().map_err(|e| e.to_string())? {
+        0 => Ok(()),
+        left => Err(format!("{}: {left} jobs left", mode.name())),
+    }
+}
+
+/// Waits until the workers have done `jobs` jobs, for at most `bound`.
+fn until_done(ledger: &Ledger, jobs: u64, bound: Duration) -> Result<Instant, String> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if ledger.done.load(Ordering::Acquire) >= jobs {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} of {jobs} jobs done after {bound:?}",
+                ledger.done.load(Ordering::Acquire)
+            ));
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// JR: drains a backlog of `jobs` jobs.
+pub fn drain<C: JobConn>(
+    url: &str,
+    mode: JobMode,
+    workers: usize,
+    jobs: usize,
+) -> Result<JobRun, String> {
+    let mut conn = C::open(url).map_err(|e| e.to_string())?;
+    conn.create_jobs_table().map_err(|e| e.to_string())?;
+    conn.enqueue(0..jobs as i64).map_err(|e| e.to_string())?;
+    let mut elapsed = Duration::ZERO;
+    run_workers::<C>(url, mode, workers, jobs, false, |ledger| {
+        let started = Instant::now();
+        elapsed = until_done(ledger, jobs as u64, Duration::from_secs(600))? - started;
+        Ok(())
+    })?;
+    Ok(JobRun {
+        backend: C::BACKEND,
+        mode,
+        workers,
+        jobs_per_sec: jobs as f64 / elapsed.as_secs_f64(),
+        pickups: Vec::new(),
+    })
+}
+
+/// JS: a producer enqueues `rate` jobs per second for `seconds`, one per
+/// transaction; workers listen where they can.
+pub fn steady<C: JobConn>(
+    url: &str,
+    mode: JobMode,
+    workers: usize,
+    rate: u32,
+    seconds: u32,
+) -> Result<JobRun, String> {
+    let jobs = (rate * seconds) as usize;
+    let mut producer = C::open(url).map_err(|e| e.to_string())?;
+    producer.create_jobs_table().map_err(|e| e.to_string())?;
+    let listen = C::BACKEND == BackendKind::Postgres;
+    let mut committed = vec![Instant::now(); jobs];
+    let mut elapsed = Duration::ZERO;
+    let mut first_pick = Vec::new();
+    run_workers::<C>(url, mode, workers, jobs, listen, |ledger| {
+        // The workers have found the queue empty and wait.
+        thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let every = Duration::from_secs(1) / rate;
+        for (seq, committed) in committed.iter_mut().enumerate() {
+            let due = started + every * seq as u32;
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                thread::sleep(wait);
+            }
+            producer
+                .enqueue(seq as i64..seq as i64 + 1)
+                .map_err(|e| e.to_string())?;
+            *committed = Instant::now();
+        }
+        elapsed = until_done(ledger, jobs as u64, Duration::from_secs(120))? - started;
+        first_pick = ledger.first_pick.lock().unwrap().clone();
+        Ok(())
+    })?;
+    let mut pickups: Vec<Duration> = first_pick
+        .iter()
+        .zip(&committed)
+        .map(|(picked, committed)| {
+            picked.map_or(Duration::ZERO, |at| {
+                at.saturating_duration_since(*committed)
+            })
+        })
+        .collect();
+    pickups.sort();
+    Ok(JobRun {
+        backend: C::BACKEND,
+        mode,
+        workers,
+        jobs_per_sec: jobs as f64 / elapsed.as_secs_f64(),
+        pickups,
+    })
+}
+
+pub const JOB_NOTES: &str = "\
+- jobs in priority order (`ORDER BY priority DESC, id`), one or ten per transaction, each
+  deleted when done; one in 20 fails its first attempt, and the failure (attempts, error, next
+  run time) is written under the job's lock. hand-written: the registry runner's loop
+  (`SELECT … LIMIT n FOR UPDATE SKIP LOCKED`, each job in a savepoint, then its `DELETE` or the
+  failure's `UPDATE`); diesel-claim: `.worker(&stop)` from the head of the queue, with
+  `on_failure`. Idle workers poll every 1 ms, doubling to 20 ms; JS's workers listen on
+  PostgreSQL (the producer notifies in each job's transaction).
+- pickup: from the producer's `COMMIT` returning to the job's closure starting.";
+
+/// The report of the drains: jobs/s per mode and worker count, each crate
+/// mode beside its twin.
+pub fn drain_table(runs: &[JobRun]) -> String {
+    let header = [
+        ("backend", Text),
+        ("runner", Text),
+        ("W", Number),
+        ("jobs/s", Number),
+        ("× hand-written", Number),
+    ];
+    let rows = runs.iter().map(|run| {
+        vec![
+            run.backend.name().to_owned(),
+            run.mode.name(),
+            run.workers.to_string(),
+            format!("{:.0}", run.jobs_per_sec),
+            twin_ratio(runs, run, |run| run.jobs_per_sec),
+        ]
+    });
+    markdown_table(&header, rows)
+}
+
+/// The report of the steady states: completion rate and pickup latency.
+pub fn steady_table(runs: &[JobRun]) -> String {
+    let header = [
+        ("backend", Text),
+        ("runner", Text),
+        ("W", Number),
+        ("done/s", Number),
+        ("pickup p50", Number),
+        ("p99", Number),
+        ("max", Number),
+        ("p99 × hand-written", Number),
+    ];
+    let ms = |latency: Duration| format!("{:.2} ms", latency.as_secs_f64() * 1e3);
+    let rows = runs.iter().map(|run| {
+        vec![
+            run.backend.name().to_owned(),
+            run.mode.name(),
+            run.workers.to_string(),
+            format!("{:.0}", run.jobs_per_sec),
+            ms(run.quantile(0.5)),
+            ms(run.quantile(0.99)),
+            ms(run.pickups[run.pickups.len() - 1]),
+            twin_ratio(runs, run, |run| run.quantile(0.99).as_secs_f64()),
+        ]
+    });
+    markdown_table(&header, rows)
+}
+
+/// `figure` of a crate run over its twin's in the same run.
+fn twin_ratio(runs: &[JobRun], run: &JobRun, figure: impl Fn(&JobRun) -> f64) -> String {
+    if run.mode.runner == Runner::Twin {
+        return String::new();
+    }
+    let twin = runs.iter().find(|other| {
+        other.backend == run.backend
+            && other.workers == run.workers
+            && other.mode
+                == JobMode {
+                    runner: Runner::Twin,
+                    ..run.mode
+                }
+    });
+    twin.map_or(String::new(), |twin| {
+        format!("{:.2}", figure(run) / figure(twin))
+    })
+}
+
+/// Every job run asked for, on one backend: the drains, then the steady
+/// states, each crate mode right after its twin.
+pub fn run_all<C: JobConn>(
+    url: &str,
+    options: &crate::cli::Options,
+) -> Result<(Vec<JobRun>, Vec<JobRun>), String> {
+    let (mut drains, mut steady_runs) = (Vec::new(), Vec::new());
+    for &workers in &options.workers {
+        for mode in JobMode::ALL {
+            if options.runs(crate::cli::JOB_DRAIN) {
+                let run = drain::<C>(url, mode, workers, options.jobs)?;
+                eprintln!(
+                    "{} JR {} W={workers}: {:.0} jobs/s",
+                    C::BACKEND.name(),
+                    mode.name(),
+                    run.jobs_per_sec
+                );
+                drains.push(run);
+            }
+        }
+    }
+    for &workers in &options.workers {
+        for mode in JobMode::ALL {
+            if options.runs(crate::cli::JOB_STEADY) {
+                let run = steady::<C>(url, mode, workers, options.job_rate, options.job_seconds)?;
+                eprintln!(
+                    "{} JS {} W={workers}: {:.0} jobs/s, p99 {:?}",
+                    C::BACKEND.name(),
+                    mode.name(),
+                    run.jobs_per_sec,
+                    run.quantile(0.99)
+                );
+                steady_runs.push(run);
+            }
+        }
+    }
+    Ok((drains, steady_runs))
+}
