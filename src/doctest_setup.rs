@@ -34,6 +34,17 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// A job queue: jobs run by priority; `attempts` counts failures.
+    jobs (id) {
+        id -> Integer,
+        priority -> Integer,
+        attempts -> Integer,
+        last_error -> Nullable<Text>,
+        done -> Bool,
+    }
+}
+
+diesel::table! {
     accounts (id) {
         id -> Integer,
         balance -> BigInt,
@@ -56,6 +67,14 @@ pub struct Invoice {
     pub sent: bool,
 }
 
+#[derive(Debug, Clone, Queryable, Selectable, Identifiable)]
+#[diesel(table_name = jobs)]
+pub struct Job {
+    pub id: i32,
+    pub priority: i32,
+    pub attempts: i32,
+}
+
 #[derive(Debug, Queryable, Selectable, Identifiable)]
 #[diesel(table_name = accounts)]
 pub struct Account {
@@ -67,7 +86,8 @@ pub struct Account {
 const DOCTEST_ROWS: &str = "
     INSERT INTO orders (shipped, email_sent) VALUES (TRUE, FALSE), (TRUE, FALSE), (FALSE, FALSE);
     INSERT INTO accounts (balance, version) VALUES (100, 0), (50, 0);
-    INSERT INTO invoices (sent) VALUES (FALSE), (FALSE), (TRUE);";
+    INSERT INTO invoices (sent) VALUES (FALSE), (FALSE), (TRUE);
+    INSERT INTO jobs (priority) VALUES (0), (5), (0);";
 
 #[cfg(feature = "postgres")]
 fn establish_connection() -> PgConnection {
@@ -78,7 +98,8 @@ fn establish_connection() -> PgConnection {
         "SET search_path TO pg_temp;
          CREATE TABLE orders (id SERIAL PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
          CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
-         CREATE TABLE invoices (id SERIAL PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMPTZ);",
+         CREATE TABLE invoices (id SERIAL PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMPTZ);
+         CREATE TABLE jobs (id SERIAL PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE);",
     )
     .unwrap();
     conn.batch_execute(DOCTEST_ROWS).unwrap();
@@ -96,6 +117,7 @@ fn establish_connection() -> MysqlConnection {
          CREATE TEMPORARY TABLE orders (id INTEGER AUTO_INCREMENT PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE accounts (id INTEGER AUTO_INCREMENT PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE invoices (id INTEGER AUTO_INCREMENT PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until DATETIME(6)) ENGINE = InnoDB;
+         CREATE TEMPORARY TABLE jobs (id INTEGER AUTO_INCREMENT PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE diesel_claim_leases (name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, expires_at BIGINT NOT NULL) ENGINE = InnoDB;",
     )
     .unwrap();
@@ -109,7 +131,8 @@ fn establish_connection() -> SqliteConnection {
     conn.batch_execute(
         "CREATE TABLE orders (id INTEGER PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
          CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
-         CREATE TABLE invoices (id INTEGER PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMP);",
+         CREATE TABLE invoices (id INTEGER PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMP);
+         CREATE TABLE jobs (id INTEGER PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE);",
     )
     .unwrap();
     conn.batch_execute(DOCTEST_ROWS).unwrap();

@@ -99,7 +99,9 @@
 //! locking read and one commit for the batch. The closure runs per row
 //! ([`each`](ClaimBuilder::each)) or once per batch
 //! ([`each_batch`](ClaimBuilder::each_batch)); an error in it rolls back the whole
-//! batch.
+//! batch and ends the call, unless the call [keeps going](ClaimBuilder::keep_going)
+//! or has a [failure hook](ClaimBuilder::on_failure): then each row's closure
+//! runs in a savepoint of its own, and only a failing row is rolled back.
 //!
 //! When the work on the database's side is a plain column update, the claim can
 //! make it in the statement that claims the rows: [`mark`](ClaimBuilder::mark)
@@ -219,6 +221,12 @@
 //!   pages of a thousand keys as with grown ones, for more statements per
 //!   row (and, per row, 6 to 11% of transactions that commit nothing).
 //!
+//! Workers, and claims told [`from_head`](ClaimBuilder::from_head), read no
+//! pages: each take starts from the head of the query, as the hand-written
+//! loop does, so that the next row taken is always the first in the query's
+//! order (see the [job workers](workers) page). That is the promise of a job
+//! queue; pages are what a large drain by key wants.
+//!
 //! Alone, a claim goes through its pages from their heads, in key order. These
 //! do not spread out: a query's `ORDER BY`, whose order is the claim's promise;
 //! [`nowait`](ClaimBuilder::nowait); [`mark_and_commit`](ClaimBuilder::mark_and_commit),
@@ -270,131 +278,21 @@
 //!
 //! A row whose closure fails stays pending: the next call tries it again, and
 //! a row that can never succeed (a malformed address) is tried on every call
-//! forever. Count the attempts in the row and take it out of the query after
-//! a few, into a state of its own for a person to look at (a dead letter):
-//!
-//! - an `attempts` column, in the filter: `.filter(orders::attempts.lt(5))`;
-//! - on failure, record the attempt *outside* the claim's rolled-back
-//!   transaction: after the call, for each of
-//!   [`ClaimOutcome::failed`](crate::ClaimOutcome::failed),
-//!   `UPDATE orders SET attempts = attempts + 1, last_error = … WHERE id = …`;
-//! - rows with `attempts >= 5` are the dead letters: list them, fix them, and
-//!   reset `attempts` to send them back.
-//!
-//! The repository's worked example (`examples/shop`) does exactly this.
+//! forever. Record each failure with a [failure hook](ClaimBuilder::on_failure),
+//! which runs under the row's lock, its work rolled back to a savepoint, so
+//! that the attempt is counted before any other worker can take the row; and
+//! take the row out of the query after a few attempts (a dead letter). The
+//! [job workers](workers) page shows the whole pattern; the repository's
+//! worked example (`examples/shop`) counts failed emails so.
 //!
 //! ## Workers that wait for rows
 //!
 //! [`ClaimBuilder::worker`] turns a claim into a loop that runs until its
-//! [`StopHandle`](crate::StopHandle) is triggered: it claims what is pending
-//! and, when nothing is, waits. Waiting is polling, from every 10 ms after
-//! rows were found, doubling up to every second while the queue stays empty
-//! ([`poll_interval`](crate::ClaimWorker::poll_interval) sets both). On
-//! PostgreSQL, [`listen`](crate::ClaimWorker::listen) also wakes the worker at
-//! once when a notification arrives on a channel: send it from the
-//! transaction that writes the rows with [`notify`](crate::notify), or from a
-//! trigger:
-//!
-//! ```sql
-//! CREATE FUNCTION notify_orders_pending() RETURNS trigger LANGUAGE plpgsql AS
-//!     $$ BEGIN PERFORM pg_notify('orders_pending', ''); RETURN NULL; END $$;
-//! CREATE TRIGGER orders_pending AFTER INSERT OR UPDATE ON orders
-//!     FOR EACH STATEMENT EXECUTE FUNCTION notify_orders_pending();
-//! ```
-//!
-//! PostgreSQL delivers notifications when their transaction commits, and
-//! folds identical ones within a transaction into one. A waiting worker looks
-//! at its connection for them every millisecond (a read of its socket, no
-//! round trip); the polls stay, as the fallback for rows written without a
-//! notification. The benchmark measured the pickup (commit to closure) at a
-//! median of under a millisecond with `LISTEN`, and within the maximum poll
-//! interval without it (the repository's `BENCHMARKS.md`).
-//!
-//! [`StopHandle::stop`](crate::StopHandle::stop) is one atomic store: call it
-//! from a signal handler. The worker then finishes the row or batch in hand,
-//! commits it, and returns the report of all it did. An error from the
-//! closure ends the worker unless the claim [keeps going](ClaimBuilder::keep_going);
-//! a failing row is then tried again at the next poll, not sooner. The worker
-//! holds its connection (and, listening, its session) for as long as it runs:
-//! give it a connection of its own. The async twin (`diesel_claim::aio`) runs
-//! the same loop as a future, waiting with tokio timers and, on PostgreSQL,
-//! on diesel-async's notification stream.
-//!
-//! ### When the database goes away
-//!
-//! A connection does not outlive its session: when the server crashes or
-//! restarts, fails over, or ends the session, every call on that connection
-//! fails, and a worker on it returns the error. That is [`Error::Database`]
-//! (PostgreSQL's `ClosedConnection`; MariaDB's "Lost connection to server
-//! during query" or "Server has gone away", of kind `Unknown`), or
-//! [`Error::BrokenConnection`] when the rollback after it failed too; never a
-//! report that says nothing is pending.
-//! Run the worker in a loop of your own that starts over on a new connection
-//! and waits while the server is away:
-//!
-//! ```rust,no_run
-//! # include!("doctest_setup.rs");
-//! use std::thread;
-//! use std::time::Duration;
-//! use diesel_claim::prelude::*;
-//! use diesel_claim::StopHandle;
-//!
-//! # fn main() {
-//! let stop = StopHandle::new();
-//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
-//! while !stop.is_stopped() {
-//!     // In a service, a connection from the pool: r2d2 tests each one as it
-//!     // hands it out and replaces those a restart broke.
-//!     let mut conn = establish_connection();
-//!     let worked = pending.clone().build_claim().worker(&stop).run(&mut conn, |conn, order: Order| {
-//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
-//!         Ok::<_, diesel_claim::Error>(())
-//!     });
-//!     if let Err(error) = worked {
-//!         eprintln!("the worker stopped ({error}); starting over in a second");
-//!         thread::sleep(Duration::from_secs(1));
-//!     }
-//! }
-//! # }
-//! ```
-//!
-//! What a worker saw committed stays committed if the server keeps its
-//! durable defaults (PostgreSQL `synchronous_commit = on`, InnoDB
-//! `innodb_flush_log_at_trx_commit = 1`): turned off, a crash loses
-//! acknowledged commits, and their rows are claimed and processed again. A
-//! commit the crash cut off may have happened without the worker hearing of
-//! it: the call ends with the error and does not count the row, though it was
-//! processed. Leases live in a table: a crash neither frees one nor lets its
-//! fencing tokens go back. The repository's torture suite SIGKILLs
-//! PostgreSQL and MariaDB servers under a drain, a bank, worker loops,
-//! visibility timeouts and leases (`RELIABILITY.md`, scenario 27).
-//!
-//! ### When the network drops
-//!
-//! A cut network is worse than a crash, as nobody is told. A worker whose
-//! link goes dark while it holds rows keeps them locked until the server gives
-//! up on it, and its own next call waits for an answer that cannot come.
-//! Neither wait ends unless something bounds it:
-//!
-//! - **On the database server**, drop the sessions of clients gone silent.
-//!   PostgreSQL: `tcp_keepalives_idle`, `tcp_keepalives_interval` and
-//!   `tcp_keepalives_count`, and `tcp_user_timeout` for data the client never
-//!   acknowledged. MariaDB: `tcp_keepalive_time`, `tcp_keepalive_interval` and
-//!   `tcp_keepalive_probes`; it has no bound of its own on unacknowledged
-//!   data, so set the host's `net.ipv4.tcp_retries2` (5 gives up after about
-//!   12 s). `idle_in_transaction_session_timeout` (PostgreSQL) and
-//!   `idle_transaction_timeout` (MariaDB) bound a silent holder whatever
-//!   silenced it.
-//! - **On the workers**, PostgreSQL's bounds go in the URL:
-//!   `?keepalives_idle=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000`.
-//!   Diesel's MySQL connection takes no timeout, so the worker host's
-//!   `net.ipv4.tcp_retries2` and keepalive settings are what bounds a call.
-//!
-//! With these, the repository's torture suite cut a worker off while it held a
-//! row: the server freed the row within seconds, another worker processed it
-//! once, and the cut worker's call failed with an error; a lease holder cut
-//! off past its TTL was replaced, and its fenced write refused once the link
-//! healed (`RELIABILITY.md`, scenario 28).
+//! [`StopHandle`](crate::StopHandle) is triggered, taking the next rows from
+//! the head of the query and waiting while none is pending: a job runner.
+//! The [job workers](workers) page has it all: the head of the queue, failure
+//! hooks and backoff, waiting with polls and `LISTEN`, and what a worker sees
+//! when the database or the network goes away.
 //!
 //! ## Long work outside a transaction: visibility timeouts
 //!
@@ -413,7 +311,12 @@
 //! `claimed_until = now + ttl` and commits at once; `now` is always the
 //! database's clock, so clients' clocks, and their sessions' time zones, play
 //! no part. The closure gets each row as a [`Claimed`](crate::Claimed)
-//! handle, outside any transaction, and ends the claim with
+//! handle, outside any transaction, with its whole TTL ahead of it (the rows
+//! of a batch after the first are stamped again as they are handed over, one
+//! statement each; a row whose batch stamp ran out before its turn, and that
+//! another worker took, is passed over as [gone](ClaimReport::gone));
+//! [`remaining`](crate::Claimed::remaining) says how long is left. It ends
+//! the claim with
 //! [`finish`](crate::Claimed::finish): its changes and `claimed_until =
 //! NULL`, in one statement that applies only while the row still carries
 //! this claim's stamp. [`extend`](crate::Claimed::extend) moves the stamp on
@@ -429,7 +332,8 @@
 //! `finish` fails with [`Error::ClaimLost`] and writes nothing. A closure that
 //! returns an error, or drops its `Claimed`, leaves the stamp in place: the
 //! row comes back when it passes (a backoff for failing rows, and never twice
-//! in one call).
+//! in one call); a [failure hook](ClaimBuilder::on_failure) runs in a
+//! transaction that clears the stamp first, if the row still carries it.
 //!
 //! What this trades for it: the work itself may run twice, by the stalled
 //! worker and by the one that took over; only the database write is fenced.
@@ -437,9 +341,9 @@
 //! on, and make the work repeatable (an idempotency key for the payment API).
 //! The claiming statement is the batch claim's (`SKIP LOCKED` on PostgreSQL and
 //! MySQL; one writer at a time on SQLite), so claimers never wait on each
-//! other's stamps. [`TimedClaim::worker`](crate::TimedClaim::worker) runs
-//! such a claim until stopped, as [`ClaimBuilder::worker`] does, and claims a
-//! dead worker's rows at its first poll after their stamps pass. The async
+//! other's stamps. [`worker`](ClaimBuilder::worker) runs such a claim until
+//! stopped, as any claim's, and claims a dead worker's rows at its first poll
+//! after their stamps pass. The async
 //! API has the same claim on diesel-async (PostgreSQL and MySQL): the closure
 //! gets a `Claimed<_, _, aio::Async>`, whose `extend`, `finish` and `release`
 //! are futures. In the
@@ -669,8 +573,8 @@
 //!
 //! | span | level | fields |
 //! |---|---|---|
-//! | `claim` | info (debug when a worker runs it) | `table` (the claimed table, unqualified), `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
-//! | `batch` | debug | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, the rows of a failed batch retried alone included, inside `claim`; with `mark_and_commit` and a visibility timeout, it ends when the mark or the stamps commit, before the closure runs |
+//! | `claim` | info (debug when a worker runs it) | `table` (the claimed table, unqualified), `from_head`, `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
+//! | `batch` | debug | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, inside `claim`; with `mark_and_commit` and a visibility timeout, it ends when the mark or the stamps commit, before the closure runs |
 //! | `worker` | info | `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
 //! | `lease` | info | `name`, `ttl`, `token` (once acquired), `outcome` (`held by another`, `released`, `lost`, `release failed`): [`with_lease`], [`with_lease_kept_alive`] |
 //! | `acquire_lease`, `renew_lease`, `release_lease` | debug | `name`, `token`, `outcome` (`acquired`, `held by another`, `renewed`, `released`, `lost`); `acquire_lease` also `ttl` |
@@ -678,7 +582,8 @@
 //!
 //! | event | level |
 //! |---|---|
-//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going)): `rows`; a panic's message | warn |
+//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook): `table`, `rows`; a panic's message | warn |
+//! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again | warn |
 //! | deadlock detected (the database's message) | warn |
 //! | a kept-alive lease's renewal failed (the error), and the lease lost | warn |
 //! | [`retry`] gave up on a transient error: `attempt`, `max_attempts` | warn |
@@ -695,6 +600,8 @@
 //! returns it with the row's key. A call refused before any SQL (invalid
 //! options) has no span; its error is returned. Async calls are the same
 //! spans, entered only while their futures are polled.
+
+pub mod workers;
 
 // What the guide's links name.
 #[cfg(feature = "postgres_backend")]

@@ -537,28 +537,31 @@ impl<Q, T> ClaimBuilder<Q, Blocking, T, NoHook> {
     ///
     /// # fn main() -> Result<(), diesel_claim::Error> {
     /// # let mut conn = establish_connection();
-    /// // Orders without an address fail: their attempts are counted under the
-    /// // lock, and the filter leaves an order out after three.
-    /// let pending = orders::table
-    ///     .filter(orders::shipped.eq(true))
-    ///     .filter(orders::email_sent.eq(false))
-    ///     .filter(orders::attempts.lt(3));
-    /// let report = pending
+    /// // The queue: jobs not done, tried fewer than 3 times, by priority.
+    /// let queue = jobs::table
+    ///     .filter(jobs::done.eq(false))
+    ///     .filter(jobs::attempts.lt(3))
+    ///     .order(jobs::priority.desc())
+    ///     .select(Job::as_select());
+    /// let report = queue
     ///     .build_claim()
-    ///     .on_failure(|conn, order: Order, _error: &diesel_claim::Error| {
-    ///         diesel::update(&order)
-    ///             .set(orders::attempts.eq(orders::attempts + 1))
+    ///     .on_failure(|conn, job: Job, error: &diesel_claim::Error| {
+    ///         // Under the job's lock: one more attempt, and why.
+    ///         diesel::update(&job)
+    ///             .set((jobs::attempts.eq(jobs::attempts + 1), jobs::last_error.eq(error.to_string())))
     ///             .execute(conn)?;
     ///         Ok(())
     ///     })
-    ///     .each(&mut conn, |conn, order: Order| {
-    ///         if order.id == 1 {
+    ///     .each(&mut conn, |conn, job: Job| {
+    ///         if job.id == 3 {
     ///             return Err(diesel_claim::Error::InvalidArgument("no address".into()));
     ///         }
-    ///         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+    ///         diesel::update(&job).set(jobs::done.eq(true)).execute(conn)?;
     ///         Ok(())
     ///     })?;
-    /// assert_eq!((report.processed, report.failed), (1, 1));
+    /// assert_eq!((report.processed, report.failed), (2, 1));
+    /// let attempts: i32 = jobs::table.find(3).select(jobs::attempts).first(&mut conn)?;
+    /// assert_eq!(attempts, 1);
     /// # Ok(())
     /// # }
     /// ```

@@ -1,0 +1,253 @@
+//! Job workers: a queue of jobs in a table of yours, and workers that take
+//! the next job, run it, delete it or record its failure, for months.
+//!
+//! ```
+//! # include!("../doctest_setup.rs");
+//! use std::time::Duration;
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::StopHandle;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let stop = StopHandle::new(); // stop.stop() on SIGTERM
+//! # let stopper = stop.clone();
+//! // Runnable jobs, highest priority first; a job that failed 3 times is a
+//! // dead letter, out of the queue.
+//! let queue = jobs::table
+//!     .filter(jobs::done.eq(false))
+//!     .filter(jobs::attempts.lt(3))
+//!     .order(jobs::priority.desc())
+//!     .select(Job::as_select());
+//! let report = queue
+//!     .build_claim()
+//!     .on_failure(|conn, job: Job, error: &diesel_claim::Error| {
+//!         // The job's work is rolled back; it is still locked: count the
+//!         // attempt before any other worker can take it.
+//!         diesel::update(&job)
+//!             .set((jobs::attempts.eq(jobs::attempts + 1), jobs::last_error.eq(error.to_string())))
+//!             .execute(conn)?;
+//!         Ok(())
+//!     })
+//!     .worker(&stop)
+//!     .poll_interval(Duration::from_millis(10), Duration::from_secs(1))
+//!     .run(&mut conn, |conn, job: Job| {
+//!         // … the job's work, in its transaction …
+//!         diesel::update(&job).set(jobs::done.eq(true)).execute(conn)?;
+//!         # if job.id == 3 { stopper.stop(); }
+//!         Ok(())
+//!     })?;
+//! assert_eq!(report.processed, 3);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The next job, from the head of the queue
+//!
+//! A worker takes its rows from the head of the query: each take is one
+//! locking statement, `SELECT … WHERE <your filter> ORDER BY <your order>,
+//! <key> LIMIT n FOR NO KEY UPDATE SKIP LOCKED` (MySQL: `FOR UPDATE SKIP
+//! LOCKED`; SQLite: the database write lock), re-run for every take. A job
+//! enqueued ahead of the others (a higher priority) is the next one taken,
+//! whoever is running what; an empty queue costs that one statement, in a
+//! transaction. [`max_rows`](crate::ClaimBuilder::max_rows) no larger than a
+//! batch takes from the head too, and any claim does with
+//! [`from_head`](crate::ClaimBuilder::from_head).
+//!
+//! A call of `claim_each` reads candidates in pages instead: a page of keys
+//! without locks, then takes within it. Pages are what spread many workers
+//! over a large backlog by key, each taking from a place of its own, where
+//! workers at the head all pass over the rows the others hold, inside their
+//! statements (see [many workers](super#many-workers)); they read an ordered
+//! queue as it was when the page was read, so a job enqueued ahead of the
+//! page waits for the next call. So drains of a backlog keep their pages, and
+//! workers, whose promise is the queue's order, take from the head (tell one
+//! [`in_pages`](crate::ClaimBuilder::in_pages) to drain a backlog by key). The
+//! repository's `BENCHMARKS.md` measures both.
+//!
+//! A call from the head keeps the key of each row it hands over, so that a
+//! row its closure leaves matching is passed over, not handed over again;
+//! such rows, and failing ones, are then left out of the call's takes (`AND
+//! NOT <key> IN (…)`), and a call that would leave out more than 1000 ends.
+//! A worker starts a fresh run every 10,000 rows.
+//!
+//! Index the queue in its order, after its filter: `CREATE INDEX ON jobs
+//! (priority DESC, id) WHERE NOT done` (MySQL: `INDEX (priority DESC, id)`).
+//! On MySQL and MariaDB, read the plan of your queue's query with a realistic
+//! number of rows: a server that sorts the queue rather than walking the
+//! index (as it may when few rows are pending) reads and locks every pending
+//! row, and other workers' takes wait on some of them; run claimers at `READ
+//! COMMITTED` ([`MySQL and MariaDB`](super#mysql-and-mariadb)).
+//!
+//! # Failures, recorded under the lock
+//!
+//! A job that fails must be recorded: its attempts, its error, when to try it
+//! next. Recorded after the claim has released the row, another worker can
+//! take the row first, and run it again as if it had never failed. A failure
+//! hook, [`on_failure`](crate::ClaimBuilder::on_failure), runs in the row's
+//! transaction instead: the closure's work is rolled back to a savepoint
+//! taken before it ran, then the hook runs with the row (as the closure got
+//! it) and the error, the row still locked, and its writes commit with the
+//! row's release. In the repository's tests, eight workers ran jobs that
+//! failed on every attempt: each run saw the attempts of the runs before it,
+//! 0, 1, 2, never one twice, and each job left the queue after its third.
+//!
+//! - **A hook implies [`keep_going`](crate::ClaimBuilder::keep_going)**: the
+//!   call goes on, and counts the row in [`failed`](crate::ClaimReport::failed);
+//!   [`each_outcome`](crate::ClaimBuilder::each_outcome) returns each failure
+//!   with its key and error. A hook that fails itself ends the call with its
+//!   error, and its batch is rolled back whole. A panic in the closure is a
+//!   failure ([`Error::ClosurePanicked`](crate::Error::ClosurePanicked)).
+//! - **Dead letters**: filter the query on the attempts (`attempts < 3`), so
+//!   that the hook takes a row out of the queue at the last one. List the dead
+//!   letters, fix them, and reset their attempts to send them back.
+//! - **The next run time**: write it in the hook (`run_at = now() + interval
+//!   '1 minute' * 2 ^ attempts`) and filter on it (`run_at <= now()`), so
+//!   that no worker takes the job sooner.
+//! - **Batches**: with [`batch(n)`](crate::ClaimBuilder::batch), each row's
+//!   closure runs in a savepoint of its own: a failing row is rolled back
+//!   alone, its hook runs, and the other rows commit. No closure runs twice
+//!   for a row in one call. (With [`each_batch`](crate::ClaimBuilder::each_batch),
+//!   the closure's batch fails whole, and the hook runs for each of its rows.)
+//! - **Marks**: with [`mark`](crate::ClaimBuilder::mark), the mark comes
+//!   before the row's savepoint: the hook finds the row marked, and writes
+//!   what a failed row becomes (back in the queue, or a dead letter). With
+//!   [`mark_and_commit`](crate::ClaimBuilder::mark_and_commit), the hook runs
+//!   in a transaction of its own.
+//! - **Visibility timeouts**: the hook runs in a transaction that first
+//!   clears the row's stamp, if the row still carries it; if another worker
+//!   has claimed it since, the hook does not run.
+//! - **The cost**: a savepoint and its release per row, as the hand-written
+//!   loop of a job runner sends them.
+//!
+//! A worker also leaves a row whose closure failed out of its own takes for
+//! a while, [`failure_backoff`](crate::ClaimWorker::failure_backoff) (1 s,
+//! doubling with each failure up to 5 min), so that a row the hook leaves in
+//! the queue is not run again at once by the same worker; other workers may
+//! take it. When the hook writes a next run time, the queue's filter is the
+//! backoff that holds across workers, and `failure_backoff(Duration::ZERO,
+//! Duration::ZERO)` turns the worker's own off.
+//!
+//! # Waiting for jobs
+//!
+//! A worker runs until its [`StopHandle`](crate::StopHandle) is triggered:
+//! it takes what is pending and, when nothing is, waits. Waiting is polling,
+//! from every 10 ms after rows were found, doubling up to every second while
+//! the queue stays empty ([`poll_interval`](crate::ClaimWorker::poll_interval)
+//! sets both). On PostgreSQL, [`listen`](crate::ClaimWorker::listen) also
+//! wakes the worker at once when a notification arrives on a channel: send it
+//! from the transaction that writes the rows with [`notify`](crate::notify),
+//! or from a trigger:
+//!
+//! ```sql
+//! CREATE FUNCTION notify_jobs() RETURNS trigger LANGUAGE plpgsql AS
+//!     $$ BEGIN PERFORM pg_notify('jobs', ''); RETURN NULL; END $$;
+//! CREATE TRIGGER jobs_enqueued AFTER INSERT OR UPDATE ON jobs
+//!     FOR EACH STATEMENT EXECUTE FUNCTION notify_jobs();
+//! ```
+//!
+//! PostgreSQL delivers notifications when their transaction commits, and
+//! folds identical ones within a transaction into one. A waiting worker looks
+//! at its connection for them every millisecond (a read of its socket, no
+//! round trip); the polls stay, as the fallback for rows written without a
+//! notification. The benchmark measured the pickup (commit to closure) at a
+//! median of under a millisecond with `LISTEN`, and within the maximum poll
+//! interval without it (the repository's `BENCHMARKS.md`).
+//!
+//! [`StopHandle::stop`](crate::StopHandle::stop) is one atomic store: call it
+//! from a signal handler. The worker then finishes the row or batch in hand,
+//! commits it, and returns the report of all it did. An error from the
+//! closure ends the worker unless the claim has a failure hook or
+//! [keeps going](crate::ClaimBuilder::keep_going); a deadlock or a
+//! serialization failure of the crate's own statements rolls the batch back
+//! and the worker goes on. The worker holds its connection (and, listening,
+//! its session) for as long as it runs: give it a connection of its own. The
+//! async twin (`diesel_claim::aio`) runs the same loop as a future, waiting
+//! with tokio timers and, on PostgreSQL, on diesel-async's notification
+//! stream.
+//!
+//! # Long jobs
+//!
+//! A job runs in its row's transaction, which holds the row's lock and
+//! holds back vacuum while it runs. A job that takes minutes is better run
+//! outside any transaction, with a
+//! [visibility timeout](super#long-work-outside-a-transaction-visibility-timeouts):
+//! each row comes to the closure with its whole time to live ahead of it
+//! (the rows of a batch after the first are stamped again as they are handed
+//! over), [`Claimed::remaining`](crate::Claimed::remaining) says how much is
+//! left, and [`extend`](crate::Claimed::extend) buys more.
+//!
+//! # When the database goes away
+//!
+//! A connection does not outlive its session: when the server crashes or
+//! restarts, fails over, or ends the session, every call on that connection
+//! fails, and a worker on it returns the error. That is [`Error::Database`](crate::Error::Database)
+//! (PostgreSQL's `ClosedConnection`; MariaDB's "Lost connection to server
+//! during query" or "Server has gone away", of kind `Unknown`), or
+//! [`Error::BrokenConnection`](crate::Error::BrokenConnection) when the
+//! rollback after it failed too; never a report that says nothing is pending.
+//! Run the worker in a loop of your own that starts over on a new connection
+//! and waits while the server is away:
+//!
+//! ```rust,no_run
+//! # include!("../doctest_setup.rs");
+//! use std::thread;
+//! use std::time::Duration;
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::StopHandle;
+//!
+//! # fn main() {
+//! let stop = StopHandle::new();
+//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+//! while !stop.is_stopped() {
+//!     // In a service, a connection from the pool: r2d2 tests each one as it
+//!     // hands it out and replaces those a restart broke.
+//!     let mut conn = establish_connection();
+//!     let worked = pending.clone().build_claim().worker(&stop).run(&mut conn, |conn, order: Order| {
+//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!         Ok::<_, diesel_claim::Error>(())
+//!     });
+//!     if let Err(error) = worked {
+//!         eprintln!("the worker stopped ({error}); starting over in a second");
+//!         thread::sleep(Duration::from_secs(1));
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! What a worker saw committed stays committed if the server keeps its
+//! durable defaults (PostgreSQL `synchronous_commit = on`, InnoDB
+//! `innodb_flush_log_at_trx_commit = 1`): turned off, a crash loses
+//! acknowledged commits, and their rows are claimed and processed again. A
+//! commit the crash cut off may have happened without the worker hearing of
+//! it: the call ends with the error and does not count the row, though it was
+//! processed. Leases live in a table: a crash neither frees one nor lets its
+//! fencing tokens go back. The repository's torture suite SIGKILLs
+//! PostgreSQL and MariaDB servers under a drain, a bank, worker loops,
+//! visibility timeouts and leases (`RELIABILITY.md`, scenario 27).
+//!
+//! # When the network drops
+//!
+//! A cut network is worse than a crash, as nobody is told. A worker whose
+//! link goes dark while it holds rows keeps them locked until the server gives
+//! up on it, and its own next call waits for an answer that cannot come.
+//! Neither wait ends unless something bounds it:
+//!
+//! - **On the database server**, drop the sessions of clients gone silent.
+//!   PostgreSQL: `tcp_keepalives_idle`, `tcp_keepalives_interval` and
+//!   `tcp_keepalives_count`, and `tcp_user_timeout` for data the client never
+//!   acknowledged. MariaDB: `tcp_keepalive_time`, `tcp_keepalive_interval` and
+//!   `tcp_keepalive_probes`; it has no bound of its own on unacknowledged
+//!   data, so set the host's `net.ipv4.tcp_retries2` (5 gives up after about
+//!   12 s). `idle_in_transaction_session_timeout` (PostgreSQL) and
+//!   `idle_transaction_timeout` (MariaDB) bound a silent holder whatever
+//!   silenced it.
+//! - **On the workers**, PostgreSQL's bounds go in the URL:
+//!   `?keepalives_idle=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000`.
+//!   Diesel's MySQL connection takes no timeout, so the worker host's
+//!   `net.ipv4.tcp_retries2` and keepalive settings are what bounds a call.
+//!
+//! With these, the repository's torture suite cut a worker off while it held a
+//! row: the server freed the row within seconds, another worker processed it
+//! once, and the cut worker's call failed with an error; a lease holder cut
+//! off past its TTL was replaced, and its fenced write refused once the link
+//! healed (`RELIABILITY.md`, scenario 28).
