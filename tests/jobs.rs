@@ -292,6 +292,40 @@ on_every_backend! {
         }
     }
 
+    /// `then_delete` and `then_update` write the rows whose closure
+    /// succeeded, in the batch's transaction, after the closures: the failing
+    /// rows are left to their hook, the others deleted (or marked done).
+    #[test]
+    fn then_delete_and_then_update_finish_the_rows_that_succeeded() {
+        for way in ["delete", "update"] {
+            let (_db, pool) = test_db(1);
+            let mut pooled = pool.get().unwrap();
+            let conn: &mut Conn = &mut pooled;
+            insert_jobs(conn, 10);
+            let claim = queue().build_claim().batch(4).on_failure(record_attempt);
+            let work = |_: &mut Conn, job: Job| match job.id {
+                3 | 7 => Err(Error::InvalidArgument(format!("job {} fails", job.id))),
+                _ => Ok(()),
+            };
+            let report = match way {
+                "delete" => claim.then_delete().each(conn, work),
+                _ => claim.then_update(jobs::done.eq(true)).each(conn, work),
+            }
+            .unwrap();
+            assert_eq!((report.processed, report.failed), (8, 2), "{way}");
+            let left: Vec<(i32, bool, i32)> = jobs::table
+                .select((jobs::id, jobs::done, jobs::attempts))
+                .order(jobs::id)
+                .load(conn)
+                .unwrap();
+            let expected: Vec<(i32, bool, i32)> = match way {
+                "delete" => vec![(3, false, 1), (7, false, 1)],
+                _ => (1..=10).map(|id| (id, id != 3 && id != 7, i32::from(id == 3 || id == 7))).collect(),
+            };
+            assert_eq!(left, expected, "{way}");
+        }
+    }
+
     /// A failure hook that fails ends the call with its own error, and its
     /// batch is rolled back whole: nothing of it is lost or half written.
     #[test]

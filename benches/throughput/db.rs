@@ -674,7 +674,7 @@ pub fn mysql_isolation() -> Isolation {
 /// claimers on InnoDB should run: under `REPEATABLE READ` a locking read keeps
 /// the locks of every row it passed and of the gaps between them, so claimers
 /// skip more than the rows others hold.
-fn open_mysql(url: &str) -> ConnectionResult<MysqlConnection> {
+pub fn open_mysql(url: &str) -> ConnectionResult<MysqlConnection> {
     let mut conn = MysqlConnection::establish(url)?;
     let level = mysql_isolation().sql();
     conn.batch_execute(&format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}"))

@@ -125,11 +125,11 @@ where
         let savepoints =
             failures_in_savepoints(self.options, self.claim.taking, H::SET, F::PER_ROW);
         let mut attempts = 0;
-        let (batch, failing, caught, taking_failed) = loop {
+        let (batch, failing, caught, own_failed_transiently) = loop {
             let (mut moved, mut failing, mut caught) = (false, None, Vec::new());
-            let mut taking_failed = false;
+            let mut own_failed_transiently = false;
             let (moved_read, failing_at, caught_in) = (&mut moved, &mut failing, &mut caught);
-            let taking_failed_at = &mut taking_failed;
+            let own_failed_at = &mut own_failed_transiently;
             let (claim, kind, hook, query, f, range) = (
                 &mut *self.claim,
                 &mut *self.kind,
@@ -144,7 +144,7 @@ where
                         .take(query, conn, range.clone(), limit, &claim.clause)
                         .await;
                     let rows = locking_read(rows, moved_read)
-                        .inspect_err(|error| *taking_failed_at = error.is_transient())?;
+                        .inspect_err(|error| *own_failed_at = error.is_transient())?;
                     let rows =
                         claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
                     span.record("taken", rows.len());
@@ -156,7 +156,7 @@ where
                     let now = Instant::now();
                     let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
                     let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
-                    let mut processed = 0;
+                    let mut succeeded = Vec::new();
                     for items in calls(items, savepoints && F::PER_ROW) {
                         let keys: Vec<K> = items.iter().map(T::item_key).collect();
                         if !savepoints {
@@ -164,7 +164,7 @@ where
                             called.inspect_err(|_| {
                                 *failing_at = Some(Failing::Closure(batch_keys.clone()))
                             })?;
-                            processed += keys.len();
+                            succeeded.extend(keys);
                             continue;
                         }
                         let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
@@ -177,7 +177,7 @@ where
                                 C::TransactionManager::commit_transaction(conn)
                                     .await
                                     .map_err(Error::from)?;
-                                processed += keys.len();
+                                succeeded.extend(keys);
                             }
                             Err(error) => {
                                 if !roll_back_to(conn, depth).await {
@@ -194,6 +194,11 @@ where
                             }
                         }
                     }
+                    let processed = succeeded.len();
+                    if T::FINISHES && processed > 0 {
+                        let finished = kind.finish(conn, succeeded).await.map_err(Error::from);
+                        finished.inspect_err(|error| *own_failed_at = error.is_transient())?;
+                    }
                     Ok::<_, E>(processed)
                 }
                 .scope_boxed()
@@ -204,7 +209,7 @@ where
                     attempts += 1;
                     trace::moved_row(attempts);
                 }
-                batch => break (batch, failing, caught, taking_failed),
+                batch => break (batch, failing, caught, own_failed_transiently),
             }
         };
         span.record("outcome", transaction_outcome(&batch));
@@ -224,7 +229,7 @@ where
                 return Err(RowFailure::new(keys, error))
             }
             (Err(error), None) => {
-                self.transient = taking_failed;
+                self.transient = own_failed_transiently;
                 return Err(RowFailure::new(Vec::new(), error));
             }
         }

@@ -21,15 +21,17 @@ use super::timed::StampedRow;
 use super::Async;
 use crate::backend::strategy::Strategy;
 use crate::claim::engine::Claim;
-use crate::claim::kind::{start, Kind, Mark, NoHook, OnFailure, Replica, Select, Stamp};
+use crate::claim::kind::{
+    start, Delete, Keep, Kind, Mark, NoHook, OnFailure, Replica, Select, Set, Stamp,
+};
 use crate::claim::query::{
-    check_mark, read_by_keys, taken_in_one, update_by_keys, MarkByKeys, MarkStatement, PrimaryKey,
-    ReadByKeys, ReadStampedByKeys, StampByKeys, StampStatement,
+    check_mark, read_by_keys, taken_in_one, update_by_keys, DeleteByKeys, MarkByKeys,
+    MarkStatement, PrimaryKey, ReadByKeys, ReadStampedByKeys, StampByKeys, StampStatement,
 };
 use crate::claim::{ClaimStatements, Options};
 use crate::locking::LockClause;
 use crate::sql::stamp::{NewStamp, StampMicros, StampType};
-use crate::sql::{KeyRange, Position};
+use crate::sql::{Delete as DeleteStatement, InList, KeyRange, Position};
 use crate::{ClaimBuilder, Claimed, Error};
 
 /// How a kind of claim runs on a diesel-async connection `C`, from the query
@@ -126,6 +128,115 @@ pub trait Takes<'a, Q, C: AsyncConnection, I>: Kind + Send + Sync {
     fn settle<'c>(&'c self, _item: &'c I, _conn: &'c mut C) -> BoxFuture<'c, Result<bool, Error>> {
         Box::pin(future::ready(Ok(true)))
     }
+
+    /// See [`crate::kind::Takes::FINISHES`].
+    #[doc(hidden)]
+    const FINISHES: bool = false;
+
+    /// See [`crate::kind::Takes::finish`].
+    #[doc(hidden)]
+    fn finish<'c>(
+        &'c self,
+        _conn: &'c mut C,
+        _keys: Vec<Self::Key>,
+    ) -> BoxFuture<'c, QueryResult<()>>
+    where
+        'a: 'c,
+        I: 'c,
+        Self::Key: 'c,
+    {
+        Box::pin(future::ready(Ok(())))
+    }
+}
+
+/// What becomes of a selected row once its closure has succeeded, on a
+/// diesel-async connection: the async twin of [`crate::kind::Finish`].
+#[diagnostic::on_unimplemented(
+    message = "the rows of `{Q}` cannot be written once done with `{Self}`",
+    note = "`then_delete` deletes rows of the claimed table by key; `then_update(changes)` \
+            takes an `AsChangeset` for that table"
+)]
+pub trait Finish<'a, Q, C: AsyncConnection, R>: Send + Sync {
+    /// Whether there is a statement to run.
+    #[doc(hidden)]
+    const FINISHES: bool;
+
+    /// Writes the rows at `keys`.
+    #[doc(hidden)]
+    fn finish<'c>(
+        &'c self,
+        conn: &'c mut C,
+        keys: Vec<<Q as ClaimStatements<C::Backend, R>>::Key>,
+    ) -> BoxFuture<'c, QueryResult<()>>
+    where
+        Q: ClaimStatements<C::Backend, R>,
+        'a: 'c,
+        R: 'c;
+}
+
+impl<'a, Q, C: AsyncConnection, R> Finish<'a, Q, C, R> for Keep {
+    const FINISHES: bool = false;
+
+    fn finish<'c>(
+        &'c self,
+        _conn: &'c mut C,
+        _keys: Vec<<Q as ClaimStatements<C::Backend, R>>::Key>,
+    ) -> BoxFuture<'c, QueryResult<()>>
+    where
+        Q: ClaimStatements<C::Backend, R>,
+        'a: 'c,
+        R: 'c,
+    {
+        Box::pin(future::ready(Ok(())))
+    }
+}
+
+impl<'a, Q, C, R> Finish<'a, Q, C, R> for Delete
+where
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: HasTable,
+    Q: ClaimStatements<C::Backend, R, Key: Send, KeyColumns: Send>,
+    DeleteByKeys<R, Q::KeyColumns, Q::Key>: ExecuteDsl<C> + Send + 'a,
+{
+    const FINISHES: bool = true;
+
+    fn finish<'c>(&'c self, conn: &'c mut C, keys: Vec<Q::Key>) -> BoxFuture<'c, QueryResult<()>>
+    where
+        'a: 'c,
+        R: 'c,
+    {
+        let delete = DeleteStatement {
+            from: R::table().from_clause(),
+            filter: InList {
+                column: Q::key_columns(),
+                keys,
+            },
+        };
+        Box::pin(async move { delete.execute(conn).await.map(drop) })
+    }
+}
+
+impl<'a, Q, C, R, V> Finish<'a, Q, C, R> for Set<V>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
+    R: HasTable,
+    Q: ClaimStatements<C::Backend, R, Key: Send, KeyColumns: Send>,
+    V: AsChangeset<Target = R::Table> + Clone + Send + Sync,
+    MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C> + Send + 'a,
+{
+    const FINISHES: bool = true;
+
+    fn finish<'c>(&'c self, conn: &'c mut C, keys: Vec<Q::Key>) -> BoxFuture<'c, QueryResult<()>>
+    where
+        'a: 'c,
+        R: 'c,
+    {
+        let update =
+            update_by_keys::<R, _, _, _>(Q::key_columns(), keys, self.0.clone().as_changeset());
+        Box::pin(async move { update.execute(conn).await.map(drop) })
+    }
 }
 
 /// The parts of an async kind that only pass the query's own on: the key,
@@ -167,14 +278,26 @@ macro_rules! hands_rows_as_they_are {
     };
 }
 
-impl<'a, Q, C, R> Takes<'a, Q, C, R> for Select
+impl<'a, Q, C, R, D> Takes<'a, Q, C, R> for Select<D>
 where
     Q: ClaimQuery<'a, C, R> + Sync,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
     R: Send,
+    D: Finish<'a, Q, C, R>,
 {
     hands_rows_as_they_are!(Q::Key);
+
+    const FINISHES: bool = D::FINISHES;
+
+    fn finish<'c>(&'c self, conn: &'c mut C, keys: Vec<Q::Key>) -> BoxFuture<'c, QueryResult<()>>
+    where
+        'a: 'c,
+        R: 'c,
+        Q::Key: 'c,
+    {
+        self.0.finish(conn, keys)
+    }
 
     fn keys<'c>(
         &'c mut self,

@@ -93,8 +93,11 @@ pub(crate) struct Plan {
     /// A worker runs the claim over and over: its span is at debug level.
     pub(crate) in_worker: bool,
     /// Each take re-runs the query from its head, with no candidates read
-    /// first (see [`Claim::from_head`]).
+    /// first.
     pub(crate) from_head: bool,
+    /// From the head, a row whose closure failed may be handed over again
+    /// in the same call (a worker without a backoff of its own).
+    pub(crate) failed_again: bool,
 }
 
 /// One run of a claim, as a state machine: [`next`](Self::next) says what to
@@ -123,6 +126,8 @@ pub struct Claim<K> {
     stop: Option<StopHandle>,
     /// See [`Plan::in_worker`].
     in_worker: bool,
+    /// See [`Plan::failed_again`].
+    failed_again: bool,
     batch: i64,
     /// Takes run past the end of their page: see [`Page::open_ended`].
     open_ended: bool,
@@ -238,6 +243,7 @@ impl<K> Claim<K> {
             keep_going: plan.keep_going,
             stop: plan.stop,
             in_worker: plan.in_worker,
+            failed_again: plan.failed_again,
             batch: plan.batch,
             open_ended,
             page_size: plan.page_size.unwrap_or(if open_ended {
@@ -640,13 +646,16 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     }
 
     /// The rows at `keys` failed (their closure returned an error or
-    /// panicked) and the call goes on without them. From the head, they are
-    /// left out of the next takes: a failure hook may have left them
-    /// matching.
+    /// panicked) and the call goes on without them. From the head, a take
+    /// that meets one again (its failure hook left it matching) passes it
+    /// over and leaves it out from then on, as any row handed over before;
+    /// unless failed rows may be handed over again ([`Plan::failed_again`]).
     pub(crate) fn failed(&mut self, keys: Vec<K>) {
         self.report.failed += keys.len() as u64;
-        if self.from_head {
-            self.exclude(keys);
+        if self.failed_again {
+            for key in &keys {
+                self.handed.remove(key);
+            }
         }
     }
 

@@ -14,23 +14,43 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::Instant;
 
+use diesel::associations::HasTable;
 use diesel::connection::{Connection, LoadConnection};
-use diesel::QueryResult;
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::{AsChangeset, QueryResult, QuerySource, RunQueryDsl};
 
 use super::engine::{Claim, Taking};
-use super::query::{ClaimQuery, ClaimStatements, MarkQuery, StampQuery};
+use super::query::{
+    update_by_keys, ClaimQuery, ClaimStatements, DeleteByKeys, MarkByKeys, MarkQuery, StampQuery,
+};
 use super::timed::{Claimed, StampedRow};
 use super::Options;
 use crate::backend::ClaimBackend;
 use crate::locking::LockClause;
 use crate::sql::stamp::NewStamp;
-use crate::sql::{KeyRange, Position};
+use crate::sql::{Delete as DeleteStatement, InList, KeyRange, Position};
 use crate::Error;
 
 /// Rows taken by a locking select and handed over in its transaction: the
-/// default kind.
+/// default kind. `D` is what becomes of a row once its closure has
+/// succeeded: nothing more than the closure wrote ([`Keep`]), or a statement
+/// of the crate's, in the same transaction ([`Delete`], [`Set`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Select;
+pub struct Select<D = Keep>(pub(crate) D);
+
+/// Rows whose closure succeeded are left as the closure left them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Keep;
+
+/// Rows whose closure succeeded are deleted
+/// ([`then_delete`](crate::ClaimBuilder::then_delete)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Delete;
+
+/// Rows whose closure succeeded are updated with the changes `V`
+/// ([`then_update`](crate::ClaimBuilder::then_update)).
+#[derive(Debug, Clone, Copy)]
+pub struct Set<V>(pub(crate) V);
 
 /// Rows taken and marked by one statement, then handed over in its
 /// transaction ([`mark`](crate::ClaimBuilder::mark)), or after it has
@@ -88,7 +108,7 @@ pub trait Kind {
     const READS_REPLICA: bool = false;
 }
 
-impl Kind for Select {
+impl<D> Kind for Select<D> {
     fn taking(&self) -> Taking {
         Taking::Select
     }
@@ -208,6 +228,105 @@ pub trait Takes<'q, Q, C: Connection, I>: Kind {
     fn settle(&self, _item: &I, _conn: &mut C) -> Result<bool, Error> {
         Ok(true)
     }
+
+    /// The kind writes the rows whose closure succeeded, with
+    /// [`finish`](Self::finish).
+    #[doc(hidden)]
+    const FINISHES: bool = false;
+
+    /// Writes the rows at `keys`, whose closure succeeded, in the batch's
+    /// transaction, after their savepoints: see [`Finish`].
+    #[doc(hidden)]
+    fn finish(&self, _conn: &mut C, _keys: Vec<Self::Key>) -> QueryResult<()> {
+        Ok(())
+    }
+}
+
+/// What becomes of a selected row once its closure has succeeded, on a
+/// blocking connection: [`Keep`], [`Delete`] or [`Set`].
+///
+/// The crate's statement runs in the batch's transaction, after the rows'
+/// savepoints, one for the batch: the row is written by the transaction that
+/// locked it. On PostgreSQL that matters when failures are caught in
+/// savepoints: a row locked by a transaction and written in a savepoint of
+/// it gets a `MultiXact` as its deleter, and index scans cannot mark such
+/// dead versions dead, so takes from the head of a queue slow down as done
+/// rows pile up until vacuum (see the [job workers](crate::guide::workers)
+/// page).
+#[diagnostic::on_unimplemented(
+    message = "the rows of `{Q}` cannot be written once done with `{Self}`",
+    note = "`then_delete` deletes rows of the claimed table by key; `then_update(changes)`             takes an `AsChangeset` for that table"
+)]
+pub trait Finish<'q, Q, C: Connection, R> {
+    /// Whether there is a statement to run.
+    #[doc(hidden)]
+    const FINISHES: bool;
+
+    /// Writes the rows at `keys`.
+    #[doc(hidden)]
+    fn finish(
+        &self,
+        conn: &mut C,
+        keys: Vec<<Q as ClaimStatements<C::Backend, R>>::Key>,
+    ) -> QueryResult<()>
+    where
+        Q: ClaimStatements<C::Backend, R>;
+}
+
+impl<'q, Q, C: Connection, R> Finish<'q, Q, C, R> for Keep {
+    const FINISHES: bool = false;
+
+    fn finish(
+        &self,
+        _conn: &mut C,
+        _keys: Vec<<Q as ClaimStatements<C::Backend, R>>::Key>,
+    ) -> QueryResult<()>
+    where
+        Q: ClaimStatements<C::Backend, R>,
+    {
+        Ok(())
+    }
+}
+
+impl<'q, Q, C, R> Finish<'q, Q, C, R> for Delete
+where
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable,
+    Q: ClaimStatements<C::Backend, R>,
+    DeleteByKeys<R, Q::KeyColumns, Q::Key>: ExecuteDsl<C>,
+{
+    const FINISHES: bool = true;
+
+    fn finish(&self, conn: &mut C, keys: Vec<Q::Key>) -> QueryResult<()> {
+        let delete = DeleteStatement {
+            from: R::table().from_clause(),
+            filter: InList {
+                column: Q::key_columns(),
+                keys,
+            },
+        };
+        delete.execute(conn).map(drop)
+    }
+}
+
+impl<'q, Q, C, R, V> Finish<'q, Q, C, R> for Set<V>
+where
+    C: Connection,
+    C::Backend: ClaimBackend,
+    R: HasTable,
+    Q: ClaimStatements<C::Backend, R>,
+    V: AsChangeset<Target = R::Table> + Clone,
+    MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C>,
+{
+    const FINISHES: bool = true;
+
+    fn finish(&self, conn: &mut C, keys: Vec<Q::Key>) -> QueryResult<()> {
+        let changes = self.0.clone().as_changeset();
+        update_by_keys::<R, _, _, _>(Q::key_columns(), keys, changes)
+            .execute(conn)
+            .map(drop)
+    }
 }
 
 /// The run of a claim of `S`'s rows `R` with these options, for the kind
@@ -226,12 +345,19 @@ where
     options.start::<DB, R, S>(kind.taking(), K::READS_REPLICA, query, depth)
 }
 
-impl<'q, Q, C, R> Takes<'q, Q, C, R> for Select
+impl<'q, Q, C, R, D> Takes<'q, Q, C, R> for Select<D>
 where
     C: LoadConnection,
     C::Backend: ClaimBackend,
     Q: ClaimQuery<'q, C, R>,
+    D: Finish<'q, Q, C, R>,
 {
+    const FINISHES: bool = D::FINISHES;
+
+    fn finish(&self, conn: &mut C, keys: Vec<Q::Key>) -> QueryResult<()> {
+        self.0.finish(conn, keys)
+    }
+
     type Row = R;
     type Key = Q::Key;
     type Taken = R;

@@ -25,7 +25,7 @@ pub(crate) mod wait;
 pub(crate) mod worker;
 
 use engine::{Claim, Plan, Taking};
-use kind::{Mark, NoHook, OnFailure, Replica, Select};
+use kind::{Delete, Keep, Mark, NoHook, OnFailure, Replica, Select, Set};
 pub(crate) use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
@@ -128,6 +128,9 @@ pub struct Options {
     /// Run by a worker, over and over (its spans are quieter, and it takes
     /// from the head unless told otherwise).
     in_worker: bool,
+    /// A row whose closure failed may be taken again in the same run: a
+    /// worker without a backoff of its own.
+    pub(crate) failed_again: bool,
     reading: Reading,
 }
 
@@ -157,9 +160,10 @@ impl<Q, M> ClaimBuilder<Q, M> {
                 keep_going: false,
                 stop: None,
                 in_worker: false,
+                failed_again: false,
                 reading: Reading::Chosen,
             },
-            kind: Select,
+            kind: Select(Keep),
             hook: NoHook,
             mode: PhantomData,
         }
@@ -429,6 +433,34 @@ impl<Q, M, T, H> ClaimBuilder<Q, M, T, H> {
 }
 
 impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
+    /// Deletes each row whose closure succeeded, in its batch's transaction,
+    /// once the batch's closures have run (one `DELETE … WHERE <key> IN (…)`
+    /// for the batch): a job runner's "run it, then delete it", with the
+    /// closure left to do the job's own work.
+    ///
+    /// On PostgreSQL, with a [failure hook](Self::on_failure) or
+    /// [`keep_going`](Self::keep_going) (each row's closure then runs in a
+    /// savepoint), prefer this to deleting the row in the closure: a row
+    /// written in a savepoint of the transaction that locked it gets a
+    /// `MultiXact` as its deleter, whose dead versions index scans cannot
+    /// mark dead, and takes from the head of the queue slow down as deleted
+    /// jobs pile up until vacuum (half the jobs per second with 4,000 queued,
+    /// in the repository's `BENCHMARKS.md`). The crate's `DELETE` runs in the
+    /// transaction that locked the rows.
+    pub fn then_delete(self) -> ClaimBuilder<Q, M, Select<Delete>, H> {
+        self.with_kind(|query| query, Select(Delete))
+    }
+
+    /// Updates each row whose closure succeeded with `changes`, in its
+    /// batch's transaction, once the batch's closures have run (one `UPDATE …
+    /// SET changes WHERE <key> IN (…)` for the batch): "run it, then mark it
+    /// done". The changes should take the rows out of the query. See
+    /// [`then_delete`](Self::then_delete) for why this beats writing the row
+    /// in the closure on PostgreSQL.
+    pub fn then_update<V>(self, changes: V) -> ClaimBuilder<Q, M, Select<Set<V>>, H> {
+        self.with_kind(|query| query, Select(Set(changes)))
+    }
+
     /// Claims and marks rows in one statement per batch, `UPDATE … SET changes
     /// WHERE <key> IN (<the query, locked, skipping locked rows, LIMIT batch>)
     /// RETURNING …`, then hands the rows (as updated) to the closure, all in the
@@ -636,6 +668,7 @@ impl Options {
             keep_going: self.keep_going,
             stop: self.stop.clone(),
             in_worker: self.in_worker,
+            failed_again: self.failed_again,
             from_head,
         }))
     }

@@ -21,8 +21,8 @@ use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::stamp::{NewStamp, StampMicros, StampType};
 use crate::sql::{
-    lock_target, rendered, ClaimOrder, IdShape, InList, InRange, KeyRange, KeyShape, KeysIn,
-    Locked, OrderTerms, Position, Positioned, QueryOrder, Returning, SelectWhere, Update,
+    lock_target, rendered, ClaimOrder, Delete, IdShape, InList, InRange, KeyRange, KeyShape,
+    KeysIn, Locked, OrderTerms, Position, Positioned, QueryOrder, Returning, SelectWhere, Update,
 };
 use crate::Error;
 
@@ -197,6 +197,7 @@ pub(crate) type MarkStatement<R, V, W, K, KQ, DB> =
     TakenInOne<R, <V as AsChangeset>::Changeset, W, K, KQ, dsl::AsSelect<R, DB>>;
 pub(crate) type MarkByKeys<R, V, W, K> =
     Update<FromClause<R>, <V as AsChangeset>::Changeset, InList<W, K>>;
+pub(crate) type DeleteByKeys<R, W, K> = Delete<FromClause<R>, InList<W, K>>;
 pub(crate) type ReadByKeys<R, W, K, DB> =
     SelectWhere<dsl::AsSelect<R, DB>, FromClause<R>, InList<W, K>>;
 pub(crate) type Stamped<R, Col, DB> = (dsl::AsSelect<R, DB>, StampMicros<Col>);

@@ -297,13 +297,13 @@ where
         let savepoints = failures_in_savepoints(options, claim.taking, H::SET, F::PER_ROW);
         let mut failing = None;
         let mut caught = Vec::new();
-        let mut taking_failed = false;
+        let mut own_failed_transiently = false;
         let batch = again_if_moved(|moved| {
-            (failing, caught, taking_failed) = (None, Vec::new(), false);
+            (failing, caught, own_failed_transiently) = (None, Vec::new(), false);
             locking_transaction(conn, claim.nowait, |conn| {
                 let rows = kind.take(query, conn, range.clone(), limit, &claim.clause);
                 let rows = locking_read(rows, moved)
-                    .inspect_err(|error| taking_failed = error.is_transient())?;
+                    .inspect_err(|error| own_failed_transiently = error.is_transient())?;
                 let rows = claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
                 span.record("taken", rows.len());
                 if let Some(range) = claim.locked_check(range.clone()) {
@@ -316,7 +316,7 @@ where
                 let now = Instant::now();
                 let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
                 let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
-                let mut processed = 0;
+                let mut succeeded = Vec::new();
                 for items in calls(items, savepoints && F::PER_ROW) {
                     let keys: Vec<K> = items.iter().map(T::item_key).collect();
                     if !savepoints {
@@ -324,12 +324,12 @@ where
                         called.inspect_err(|_| {
                             failing = Some(Failing::Closure(batch_keys.clone()))
                         })?;
-                        processed += keys.len();
+                        succeeded.extend(keys);
                         continue;
                     }
                     let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
                     match in_savepoint(conn, |conn| call(|| f.call(conn, items), catch))? {
-                        Saved::Done => processed += keys.len(),
+                        Saved::Done => succeeded.extend(keys),
                         Saved::RolledBack(error) => {
                             for item in kept.into_iter().flatten() {
                                 let hooked = hook.failed(conn, T::into_row(item), &error);
@@ -344,6 +344,11 @@ where
                             return Err(error);
                         }
                     }
+                }
+                let processed = succeeded.len();
+                if T::FINISHES && processed > 0 {
+                    let finished = kind.finish(conn, succeeded).map_err(Error::from);
+                    finished.inspect_err(|error| own_failed_transiently = error.is_transient())?;
                 }
                 Ok::<_, E>(processed)
             })
@@ -365,7 +370,7 @@ where
                 return Err(RowFailure::new(keys, error))
             }
             (Err(error), None) => {
-                *transient = taking_failed;
+                *transient = own_failed_transiently;
                 return Err(RowFailure::new(Vec::new(), error));
             }
         }

@@ -117,8 +117,8 @@ pub(crate) struct Polling {
     pub(crate) backoff: (Duration, Duration),
 }
 
-impl<B> ClaimWorker<B> {
-    pub(crate) fn new(claim: B, stop: StopHandle) -> Self {
+impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
+    pub(crate) fn new(claim: ClaimBuilder<Q, M, T, H>, stop: StopHandle) -> Self {
         ClaimWorker {
             claim,
             polling: Polling {
@@ -160,8 +160,14 @@ impl<B> ClaimWorker<B> {
     /// retry a row no sooner than a time of your choosing across workers,
     /// write that time in the hook and filter on it (`run_at <= now`). A
     /// worker leaves out at most 500 rows at a time, those that failed last.
+    ///
+    /// With `first` zero, the worker has no backoff of its own: a row the
+    /// hook leaves in the queue may be taken again at once, even in the same
+    /// run. Choose it when the hook writes a next run time that the query's
+    /// filter tests.
     pub fn failure_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.polling.backoff = (first, max);
+        self.claim.options.failed_again = first.is_zero();
         self
     }
 }

@@ -13,7 +13,7 @@ mod statements;
 
 pub use keys::{IdShape, InList, InRange, KeyColumns, KeyRange, KeyShape, KeysIn, Lower};
 pub use order::{ClaimOrder, OrderTerms, Position, Positioned, QueryOrder};
-pub use statements::{Returning, SelectWhere, Update, VersionProbe};
+pub use statements::{Delete, Returning, SelectWhere, Update, VersionProbe};
 
 use std::sync::Arc;
 

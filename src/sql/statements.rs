@@ -42,6 +42,36 @@ where
 
 impl<From, Changes, Where, Conn> RunQueryDsl<Conn> for Update<From, Changes, Where> {}
 
+/// `DELETE FROM <table> WHERE <filter>`: the rows a claim deletes once their
+/// closure has succeeded ([`then_delete`](crate::ClaimBuilder::then_delete)).
+#[derive(Debug, Clone)]
+pub struct Delete<From, Where> {
+    /// The table's `FROM` clause.
+    pub from: From,
+    pub filter: Where,
+}
+
+impl<From, Where> QueryId for Delete<From, Where> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<From, Where, DB> QueryFragment<DB> for Delete<From, Where>
+where
+    DB: Backend,
+    From: QueryFragment<DB>,
+    Where: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("DELETE FROM ");
+        self.from.walk_ast(out.reborrow())?;
+        out.push_sql(" WHERE ");
+        self.filter.walk_ast(out.reborrow())
+    }
+}
+
+impl<From, Where, Conn> RunQueryDsl<Conn> for Delete<From, Where> {}
+
 /// `<statement> RETURNING <columns>`.
 #[derive(Debug, Clone)]
 pub struct Returning<Statement, Columns> {

@@ -233,6 +233,33 @@ on_async_backends! {
         }
     }
 
+    /// `then_delete` deletes the rows whose closure succeeded, in the batch's
+    /// transaction; the failing rows are left to their hook.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn then_delete_finishes_the_rows_that_succeeded() {
+        let (_db, pool) = jobs_db(10, 1).await;
+        let mut conn = pool.get().await.unwrap();
+        let report = queue()
+            .build_claim()
+            .batch(4)
+            .on_failure(record_attempt)
+            .then_delete()
+            .each(&mut *conn, async |_: &mut Conn, job: Job| match job.id {
+                3 | 7 => Err(Error::InvalidArgument(format!("job {} fails", job.id))),
+                _ => Ok(()),
+            })
+            .await
+            .unwrap();
+        assert_eq!((report.processed, report.failed), (8, 2));
+        let left: Vec<(i32, i32)> = jobs::table
+            .select((jobs::id, jobs::attempts))
+            .order(jobs::id)
+            .load(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(left, [(3, 1), (7, 1)]);
+    }
+
     /// In a batch, a failing row is rolled back to its own savepoint and its
     /// `async` hook runs; the other rows commit; no closure runs twice for a
     /// row in the call. Selected, marked, and marked and committed.

@@ -29,6 +29,7 @@ fn claim(drain: bool) -> Claim<i64> {
         stop: None,
         in_worker: false,
         from_head: false,
+        failed_again: false,
     })
 }
 
