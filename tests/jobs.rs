@@ -326,6 +326,34 @@ on_every_backend! {
         }
     }
 
+    /// A take that finds nothing calls no closure: a batch closure never
+    /// gets an empty batch, from the head or in pages, with or without
+    /// savepoints.
+    #[test]
+    fn a_batch_closure_never_gets_an_empty_batch() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        for (head, hook) in [(true, false), (true, true), (false, false), (false, true)] {
+            diesel::delete(jobs::table).execute(conn).unwrap();
+            insert_jobs(conn, 10);
+            let claim = queue().build_claim().batch(4).drain();
+            let claim = if head { claim.from_head() } else { claim.in_pages() };
+            let mut batches = Vec::new();
+            let work = |conn: &mut Conn, jobs: Vec<Job>| {
+                batches.push(jobs.len());
+                jobs.iter().try_for_each(|job| finish(conn, job))
+            };
+            let report = match hook {
+                true => claim.on_failure(record_attempt).each_batch(conn, work),
+                false => claim.each_batch(conn, work),
+            }
+            .unwrap();
+            assert_eq!(report.processed, 10, "head {head}, hook {hook}");
+            assert!(batches.iter().all(|&len| len > 0), "head {head}, hook {hook}: {batches:?}");
+        }
+    }
+
     /// A failure hook that fails ends the call with its own error, and its
     /// batch is rolled back whole: nothing of it is lost or half written.
     #[test]

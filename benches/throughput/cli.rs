@@ -71,7 +71,7 @@ pub struct Options {
     #[arg(long = "backend", value_name = "B", value_parser = backends, default_value = "all")]
     // Qualified, so that clap takes one value (a backend or all), not a list.
     pub backends: std::vec::Vec<BackendKind>,
-    /// Run only these: B0 B1 B2 B3 B3d B3h M1 M2 B4 O3 O3h, the peers DJ (the seed's
+    /// Run only these: B0 B1 B2 B3 B3d B3h H2 H3 M1 M2 B4 O3 O3h, the peers DJ (the seed's
     /// Django loop) D0 D3 (Diesel alone, per row and n=100) FQ (the fang job queue),
     /// B5 (contention), IX (the index effect), PL (the worker loop's pickup latency),
     /// JR and JS (a job runner's drain and steady state, PostgreSQL and MySQL)

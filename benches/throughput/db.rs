@@ -254,6 +254,9 @@ pub trait BenchConn: Connection + Send + Sized + 'static {
     fn claim_rows(&mut self, max_rows: Option<u64>) -> Result<u64, diesel_claim::Error>;
     /// B3: batches of `n`, one transaction each.
     fn claim_batches(&mut self, n: u32) -> Result<u64, diesel_claim::Error>;
+    /// H2 (`n` = 1) and H3: B2 and B3 taking each batch from the head of the
+    /// query (`from_head`), with no candidates read.
+    fn claim_from_head(&mut self, n: u32) -> Result<u64, diesel_claim::Error>;
     /// PL: the crate's worker, per row, until `stop`: polling every `min` up
     /// to `max` while idle, woken on `channel` if given; `picked(id)` as each
     /// row's closure starts.
@@ -463,6 +466,23 @@ macro_rules! impl_bench_conn {
                     conn.process_row(order.id)?;
                     Ok::<_, diesel_claim::Error>(())
                 })?;
+                Ok(report.processed)
+            }
+
+            fn claim_from_head(&mut self, n: u32) -> Result<u64, diesel_claim::Error> {
+                use diesel_claim::prelude::*;
+                let report = pending!($db)
+                    .build_claim()
+                    .from_head()
+                    .batch(n)
+                    .each_batch(self, |conn, orders: Vec<Order>| {
+                        match orders.as_slice() {
+                            // One row: B2's statements.
+                            [order] => conn.process_row(order.id)?,
+                            orders => conn.process_batch(&ids_of(orders))?,
+                        }
+                        Ok::<_, diesel_claim::Error>(())
+                    })?;
                 Ok(report.processed)
             }
 

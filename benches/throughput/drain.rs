@@ -26,6 +26,11 @@ pub enum ModeId {
     B2,
     /// The crate's batched claim.
     B3,
+    /// B2 from the head of the query (`from_head`): one locking statement
+    /// per row, no candidates read.
+    H2,
+    /// B3 from the head of the query.
+    H3,
     /// B3's hand-written twin: the same statements (see
     /// [`hand_written_double_checked`]).
     B3d,
@@ -106,6 +111,7 @@ impl Mode {
         let mut plain = vec![
             Mode::new(B0, 1),
             Mode::new(B2, 1),
+            Mode::new(H2, 1),
             Mode::new(B4, 1),
             Mode::new(B1, 100),
             Mode::new(M1, 100),
@@ -114,7 +120,12 @@ impl Mode {
             Mode::new(O3, 100),
         ];
         for n in BATCH_SIZES {
-            plain.extend([Mode::new(B3h, n), Mode::new(B3d, n), Mode::new(B3, n)]);
+            plain.extend([
+                Mode::new(B3h, n),
+                Mode::new(B3d, n),
+                Mode::new(B3, n),
+                Mode::new(H3, n),
+            ]);
         }
         let mut modes = Vec::new();
         for mode in plain {
@@ -132,7 +143,7 @@ impl Mode {
     /// Whether the mode is one of the batched claims run at each of
     /// [`BATCH_SIZES`] (B3, B3d, B3h).
     pub fn is_sized(self) -> bool {
-        matches!(self.id, ModeId::B3 | ModeId::B3d | ModeId::B3h)
+        matches!(self.id, ModeId::B3 | ModeId::B3d | ModeId::B3h | ModeId::H3)
     }
 
     pub fn id_name(self) -> String {
@@ -142,8 +153,9 @@ impl Mode {
     /// The hand-written mode a crate mode is measured against.
     pub fn twin(self) -> Option<Mode> {
         let id = match self.id {
-            ModeId::B2 => ModeId::B0,
+            ModeId::B2 | ModeId::H2 => ModeId::B0,
             ModeId::B3 => ModeId::B3d,
+            ModeId::H3 => ModeId::B3h,
             ModeId::M1 | ModeId::M2 => ModeId::B1,
             ModeId::O3 => ModeId::O3h,
             _ => return None,
@@ -182,9 +194,13 @@ impl Mode {
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.id {
-            ModeId::B0 | ModeId::B2 | ModeId::B4 | ModeId::DJ | ModeId::D0 | ModeId::FQ => {
-                write!(f, "{:?}", self.id)?
-            }
+            ModeId::B0
+            | ModeId::B2
+            | ModeId::H2
+            | ModeId::B4
+            | ModeId::DJ
+            | ModeId::D0
+            | ModeId::FQ => write!(f, "{:?}", self.id)?,
             _ => write!(f, "{:?} n={}", self.id, self.batch)?,
         }
         if self.partitioned {
@@ -251,6 +267,7 @@ fn round<C: BenchConn>(conn: &mut C, mode: Mode) -> Result<u64, diesel_claim::Er
         ModeId::O3h => hand_written_by_priority(conn, n)?,
         ModeId::B2 => conn.claim_rows(None)?,
         ModeId::B3 => conn.claim_batches(n)?,
+        ModeId::H2 | ModeId::H3 => conn.claim_from_head(n)?,
         ModeId::O3 => conn.claim_batches_by_priority(n)?,
         ModeId::M1 => conn.claim_marked(n, true)?,
         ModeId::M2 => conn.claim_marked(n, false)?,

@@ -420,20 +420,51 @@ fn work<C: JobConn>(
     Ok(())
 }
 
-/// What one run measured.
+/// What the runs of one mode and worker count measured (`--repeat` of
+/// them, interleaved with the other modes').
 #[derive(Debug, Clone)]
 pub struct JobRun {
     pub backend: BackendKind,
     pub mode: JobMode,
     pub workers: usize,
-    /// Jobs done per second: a drain's backlog over its time, or a steady
-    /// state's jobs over the time from the first insert to the last done.
-    pub jobs_per_sec: f64,
-    /// Steady state only: commit to closure, per job, sorted.
+    /// Jobs done per second, per run: a drain's backlog over its time, or a
+    /// steady state's jobs over the time from the first insert to the last
+    /// done.
+    pub rates: Vec<f64>,
+    /// Steady state only: commit to closure, per job, of every run, sorted.
     pub pickups: Vec<Duration>,
 }
 
 impl JobRun {
+    fn new(backend: BackendKind, mode: JobMode, workers: usize) -> Self {
+        JobRun {
+            backend,
+            mode,
+            workers,
+            rates: Vec::new(),
+            pickups: Vec::new(),
+        }
+    }
+
+    /// The median jobs/s of the runs.
+    pub fn jobs_per_sec(&self) -> f64 {
+        let mut rates = self.rates.clone();
+        rates.sort_by(f64::total_cmp);
+        let middle = rates.len() / 2;
+        match rates.len() % 2 {
+            1 => rates[middle],
+            _ => (rates[middle - 1] + rates[middle]) / 2.0,
+        }
+    }
+
+    /// The slowest and fastest run's jobs/s.
+    fn spread(&self) -> String {
+        let min = self.rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = self.rates.iter().copied().fold(0.0, f64::max);
+        format!("{min:.0}–{max:.0}")
+    }
+
+    /// The `q` quantile (nearest rank) of every run's pickups.
     fn quantile(&self, q: f64) -> Duration {
         let rank = ((q * self.pickups.len() as f64).ceil() as usize).clamp(1, self.pickups.len());
         self.pickups[rank - 1]
@@ -516,13 +547,13 @@ fn until_done<C: JobConn>(
     }
 }
 
-/// JR: drains a backlog of `jobs` jobs.
+/// JR: drains a backlog of `jobs` jobs; the jobs done per second.
 pub fn drain<C: JobConn>(
     url: &str,
     mode: JobMode,
     workers: usize,
     jobs: usize,
-) -> Result<JobRun, String> {
+) -> Result<f64, String> {
     let mut conn = C::open(url).map_err(|e| e.to_string())?;
     conn.create_jobs_table().map_err(|e| e.to_string())?;
     conn.enqueue(0..jobs as i64).map_err(|e| e.to_string())?;
@@ -532,24 +563,19 @@ pub fn drain<C: JobConn>(
         elapsed = until_done(&mut conn, ledger, jobs as u64, Duration::from_secs(600))? - started;
         Ok(())
     })?;
-    Ok(JobRun {
-        backend: C::BACKEND,
-        mode,
-        workers,
-        jobs_per_sec: jobs as f64 / elapsed.as_secs_f64(),
-        pickups: Vec::new(),
-    })
+    Ok(jobs as f64 / elapsed.as_secs_f64())
 }
 
 /// JS: a producer enqueues `rate` jobs per second for `seconds`, one per
-/// transaction; workers listen where they can.
+/// transaction; workers listen where they can. Adds the jobs done per
+/// second and the pickups to `run`.
 pub fn steady<C: JobConn>(
     url: &str,
-    mode: JobMode,
-    workers: usize,
+    run: &mut JobRun,
     rate: u32,
     seconds: u32,
-) -> Result<JobRun, String> {
+) -> Result<(), String> {
+    let (mode, workers) = (run.mode, run.workers);
     let jobs = (rate * seconds) as usize;
     let mut producer = C::open(url).map_err(|e| e.to_string())?;
     producer.create_jobs_table().map_err(|e| e.to_string())?;
@@ -577,7 +603,7 @@ pub fn steady<C: JobConn>(
         first_pick = ledger.first_pick.lock().unwrap().clone();
         Ok(())
     })?;
-    let mut pickups: Vec<Duration> = first_pick
+    let pickups: Vec<Duration> = first_pick
         .iter()
         .zip(&committed)
         .map(|(picked, committed)| {
@@ -586,14 +612,10 @@ pub fn steady<C: JobConn>(
             })
         })
         .collect();
-    pickups.sort();
-    Ok(JobRun {
-        backend: C::BACKEND,
-        mode,
-        workers,
-        jobs_per_sec: jobs as f64 / elapsed.as_secs_f64(),
-        pickups,
-    })
+    run.rates.push(jobs as f64 / elapsed.as_secs_f64());
+    run.pickups.extend(pickups);
+    run.pickups.sort();
+    Ok(())
 }
 
 pub const JOB_NOTES: &str = "\
@@ -615,6 +637,7 @@ pub fn drain_table(runs: &[JobRun]) -> String {
         ("runner", Text),
         ("W", Number),
         ("jobs/s", Number),
+        ("slowest–fastest", Number),
         ("× hand-written", Number),
     ];
     let rows = runs.iter().map(|run| {
@@ -622,8 +645,9 @@ pub fn drain_table(runs: &[JobRun]) -> String {
             run.backend.name().to_owned(),
             run.mode.name(),
             run.workers.to_string(),
-            format!("{:.0}", run.jobs_per_sec),
-            twin_ratio(runs, run, |run| run.jobs_per_sec),
+            format!("{:.0}", run.jobs_per_sec()),
+            run.spread(),
+            twin_ratio(runs, run, JobRun::jobs_per_sec),
         ]
     });
     markdown_table(&header, rows)
@@ -647,7 +671,7 @@ pub fn steady_table(runs: &[JobRun]) -> String {
             run.backend.name().to_owned(),
             run.mode.name(),
             run.workers.to_string(),
-            format!("{:.0}", run.jobs_per_sec),
+            format!("{:.0}", run.jobs_per_sec()),
             ms(run.quantile(0.5)),
             ms(run.quantile(0.99)),
             ms(run.pickups[run.pickups.len() - 1]),
@@ -682,34 +706,40 @@ pub fn run_all<C: JobConn>(
     url: &str,
     options: &crate::cli::Options,
 ) -> Result<(Vec<JobRun>, Vec<JobRun>), String> {
-    let (mut drains, mut steady_runs) = (Vec::new(), Vec::new());
-    for &workers in &options.workers {
-        for mode in JobMode::ALL {
-            if options.runs(crate::cli::JOB_DRAIN) {
-                let run = drain::<C>(url, mode, workers, options.jobs)?;
-                eprintln!(
-                    "{} JR {} W={workers}: {:.0} jobs/s",
-                    C::BACKEND.name(),
-                    mode.name(),
-                    run.jobs_per_sec
-                );
-                drains.push(run);
-            }
+    let every = |asked: bool| -> Vec<JobRun> {
+        let runs = options.workers.iter().flat_map(|&workers| {
+            JobMode::ALL
+                .into_iter()
+                .map(move |mode| JobRun::new(C::BACKEND, mode, workers))
+        });
+        runs.filter(|_| asked).collect()
+    };
+    let mut drains = every(options.runs(crate::cli::JOB_DRAIN));
+    let mut steady_runs = every(options.runs(crate::cli::JOB_STEADY));
+    // Repetitions outermost, so that a crate mode runs right after its twin
+    // every time.
+    for _ in 0..options.repeat {
+        for run in &mut drains {
+            let rate = drain::<C>(url, run.mode, run.workers, options.jobs)?;
+            eprintln!(
+                "{} JR {} W={}: {rate:.0} jobs/s",
+                C::BACKEND.name(),
+                run.mode.name(),
+                run.workers
+            );
+            run.rates.push(rate);
         }
     }
-    for &workers in &options.workers {
-        for mode in JobMode::ALL {
-            if options.runs(crate::cli::JOB_STEADY) {
-                let run = steady::<C>(url, mode, workers, options.job_rate, options.job_seconds)?;
-                eprintln!(
-                    "{} JS {} W={workers}: {:.0} jobs/s, p99 {:?}",
-                    C::BACKEND.name(),
-                    mode.name(),
-                    run.jobs_per_sec,
-                    run.quantile(0.99)
-                );
-                steady_runs.push(run);
-            }
+    for _ in 0..options.repeat {
+        for run in &mut steady_runs {
+            steady::<C>(url, run, options.job_rate, options.job_seconds)?;
+            eprintln!(
+                "{} JS {} W={}: p99 so far {:?}",
+                C::BACKEND.name(),
+                run.mode.name(),
+                run.workers,
+                run.quantile(0.99)
+            );
         }
     }
     Ok((drains, steady_runs))

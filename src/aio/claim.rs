@@ -4,9 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
-use diesel::prelude::*;
 use diesel::query_builder::Query;
-use diesel_async::methods::LoadQuery;
 use diesel_async::AsyncConnection;
 use futures_util::future::{BoxFuture, FutureExt};
 
@@ -14,12 +12,11 @@ use super::backend::AsyncBackend;
 use super::closure::AsyncFnMut2;
 use super::drive::Driver;
 use super::kind::{FailureHook, Takes};
+use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::Async;
-use crate::claim::query::ClaimStatements;
 use crate::claim::run::panicked;
-use crate::locking::LockClause;
-use crate::sql::{KeyRange, Locked, Position};
+use crate::sql::Position;
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error};
 
@@ -277,96 +274,4 @@ pub(super) async fn call<E: From<Error>>(
         .catch_unwind()
         .await
         .unwrap_or_else(|payload| Err(panicked(&*payload)))
-}
-
-/// Locks up to `limit` matching rows in `range` and returns their keys: the
-/// first of the statements a mark or a stamp takes without `RETURNING`
-/// (MySQL), in the batch's transaction; the blocking `lock_keys`, awaited.
-pub(super) async fn lock_keys<'a, Q, C, R>(
-    query: &Q,
-    conn: &mut C,
-    range: KeyRange<Position<Q::Key>>,
-    limit: i64,
-    lock: &LockClause,
-) -> QueryResult<Vec<Q::Key>>
-where
-    Q: ClaimQuery<'a, C, R>,
-    C: AsyncConnection,
-{
-    let mut keys: Vec<Q::Key> = query
-        .rows(conn, range, limit, lock)
-        .await?
-        .iter()
-        .map(Q::key)
-        .collect();
-    keys.dedup();
-    Ok(keys)
-}
-
-/// A query the async [`claim_each`](ClaimDsl::claim_each) can claim rows of type
-/// `R` from, on a diesel-async connection `C`: the async twin of
-/// [`crate::ClaimQuery`], implemented for the same queries, through the same
-/// statements.
-#[diagnostic::on_unimplemented(
-    message = "rows of type `{R}` cannot be claimed from `{Self}`",
-    note = "the row type must `#[derive(Identifiable)]` (a primary key of one to three columns) and \
-            be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
-            query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
-)]
-pub trait ClaimQuery<'q, C: AsyncConnection, R>:
-    ClaimStatements<C::Backend, R, Key: Send + Sync>
-{
-    /// Runs [`keys_query`](ClaimStatements::keys_query).
-    #[doc(hidden)]
-    fn keys(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Self::Key>>,
-        limit: i64,
-    ) -> impl Future<Output = QueryResult<Vec<Position<Self::Key>>>> + Send;
-
-    /// Runs [`rows_query`](ClaimStatements::rows_query).
-    #[doc(hidden)]
-    fn rows(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Self::Key>>,
-        limit: i64,
-        lock: &LockClause,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
-}
-
-impl<'q, Q, C, R> ClaimQuery<'q, C, R> for Q
-where
-    C: AsyncConnection,
-    C::Backend: AsyncBackend,
-    Q: ClaimStatements<C::Backend, R>,
-    Q::Keys: LoadQuery<'q, C, Q::Loaded> + 'q,
-    Q::Loaded: Send + 'static,
-    Locked<Q::Rows>: LoadQuery<'q, C, R> + 'q,
-    Q::Key: Send + Sync + 'static,
-    R: Send + 'static,
-{
-    fn keys(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Q::Key>>,
-        limit: i64,
-    ) -> impl Future<Output = QueryResult<Vec<Position<Q::Key>>>> + Send {
-        let loading = diesel_async::RunQueryDsl::load(self.keys_query(range, limit), conn);
-        async move {
-            let loaded: Vec<Q::Loaded> = loading.await?;
-            Ok(loaded.into_iter().map(Q::position).collect())
-        }
-    }
-
-    fn rows(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Q::Key>>,
-        limit: i64,
-        lock: &LockClause,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
-        diesel_async::RunQueryDsl::load(self.rows_query(range, limit, lock), conn)
-    }
 }

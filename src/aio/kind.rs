@@ -2,35 +2,27 @@
 //! [`crate::kind::Takes`], each kind's statements (a mark's and a stamp's
 //! among them), and the async failure hook.
 
-use std::future::Future;
 use std::hash::Hash;
 use std::time::Instant;
 
 use diesel::associations::HasTable;
-use diesel::dsl;
 use diesel::prelude::*;
-use diesel::query_builder::QueryFragment;
-use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::methods::ExecuteDsl;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use futures_util::future::{self, BoxFuture};
 
 use super::backend::AsyncBackend;
-use super::claim::{lock_keys, ClaimQuery};
 use super::closure::AsyncFnMut3;
+use super::query::{ClaimQuery, MarkQuery, StampQuery};
 use super::timed::StampedRow;
 use super::Async;
-use crate::backend::strategy::Strategy;
 use crate::claim::engine::Claim;
 use crate::claim::kind::{
     start, Delete, Keep, Kind, Mark, NoHook, OnFailure, Replica, Select, Set, Stamp,
 };
-use crate::claim::query::{
-    check_mark, read_by_keys, taken_in_one, update_by_keys, DeleteByKeys, MarkByKeys,
-    MarkStatement, PrimaryKey, ReadByKeys, ReadStampedByKeys, StampByKeys, StampStatement,
-};
+use crate::claim::query::{update_by_keys, DeleteByKeys, MarkByKeys};
 use crate::claim::{ClaimStatements, Options};
 use crate::locking::LockClause;
-use crate::sql::stamp::{NewStamp, StampMicros, StampType};
 use crate::sql::{Delete as DeleteStatement, InList, KeyRange, Position};
 use crate::{ClaimBuilder, Claimed, Error};
 
@@ -645,157 +637,5 @@ impl<Q, T> ClaimBuilder<Q, Async, T, NoHook> {
             + Send,
     {
         self.with_hook(OnFailure(hook))
-    }
-}
-
-/// A query an async [marking claim](crate::ClaimBuilder::mark) can take rows
-/// of type `R` from, on a diesel-async connection `C`, marking them with the
-/// changeset `V`: the async twin of [`crate::MarkQuery`].
-#[diagnostic::on_unimplemented(
-    message = "rows of type `{R}` cannot be claimed from `{Self}` and marked with `{V}`",
-    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
-            the changes an `AsChangeset` for that table"
-)]
-pub trait MarkQuery<'q, C: AsyncConnection, R, V>: ClaimQuery<'q, C, R> {
-    /// Rejects a changeset that changes nothing or changes the key.
-    #[doc(hidden)]
-    fn check_changes(changes: &V) -> Result<(), Error>;
-
-    /// Up to `limit` matching rows in `range`, locked by `lock`, updated by
-    /// `changes`, as updated.
-    #[doc(hidden)]
-    fn mark(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Self::Key>>,
-        limit: i64,
-        lock: &LockClause,
-        changes: &V,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
-}
-
-impl<'q, Q, C, R, V> MarkQuery<'q, C, R, V> for Q
-where
-    Q: ClaimQuery<'q, C, R> + Sync,
-    C: AsyncConnection,
-    C::Backend: AsyncBackend,
-    R: HasTable + Selectable<C::Backend> + Send,
-    // The rows come back from the marking statement, which reads the claimed
-    // table alone: a column of a joined table is refused at compile time.
-    dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
-    V: AsChangeset<Target = R::Table> + Clone + Sync,
-    V::Changeset: QueryFragment<C::Backend> + Send,
-    PrimaryKey<R>: QueryFragment<C::Backend>,
-    MarkStatement<R, V, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>: LoadQuery<'q, C, R> + 'q,
-    MarkByKeys<R, V, Q::KeyColumns, Q::Key>: ExecuteDsl<C> + 'q,
-    ReadByKeys<R, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, R> + 'q,
-    Q::KeyColumns: Send,
-{
-    fn check_changes(changes: &V) -> Result<(), Error> {
-        check_mark::<C::Backend, R, V>(changes)
-    }
-
-    fn mark(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Q::Key>>,
-        limit: i64,
-        lock: &LockClause,
-        changes: &V,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
-        let changes = || changes.clone().as_changeset();
-        async move {
-            if <C::Backend as Strategy>::UPDATE_RETURNING {
-                let statement = taken_in_one::<_, _, R, _, _>(
-                    self,
-                    range,
-                    limit,
-                    lock,
-                    changes(),
-                    R::as_select(),
-                );
-                return statement.load(conn).await;
-            }
-            // Without `RETURNING` (MySQL): lock, mark by key, and read the rows
-            // back, in the batch's transaction.
-            let keys = lock_keys(self, conn, range, limit, lock).await?;
-            if keys.is_empty() {
-                return Ok(Vec::new());
-            }
-            let key = Q::key_columns();
-            let update = update_by_keys::<R, _, _, _>(key, keys.clone(), changes());
-            update.execute(conn).await?;
-            let read_back = read_by_keys::<R, _, _, _>(key, keys, R::as_select());
-            read_back.load(conn).await
-        }
-    }
-}
-
-/// A query an async [visibility-timeout
-/// claim](crate::ClaimBuilder::visibility_timeout) can take rows of type `R`
-/// from, on a diesel-async connection `C`, stamping them in the column
-/// `Col`: the async twin of [`crate::StampQuery`].
-#[diagnostic::on_unimplemented(
-    message = "rows of type `{R}` cannot be claimed from `{Self}` with a stamp in `{Col}`",
-    note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
-            the stamp a nullable timestamp column of that table"
-)]
-pub trait StampQuery<'q, C: AsyncConnection, R, Col>: ClaimQuery<'q, C, R> {
-    /// Up to `limit` matching rows in `range`, locked by `lock`, stamped by
-    /// `stamp`, with the stamp written.
-    #[doc(hidden)]
-    fn stamp(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Self::Key>>,
-        limit: i64,
-        lock: &LockClause,
-        stamp: &NewStamp<Col>,
-    ) -> impl Future<Output = QueryResult<Vec<(R, i64)>>> + Send;
-}
-
-impl<'q, Q, C, R, Col> StampQuery<'q, C, R, Col> for Q
-where
-    Q: ClaimQuery<'q, C, R> + Sync,
-    C: AsyncConnection,
-    C::Backend: AsyncBackend,
-    R: HasTable + Selectable<C::Backend> + Send,
-    dsl::AsSelect<R, C::Backend>: AppearsOnTable<R::Table>,
-    Col: Column<Table = R::Table> + Copy + Send + Sync,
-    Col::SqlType: StampType<C::Backend>,
-    StampStatement<R, Col, Q::KeyColumns, Q::Key, Q::LockedKeys, C::Backend>:
-        LoadQuery<'q, C, (R, i64)> + 'q,
-    StampByKeys<R, Col, Q::KeyColumns, Q::Key>: ExecuteDsl<C> + 'q,
-    ReadStampedByKeys<R, Col, Q::KeyColumns, Q::Key, C::Backend>: LoadQuery<'q, C, (R, i64)> + 'q,
-    Q::KeyColumns: Send,
-{
-    fn stamp(
-        &self,
-        conn: &mut C,
-        range: KeyRange<Position<Q::Key>>,
-        limit: i64,
-        lock: &LockClause,
-        stamp: &NewStamp<Col>,
-    ) -> impl Future<Output = QueryResult<Vec<(R, i64)>>> + Send {
-        let stamp = *stamp;
-        let stamped = move || (R::as_select(), StampMicros(stamp.column));
-        async move {
-            if <C::Backend as Strategy>::UPDATE_RETURNING {
-                let statement =
-                    taken_in_one::<_, _, R, _, _>(self, range, limit, lock, stamp, stamped());
-                return statement.load(conn).await;
-            }
-            // Without `RETURNING` (MySQL): lock, stamp by key, and read the
-            // rows and their stamps back, in the caller's transaction.
-            let keys = lock_keys(self, conn, range, limit, lock).await?;
-            if keys.is_empty() {
-                return Ok(Vec::new());
-            }
-            let key = Q::key_columns();
-            let update = update_by_keys::<R, _, _, _>(key, keys.clone(), stamp);
-            update.execute(conn).await?;
-            let read_back = read_by_keys::<R, _, _, _>(key, keys, stamped());
-            read_back.load(conn).await
-        }
     }
 }

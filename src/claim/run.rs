@@ -176,10 +176,13 @@ impl<C, I, E, F: FnMut(&mut C, Vec<I>) -> Result<(), E>> Closure<C, I, E> for Pe
 }
 
 /// Splits a batch into the closure's calls: one per row when each row's
-/// failure is to be told apart, else one.
+/// failure is to be told apart, else one (none for an empty batch).
 pub(crate) fn calls<I>(items: Vec<I>, one_per_row: bool) -> Vec<Vec<I>> {
     if one_per_row {
         items.into_iter().map(|item| vec![item]).collect()
+    } else if items.is_empty() {
+        // A take that found nothing calls no closure.
+        Vec::new()
     } else {
         vec![items]
     }

@@ -466,11 +466,19 @@ where
     Column: KeyColumns<K, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        // The statement's text depends on the number of keys.
-        out.unsafe_to_cache_prepared();
+        // The statement's text depends on the number of keys: Diesel caches
+        // it by its text, one statement per length, up to a few keys (the
+        // rows a job worker finishes one at a time among them), so that a
+        // connection never holds more than a few such statements.
+        if self.keys.len() > CACHED_LIST_LEN {
+            out.unsafe_to_cache_prepared();
+        }
         walk_in_list(&self.column, self.keys.iter(), out)
     }
 }
+
+/// Lists of keys up to this long are in statements Diesel may cache.
+const CACHED_LIST_LEN: usize = 16;
 
 /// `column IN (?, ?, …)`, or `((a, b) = (?, ?) OR …)` for a key of several
 /// columns, in parentheses either way; at least one key.
