@@ -18,7 +18,8 @@ use super::timed::StampedRow;
 use super::Async;
 use crate::claim::engine::Claim;
 use crate::claim::kind::{
-    start, Delete, Keep, Kind, Mark, NoHook, OnFailure, Replica, Select, Set, Stamp,
+    hands_rows_as_they_are, start, Delete, Keep, Kind, Mark, NoHook, OnFailure, Replica, Select,
+    Set, Stamp,
 };
 use crate::claim::query::{update_by_keys, DeleteByKeys, MarkByKeys};
 use crate::claim::{ClaimStatements, Options};
@@ -231,45 +232,6 @@ where
     }
 }
 
-/// The parts of an async kind that only pass the query's own on: the key,
-/// the row and what the closure gets, when it gets the row itself.
-macro_rules! hands_rows_as_they_are {
-    ($key:ty) => {
-        type Row = R;
-        type Key = $key;
-        type Taken = R;
-
-        fn taken_key(taken: &R) -> $key {
-            <Q as ClaimStatements<C::Backend, R>>::key(taken)
-        }
-
-        fn hand(&self, taken: R, _sent: Instant) -> R {
-            taken
-        }
-
-        fn item_key(item: &R) -> $key {
-            <Q as ClaimStatements<C::Backend, R>>::key(item)
-        }
-
-        fn into_row(item: R) -> R {
-            item
-        }
-
-        fn table_name() -> String {
-            <Q as ClaimStatements<C::Backend, R>>::table_name()
-        }
-
-        fn start(
-            &self,
-            query: &Q,
-            options: &Options,
-            depth: u32,
-        ) -> Result<Claim<Position<$key>>, Error> {
-            start::<C::Backend, R, Q, Self>(self, query, options, depth)
-        }
-    };
-}
-
 impl<'a, Q, C, R, D> Takes<'a, Q, C, R> for Select<D>
 where
     Q: ClaimQuery<'a, C, R> + Sync,
@@ -387,23 +349,7 @@ where
     R: Send,
     V: Send + Sync,
 {
-    type Row = R;
-    type Key = Q::Key;
-    type Taken = R;
-
-    fn start(
-        &self,
-        query: &Q,
-        options: &Options,
-        depth: u32,
-    ) -> Result<Claim<Position<Q::Key>>, Error> {
-        Q::check_changes(&self.changes)?;
-        start::<C::Backend, R, Q, Self>(self, query, options, depth)
-    }
-
-    fn table_name() -> String {
-        Q::table_name()
-    }
+    hands_rows_as_they_are!(Q::Key, |mark: &Self| Q::check_changes(&mark.changes));
 
     fn keys<'c>(
         &'c mut self,
@@ -435,22 +381,6 @@ where
         Self::Key: 'c,
     {
         Box::pin(query.mark(conn, range, limit, lock, &self.changes))
-    }
-
-    fn taken_key(taken: &R) -> Q::Key {
-        Q::key(taken)
-    }
-
-    fn hand(&self, taken: R, _sent: Instant) -> R {
-        taken
-    }
-
-    fn item_key(item: &R) -> Q::Key {
-        Q::key(item)
-    }
-
-    fn into_row(item: R) -> R {
-        item
     }
 }
 

@@ -329,6 +329,49 @@ where
     }
 }
 
+/// The parts of a kind's `Takes` (in either API) that pass the query's own
+/// on, for a kind whose closure gets the rows themselves: the key, the row,
+/// the table's name, and the start, after `$check` (a mark's changes).
+macro_rules! hands_rows_as_they_are {
+    ($key:ty $(, $check:expr)?) => {
+        type Row = R;
+        type Key = $key;
+        type Taken = R;
+
+        fn taken_key(taken: &R) -> $key {
+            <Q as $crate::claim::ClaimStatements<C::Backend, R>>::key(taken)
+        }
+
+        fn hand(&self, taken: R, _sent: std::time::Instant) -> R {
+            taken
+        }
+
+        fn item_key(item: &R) -> $key {
+            <Q as $crate::claim::ClaimStatements<C::Backend, R>>::key(item)
+        }
+
+        fn into_row(item: R) -> R {
+            item
+        }
+
+        fn table_name() -> String {
+            <Q as $crate::claim::ClaimStatements<C::Backend, R>>::table_name()
+        }
+
+        fn start(
+            &self,
+            query: &Q,
+            options: &$crate::claim::Options,
+            depth: u32,
+        ) -> Result<$crate::claim::engine::Claim<$crate::sql::Position<$key>>, $crate::Error> {
+            $(($check)(self)?;)?
+            $crate::claim::kind::start::<C::Backend, R, Q, Self>(self, query, options, depth)
+        }
+    };
+}
+
+pub(crate) use hands_rows_as_they_are;
+
 /// The run of a claim of `S`'s rows `R` with these options, for the kind
 /// `kind`: the checks and the engine's setup, shared by every kind.
 pub(crate) fn start<DB, R, S, K>(
@@ -352,27 +395,11 @@ where
     Q: ClaimQuery<'q, C, R>,
     D: Finish<'q, Q, C, R>,
 {
+    hands_rows_as_they_are!(Q::Key);
     const FINISHES: bool = D::FINISHES;
 
     fn finish(&self, conn: &mut C, keys: Vec<Q::Key>) -> QueryResult<()> {
         self.0.finish(conn, keys)
-    }
-
-    type Row = R;
-    type Key = Q::Key;
-    type Taken = R;
-
-    fn start(
-        &self,
-        query: &Q,
-        options: &Options,
-        depth: u32,
-    ) -> Result<Claim<Position<Q::Key>>, Error> {
-        start::<C::Backend, R, Q, Self>(self, query, options, depth)
-    }
-
-    fn table_name() -> String {
-        Q::table_name()
     }
 
     fn keys(
@@ -396,22 +423,6 @@ where
     ) -> QueryResult<Vec<R>> {
         query.rows(conn, range, limit, lock)
     }
-
-    fn taken_key(taken: &R) -> Q::Key {
-        Q::key(taken)
-    }
-
-    fn hand(&self, taken: R, _sent: Instant) -> R {
-        taken
-    }
-
-    fn item_key(item: &R) -> Q::Key {
-        Q::key(item)
-    }
-
-    fn into_row(item: R) -> R {
-        item
-    }
 }
 
 impl<'q, Q, C, R, Rc> Takes<'q, Q, C, R> for Replica<'_, Rc>
@@ -421,22 +432,7 @@ where
     Rc: LoadConnection<Backend = C::Backend>,
     Q: ClaimQuery<'q, C, R> + ClaimQuery<'q, Rc, R>,
 {
-    type Row = R;
-    type Key = <Q as ClaimStatements<C::Backend, R>>::Key;
-    type Taken = R;
-
-    fn start(
-        &self,
-        query: &Q,
-        options: &Options,
-        depth: u32,
-    ) -> Result<Claim<Position<Self::Key>>, Error> {
-        start::<C::Backend, R, Q, Self>(self, query, options, depth)
-    }
-
-    fn table_name() -> String {
-        <Q as ClaimStatements<C::Backend, R>>::table_name()
-    }
+    hands_rows_as_they_are!(<Q as ClaimStatements<C::Backend, R>>::Key);
 
     fn keys(
         &mut self,
@@ -463,22 +459,6 @@ where
     ) -> QueryResult<Vec<R>> {
         ClaimQuery::<'q, C, R>::rows(query, conn, range, limit, lock)
     }
-
-    fn taken_key(taken: &R) -> Self::Key {
-        <Q as ClaimStatements<C::Backend, R>>::key(taken)
-    }
-
-    fn hand(&self, taken: R, _sent: Instant) -> R {
-        taken
-    }
-
-    fn item_key(item: &R) -> Self::Key {
-        <Q as ClaimStatements<C::Backend, R>>::key(item)
-    }
-
-    fn into_row(item: R) -> R {
-        item
-    }
 }
 
 impl<'q, Q, C, R, V> Takes<'q, Q, C, R> for Mark<V>
@@ -487,23 +467,7 @@ where
     C::Backend: ClaimBackend,
     Q: MarkQuery<'q, C, R, V>,
 {
-    type Row = R;
-    type Key = Q::Key;
-    type Taken = R;
-
-    fn start(
-        &self,
-        query: &Q,
-        options: &Options,
-        depth: u32,
-    ) -> Result<Claim<Position<Q::Key>>, Error> {
-        Q::check_changes(&self.changes)?;
-        start::<C::Backend, R, Q, Self>(self, query, options, depth)
-    }
-
-    fn table_name() -> String {
-        Q::table_name()
-    }
+    hands_rows_as_they_are!(Q::Key, |mark: &Self| Q::check_changes(&mark.changes));
 
     fn keys(
         &mut self,
@@ -525,22 +489,6 @@ where
         lock: &LockClause,
     ) -> QueryResult<Vec<R>> {
         query.mark(conn, range, limit, lock, &self.changes)
-    }
-
-    fn taken_key(taken: &R) -> Q::Key {
-        Q::key(taken)
-    }
-
-    fn hand(&self, taken: R, _sent: Instant) -> R {
-        taken
-    }
-
-    fn item_key(item: &R) -> Q::Key {
-        Q::key(item)
-    }
-
-    fn into_row(item: R) -> R {
-        item
     }
 }
 

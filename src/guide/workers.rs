@@ -130,9 +130,10 @@
 //!   index scans cannot mark such dead rows dead (PostgreSQL's
 //!   `HeapTupleIsSurelyDead`), so that every take from the head of the
 //!   queue walks all the jobs done since the last vacuum. Draining 4,000
-//!   queued jobs, workers that deleted their jobs in the closure ran at 0.45
-//!   (1 worker) down to 0.26 (16) × the hand-written loop; with `then_delete`,
-//!   0.92 to 1.04 × (`BENCHMARKS.md`, "Job runners").
+//!   queued jobs, workers that deleted their jobs in the closure ran at 0.19
+//!   to 0.46 × the hand-written loop (1 to 16 workers); with `then_delete`,
+//!   0.92 to 0.99 × per job and 1.11 to 1.19 × in batches of 10
+//!   (`BENCHMARKS.md`, "Job runners").
 //!
 //! A worker also leaves a row whose closure failed out of its own takes for
 //! a while, [`failure_backoff`](crate::ClaimWorker::failure_backoff) (1 s,
