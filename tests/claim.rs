@@ -685,6 +685,19 @@ on_every_backend! {
             assert_eq!(seen, [1, 2, 3, 4, 5]);
             assert_eq!(report.processed, 5);
         }
+        // From the head too: each take meets the rows left matching first.
+        for claim in [pending().build_claim().from_head(), pending().build_claim().from_head().drain()] {
+            let mut seen = Vec::new();
+            let report = claim
+                .batch(2)
+                .each(&mut conn, |_, order: Order| {
+                    seen.push(order.id);
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            assert_eq!(seen, [1, 2, 3, 4, 5]);
+            assert_eq!(report.processed, 5);
+        }
     }
 
     /// Rows that became pending during the call: draining picks them up in passes of

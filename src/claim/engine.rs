@@ -454,7 +454,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     }
 
     /// Leaves the rows at `keys` out of every statement from here on: rows a
-    /// worker backs off from, and rows that failed in this call.
+    /// worker backs off from, and, from the head, rows a take met again.
     pub(crate) fn exclude(&mut self, keys: impl IntoIterator<Item = K>) {
         let before = self.excluded.len();
         self.excluded.extend(keys);

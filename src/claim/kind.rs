@@ -370,6 +370,7 @@ macro_rules! hands_rows_as_they_are {
     };
 }
 
+#[cfg(feature = "async")]
 pub(crate) use hands_rows_as_they_are;
 
 /// The run of a claim of `S`'s rows `R` with these options, for the kind

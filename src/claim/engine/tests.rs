@@ -4,7 +4,7 @@ use super::*;
 use crate::claim::page::Page;
 use crate::sql::Lower;
 use crate::LockStrength;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A claim of rows that are their own keys, per row, pages of two keys,
 /// with row locks.
@@ -332,4 +332,116 @@ fn a_contended_claim_keeps_its_page_size_where_pages_do_not_grow() {
         pages[1..].iter().all(|&page| page == DEFAULT_PAGE_SIZE),
         "{pages:?}"
     );
+}
+
+/// A claim from the head: per row, with row locks, no pages.
+fn head_claim(drain: bool) -> Claim<i64> {
+    let mut claim = claim(drain);
+    claim.from_head = true;
+    claim.state = State::Head;
+    claim
+}
+
+/// Runs a claim from the head as a database would, over `pending` rows in
+/// key order: each take gets the first `limit` rows of its range that are
+/// pending; `left_matching` rows stay pending once handed over. Returns the
+/// rows handed over, in order.
+fn run_from_head(
+    claim: &mut Claim<i64>,
+    pending: &mut BTreeSet<i64>,
+    left_matching: impl Fn(i64) -> bool,
+) -> Vec<i64> {
+    let mut handed = Vec::new();
+    loop {
+        match claim.next() {
+            Step::Batch(range, limit) => {
+                assert!(matches!(range.lower, Lower::Unbounded) && range.through.is_none());
+                let excluded: HashSet<i64> = range.excluded.iter().copied().collect();
+                let rows: Vec<i64> = pending
+                    .iter()
+                    .copied()
+                    .filter(|key| !excluded.contains(key))
+                    .take(limit as usize)
+                    .collect();
+                let rows = claim.taken(rows, limit, |row| *row).unwrap();
+                for &row in &rows {
+                    if !left_matching(row) {
+                        pending.remove(&row);
+                    }
+                }
+                handed.extend(&rows);
+                claim.processed(rows.len());
+            }
+            Step::Done => return handed,
+            Step::Candidates(..) | Step::StillMatching(..) => {
+                panic!("a claim from the head reads no pages")
+            }
+        }
+    }
+}
+
+/// From the head, a row the closure leaves matching is met again by the
+/// next take: it is not handed over twice, and is left out of the takes
+/// from then on, so that the call goes on and ends.
+#[test]
+fn from_the_head_a_row_left_matching_is_handed_over_once() {
+    for drain in [false, true] {
+        let mut claim = head_claim(drain);
+        let mut pending: BTreeSet<i64> = (1..=10).collect();
+        let handed = run_from_head(&mut claim, &mut pending, |key| key % 3 == 0);
+        assert_eq!(handed, (1..=10).collect::<Vec<_>>(), "drain {drain}");
+        assert_eq!(claim.excluded, [3, 6, 9], "drain {drain}");
+        assert_eq!(claim.report().processed, 10);
+    }
+}
+
+/// From the head, a row enqueued ahead of the others is the next one taken.
+#[test]
+fn from_the_head_a_row_enqueued_ahead_is_taken_next() {
+    let mut claim = head_claim(false);
+    let mut pending: BTreeSet<i64> = (10..=12).collect();
+    let Step::Batch(_, limit) = claim.next() else {
+        panic!("expected a take");
+    };
+    let first = claim.taken(vec![10], limit, |row| *row).unwrap();
+    pending.remove(&first[0]);
+    claim.processed(1);
+    // Enqueued ahead of 11 and 12 while 10 ran.
+    pending.insert(5);
+    let rest = run_from_head(&mut claim, &mut pending, |_| false);
+    assert_eq!(rest, [5, 11, 12]);
+}
+
+/// A failed row is met again as any row handed over before, unless failed
+/// rows may be handed over again (a worker without a backoff of its own).
+#[test]
+fn from_the_head_a_failed_row_comes_back_only_when_allowed() {
+    for failed_again in [false, true] {
+        let mut claim = head_claim(false);
+        claim.failed_again = failed_again;
+        let Step::Batch(_, limit) = claim.next() else {
+            panic!("expected a take");
+        };
+        let rows = claim.taken(vec![1], limit, |row| *row).unwrap();
+        claim.failed(rows);
+        let Step::Batch(..) = claim.next() else {
+            panic!("expected a take");
+        };
+        let again = claim.taken(vec![1], limit, |row| *row).unwrap();
+        assert_eq!(
+            again.len(),
+            usize::from(failed_again),
+            "failed_again {failed_again}"
+        );
+        assert_eq!(claim.excluded.len(), usize::from(!failed_again));
+    }
+}
+
+/// A call from the head that would leave out more than `MAX_EXCLUDED` rows
+/// ends.
+#[test]
+fn from_the_head_a_call_ends_past_its_exclusions() {
+    let mut claim = head_claim(true);
+    claim.exclude(0..=MAX_EXCLUDED as i64);
+    assert!(matches!(claim.next(), Step::Done));
 }
