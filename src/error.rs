@@ -126,6 +126,29 @@ pub enum Error {
     )]
     BrokenConnection(#[source] diesel::result::Error),
 
+    /// The server ended the session of a transaction the async API opened,
+    /// because it sat idle longer than its idle bound
+    /// ([`ClaimBuilder::idle_bound`](crate::ClaimBuilder::idle_bound),
+    /// [`LockBuilder::idle_bound`](crate::LockBuilder::idle_bound)): a closure
+    /// awaited something else for that long inside its claim or lock. Nothing
+    /// the transaction wrote was committed, and its row locks went with the
+    /// session, **while the closure was still running**: another worker may
+    /// have taken the same rows meanwhile. Raise the bound, or do such work
+    /// outside the transaction (a visibility timeout). The connection is gone:
+    /// use another.
+    #[error(
+        "the server ended the session after the transaction had been open {open_for:.1?}: it sat \
+         idle longer than its idle bound ({bound:?}, set with `idle_bound`); nothing it wrote was \
+         committed, and its row locks were released while the closure still ran, so another \
+         worker may have taken its rows"
+    )]
+    IdleBoundExceeded {
+        /// The idle bound the transaction began with.
+        bound: std::time::Duration,
+        /// How long the transaction had been open when its end was found.
+        open_for: std::time::Duration,
+    },
+
     /// Any other database error, unchanged.
     #[error(transparent)]
     Database(diesel::result::Error),

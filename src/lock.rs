@@ -191,7 +191,7 @@ where
 #[must_use = "a lock does nothing until `.run(conn, f)` runs it"]
 pub struct LockBuilder<Q, M = Blocking> {
     pub(crate) query: Q,
-    lock: LockOptions,
+    pub(crate) lock: LockOptions,
     mode: PhantomData<M>,
 }
 

@@ -79,7 +79,26 @@ pub struct LockOptions {
     strength: LockStrength,
     on_locked: Option<OnLocked>,
     invalid: Option<String>,
+    #[cfg(feature = "async")]
+    idle_bound: IdleBound,
 }
+
+/// How long a transaction the async API opens may sit idle before the server
+/// ends its session; `None` leaves the session's own setting.
+#[cfg(feature = "async")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IdleBound(pub(crate) Option<std::time::Duration>);
+
+#[cfg(feature = "async")]
+impl Default for IdleBound {
+    fn default() -> Self {
+        IdleBound(Some(crate::aio::IDLE_TRANSACTION_BOUND))
+    }
+}
+
+/// The longest idle bound: PostgreSQL counts it in milliseconds in an `int`.
+#[cfg(feature = "async")]
+const LONGEST_IDLE_BOUND: std::time::Duration = std::time::Duration::from_secs(24 * 24 * 3600);
 
 impl LockOptions {
     /// Chooses a wait policy; a second, different one is a conflict.
@@ -100,6 +119,24 @@ impl LockOptions {
 
     pub fn strength(&mut self, strength: LockStrength) {
         self.strength = strength;
+    }
+
+    /// Chooses the idle bound of the transactions the async API opens.
+    #[cfg(feature = "async")]
+    pub(crate) fn idle_bound(&mut self, bound: Option<std::time::Duration>) {
+        match bound {
+            Some(bound) if bound.is_zero() || bound > LONGEST_IDLE_BOUND => self.reject(format!(
+                "idle_bound is more than 0 and at most {} days, got {bound:?} (None sets no bound)",
+                LONGEST_IDLE_BOUND.as_secs() / 86_400
+            )),
+            _ => self.idle_bound = IdleBound(bound),
+        }
+    }
+
+    /// The idle bound chosen, or the default.
+    #[cfg(feature = "async")]
+    pub(crate) fn bound(&self) -> IdleBound {
+        self.idle_bound
     }
 
     /// Records an invalid choice; the first one is reported.

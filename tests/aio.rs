@@ -654,8 +654,9 @@ on_async_backends! {
     }
 
     /// The same on a connection of one's own: it refuses further transactions
-    /// rather than nest them in the abandoned one, which still holds the lock,
-    /// and dropping it releases the lock.
+    /// rather than nest them in the abandoned one. On PostgreSQL the dropped
+    /// claim rolled back as it was dropped, so the lock is already free; on
+    /// MariaDB the abandoned transaction holds it until the connection goes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dropped_claim_breaks_a_plain_connection() {
         let (db, pool) = test_db(1).await;
@@ -683,17 +684,24 @@ on_async_backends! {
             other => panic!("a broken connection must refuse a claim: {other:?}"),
         }
         let mut conn = pool.get().await.unwrap();
-        let locked = pending()
-            .build_lock()
-            .nowait()
-            .run(&mut *conn, async |_: &mut Conn, _: Order| {
-                Ok::<_, diesel_claim::Error>(())
-            })
-            .await;
-        assert!(
-            matches!(locked, Err(diesel_claim::Error::LockNotAvailable)),
-            "{locked:?}"
-        );
+        if BACKEND == "pg" {
+            assert!(
+                pending_row_gets_free(&mut conn, Duration::from_secs(1)).await,
+                "the dropped claim did not roll back"
+            );
+        } else {
+            let locked = pending()
+                .build_lock()
+                .nowait()
+                .run(&mut *conn, async |_: &mut Conn, _: Order| {
+                    Ok::<_, diesel_claim::Error>(())
+                })
+                .await;
+            assert!(
+                matches!(locked, Err(diesel_claim::Error::LockNotAvailable)),
+                "{locked:?}"
+            );
+        }
         drop(own);
         assert!(
             pending_row_gets_free(&mut conn, Duration::from_secs(5)).await,
@@ -704,11 +712,11 @@ on_async_backends! {
 
     /// A claim dropped mid-transaction, with no further use of the pool: on
     /// a bb8 connection the lock goes at once (bb8 discards it as it comes
-    /// back); on a connection that stays idle in a deadpool pool, or on a
-    /// connection of one's own that is kept, the server ends the abandoned
-    /// session once it has sat idle in its transaction for
-    /// `IDLE_TRANSACTION_BOUND`, and the lock goes with it. (Without the
-    /// bound, the lock stays for as long as the connection does.)
+    /// back). On a connection that stays idle in a deadpool pool, or on a
+    /// connection of one's own that is kept: on PostgreSQL at once too (the
+    /// dropped transaction sends its `ROLLBACK`); on MariaDB once the
+    /// session has sat idle in its transaction for the idle bound, when the
+    /// server ends it. Nothing the closure wrote is committed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_claim_holds_its_lock_no_longer_than_the_idle_bound() {
         use diesel_async::pooled_connection::deadpool::Pool as Deadpool;
@@ -731,19 +739,28 @@ on_async_backends! {
         drop(idle);
         let within = bound + Duration::from_secs(10);
         let held = lock_held_after_the_drop(&mut conn, within, "deadpool, 4 idle").await;
-        assert!(held >= bound - Duration::from_secs(1), "freed after {held:?}: not by the bound");
+        freed_as_the_backend_frees(held, bound);
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
 
         let mut own = Conn::establish(&db.url).await.unwrap();
         stall_mid_claim(&mut own).await;
         let held = lock_held_after_the_drop(&mut conn, within, "own connection, kept").await;
-        assert!(held >= bound - Duration::from_secs(1), "freed after {held:?}: not by the bound");
-        // The server ended the session: the kept connection fails, it does
-        // not run anything in the abandoned transaction.
+        freed_as_the_backend_frees(held, bound);
+        // Nothing runs in the abandoned transaction: on PostgreSQL it was
+        // rolled back, on MariaDB the server ended the session.
         let after = diesel::sql_query("SELECT 1").execute(&mut own).await;
-        assert!(after.is_err(), "the abandoned session still runs statements");
+        assert_eq!(after.is_ok(), BACKEND == "pg", "{after:?}");
         assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
         drop(deadpool);
+    }
+
+    /// PostgreSQL frees a dropped claim's lock at once, MariaDB at the bound.
+    fn freed_as_the_backend_frees(held: Duration, bound: Duration) {
+        if BACKEND == "pg" {
+            assert!(held < Duration::from_secs(1), "freed after {held:?}: not at the drop");
+        } else {
+            assert!(held >= bound - Duration::from_secs(1), "freed after {held:?}: not by the bound");
+        }
     }
 
     /// How long the pending row stays locked after a claim was just dropped
@@ -757,22 +774,23 @@ on_async_backends! {
         held
     }
 
-    /// Every transaction the async API opens carries the bound: for the
-    /// transaction on PostgreSQL, outside it the session's own setting; on
-    /// MariaDB the session's, a lower one kept.
+    /// Every transaction the async API opens carries the caller's bound, by
+    /// default `IDLE_TRANSACTION_BOUND`; `None` leaves the session's own
+    /// setting. On PostgreSQL the bound is the transaction's alone; on
+    /// MariaDB it is the session's, put back for a transaction without one.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn each_transaction_is_bounded() {
+    async fn each_transaction_is_bounded_as_the_caller_says() {
         let (_db, pool) = test_db(1).await;
         let mut conn = pool.get().await.unwrap();
         seed_accounts(&mut conn, &[100]).await;
-        let (show, lower) = match BACKEND {
+        let (show, session) = match BACKEND {
             "pg" => (
                 "SELECT current_setting('idle_in_transaction_session_timeout') AS bound",
-                "SET idle_in_transaction_session_timeout = '5s'",
+                "SET idle_in_transaction_session_timeout = '7s'",
             ),
             _ => (
                 "SELECT CAST(@@idle_transaction_timeout AS CHAR) AS bound",
-                "SET SESSION idle_transaction_timeout = 5",
+                "SET SESSION idle_transaction_timeout = 7",
             ),
         };
         #[derive(diesel::QueryableByName)]
@@ -780,28 +798,121 @@ on_async_backends! {
             #[diesel(sql_type = diesel::sql_types::Text)]
             bound: String,
         }
-        /// The bound, as a transaction of `with_lock` sees it.
-        async fn bound_in_lock(conn: &mut Conn, show: &'static str) -> Result<String, diesel_claim::Error> {
-            accounts::table
-                .find(1)
-                .with_lock(conn, async move |conn: &mut Conn, _: Account| {
-                    Ok(diesel::sql_query(show).get_result::<Bound>(conn).await?.bound)
-                })
-                .await
+        /// The bound, as a transaction of `with_lock` bounded by `bound` sees it.
+        async fn bound_in_lock(
+            conn: &mut Conn,
+            show: &'static str,
+            bound: Option<Option<Duration>>,
+        ) -> Result<String, diesel_claim::Error> {
+            let lock = accounts::table.find(1).build_lock();
+            let lock = match bound {
+                Some(bound) => lock.idle_bound(bound),
+                None => lock,
+            };
+            lock.run(conn, async move |conn: &mut Conn, _: Account| {
+                Ok(diesel::sql_query(show).get_result::<Bound>(conn).await?.bound)
+            })
+            .await
         }
-        let expected = match BACKEND {
-            "pg" => "30s",
-            _ => "30",
-        };
-        assert_eq!(bound_in_lock(&mut conn, show).await.unwrap(), expected);
-        diesel::sql_query(lower).execute(&mut *conn).await.unwrap();
-        let expected = match BACKEND {
-            "pg" => "30s",
-            _ => "5",
-        };
-        assert_eq!(bound_in_lock(&mut conn, show).await.unwrap(), expected);
+        diesel::sql_query(session).execute(&mut *conn).await.unwrap();
+        let seconds = |pg: &str, mysql: &str| if BACKEND == "pg" { pg.to_owned() } else { mysql.to_owned() };
+        assert_eq!(bound_in_lock(&mut conn, show, None).await.unwrap(), seconds("30s", "30"));
+        let five = Some(Some(Duration::from_millis(4_500)));
+        assert_eq!(bound_in_lock(&mut conn, show, five).await.unwrap(), seconds("4500ms", "5"));
+        // No bound of the crate's: the session's own, 7 s.
+        assert_eq!(bound_in_lock(&mut conn, show, Some(None)).await.unwrap(), seconds("7s", "7"));
         let outside = diesel::sql_query(show).get_result::<Bound>(&mut *conn).await.unwrap().bound;
-        assert_eq!(outside, if BACKEND == "pg" { "5s" } else { "5" });
+        assert_eq!(outside, seconds("7s", "7"));
+        // A bound of zero, or past what the servers take, is refused.
+        for bad in [Duration::ZERO, Duration::from_secs(25 * 86_400)] {
+            let refused = bound_in_lock(&mut conn, show, Some(Some(bad))).await;
+            assert!(
+                matches!(&refused, Err(diesel_claim::Error::InvalidArgument(m)) if m.contains("idle_bound")),
+                "{refused:?}"
+            );
+        }
+    }
+
+    /// A closure that awaits something else for longer than its claim's
+    /// idle bound: the server ends the session, and the call fails with the
+    /// error that names the bound and how long the transaction was open;
+    /// nothing it wrote is committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_closure_idle_past_its_bound_fails_with_the_error_that_names_it() {
+        let (_db, pool) = test_db(2).await;
+        insert_pending(&mut pool.get().await.unwrap(), 1).await;
+        let mut conn = pool.get().await.unwrap();
+        let bound = Duration::from_secs(2);
+        let claimed = pending()
+            .build_claim()
+            .idle_bound(bound)
+            .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                send_email(conn, &order, 0).await?;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                diesel::sql_query("SELECT 1").execute(conn).await?;
+                Ok::<_, diesel_claim::Error>(())
+            })
+            .await;
+        match claimed {
+            Err(error @ diesel_claim::Error::IdleBoundExceeded { .. }) => {
+                let diesel_claim::Error::IdleBoundExceeded { bound: told, open_for } = &error else {
+                    unreachable!()
+                };
+                assert_eq!(*told, bound);
+                assert!(*open_for >= Duration::from_secs(3), "{open_for:?}");
+                let message = error.to_string();
+                assert!(message.contains("idle_bound") && message.contains("2s"), "{message}");
+            }
+            other => panic!("the bound should have ended the claim: {other:?}"),
+        }
+        drop(conn);
+        let mut conn = pool.get().await.unwrap();
+        assert_eq!(email_figures(&mut conn).await, (0, 0, 1));
+    }
+
+    /// A job that awaits 40 s inside its claim, with the bound off, runs
+    /// exactly once while two other workers poll the queue (their claims
+    /// skip its locked row); with the bound at 30 s it would have lost its
+    /// lock, and run again, at 30 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_awaiting_40_s_in_its_claim_runs_once_with_the_bound_off() {
+        let (_db, pool) = test_db(4).await;
+        insert_pending(&mut pool.get().await.unwrap(), 1).await;
+        let stop = diesel_claim::StopHandle::new();
+        let poller = |task: i32| {
+            let (pool, stop) = (&pool, &stop);
+            async move {
+                let mut conn = pool.get().await.unwrap();
+                let task = &task;
+                pending()
+                    .build_claim()
+                    .worker(stop)
+                    .poll_interval(Duration::from_millis(20), Duration::from_millis(100))
+                    .run(&mut *conn, async |conn: &mut Conn, order: Order| {
+                        send_email(conn, &order, *task).await?;
+                        Ok::<_, diesel_claim::Error>(())
+                    })
+                    .await
+            }
+        };
+        let long = async {
+            let mut conn = pool.get().await.unwrap();
+            let report = pending()
+                .build_claim()
+                .idle_bound(None)
+                .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                    tokio::time::sleep(Duration::from_secs(40)).await;
+                    send_email(conn, &order, 0).await?;
+                    Ok::<_, diesel_claim::Error>(())
+                })
+                .await;
+            stop.stop();
+            report
+        };
+        let (long, first, second) = tokio::join!(long, poller(1), poller(2));
+        assert_eq!(long.unwrap().processed, 1);
+        assert_eq!(first.unwrap().processed + second.unwrap().processed, 0);
+        assert_eq!(email_figures(&mut pool.get().await.unwrap()).await, (1, 0, 0));
     }
 
     /// Claims the pending row, writes its email and stalls in the closure,
@@ -1585,6 +1696,8 @@ on_async_backends! {
 mod closures;
 // Job workers: the head of the queue, failure hooks, backoff.
 mod workers;
+// Workers on bb8 and deadpool pools, through lost connections.
+mod pooled;
 // Visibility-timeout claims, on the backends above.
 mod timed;
 

@@ -24,6 +24,7 @@ mod migrations;
 // Partitioned tables: PostgreSQL and MariaDB.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod partitions;
+mod pooled;
 // Candidates read on a streaming replica the test starts.
 #[cfg(feature = "postgres")]
 mod replica;

@@ -2,6 +2,7 @@
 //! statements of `crate::backend` on diesel-async connections.
 
 use std::future::Future;
+use std::time::Duration;
 
 use diesel_async::AsyncConnection;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
@@ -18,9 +19,17 @@ use crate::backend::LeaseStatement;
 )]
 pub trait AsyncBackend: crate::ClaimBackend {
     /// `BEGIN`, and the bound on how long the transaction may sit idle
-    /// ([`IDLE_TRANSACTION_BOUND`](super::IDLE_TRANSACTION_BOUND)).
+    /// (`None`: the session's own).
     #[doc(hidden)]
-    const BEGIN_BOUNDED: &'static str;
+    fn begin(idle_bound: Option<Duration>) -> String;
+
+    /// Whether a statement the connection is asked for is on its way to the
+    /// server once its future has been polled once, so that a transaction
+    /// whose future is dropped can still be rolled back (PostgreSQL's
+    /// connections queue it for their own task; MySQL's write it themselves,
+    /// across polls).
+    #[doc(hidden)]
+    const SENT_ON_FIRST_POLL: bool;
 
     /// Runs one lease statement; `Some(token)` when it took effect.
     #[doc(hidden)]
@@ -34,11 +43,19 @@ pub trait AsyncBackend: crate::ClaimBackend {
 
 #[cfg(feature = "postgres_backend")]
 impl AsyncBackend for diesel::pg::Pg {
-    // For this transaction only, whatever the session's own setting: a
-    // `SET` costs next to nothing beside the `BEGIN`, where a `SELECT` that
-    // compared it with the session's would cost a plan.
-    const BEGIN_BOUNDED: &'static str =
-        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '30s'";
+    // For this transaction only, in place of the session's own setting: a
+    // `SET` costs next to nothing beside the `BEGIN`, in the same round trip.
+    fn begin(idle_bound: Option<Duration>) -> String {
+        match idle_bound {
+            Some(bound) => format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
+                bound.as_millis().max(1)
+            ),
+            None => "BEGIN".to_owned(),
+        }
+    }
+
+    const SENT_ON_FIRST_POLL: bool = true;
 
     async fn run<C>(conn: &mut C, statement: LeaseStatement<'_>) -> diesel::QueryResult<Option<i64>>
     where
@@ -65,10 +82,25 @@ impl AsyncBackend for diesel::pg::Pg {
 impl AsyncBackend for diesel::mysql::Mysql {
     // MariaDB (10.3 and later) only, in the executable comment; MySQL has no
     // such bound and sets a throwaway variable. The setting is the session's
-    // (it stays after the transaction), so a lower one is kept.
-    const BEGIN_BOUNDED: &'static str = "BEGIN; \
-        SET @diesel_claim_bound = 0 /*M!100300 , SESSION idle_transaction_timeout = \
-        IF(@@idle_transaction_timeout BETWEEN 1 AND 30, @@idle_transaction_timeout, 30) */";
+    // and stays after the transaction, so the session's own is kept aside the
+    // first time, and put back for a transaction without a bound. MariaDB
+    // counts it in whole seconds.
+    fn begin(idle_bound: Option<Duration>) -> String {
+        // A user variable never set is a `NULL` string: the cast makes the
+        // value a number either way.
+        const SESSIONS_OWN: &str =
+            "CAST(COALESCE(@diesel_claim_idle, @@idle_transaction_timeout) AS UNSIGNED)";
+        let setting = match idle_bound {
+            Some(bound) => format!(
+                "@diesel_claim_idle = {SESSIONS_OWN}, SESSION idle_transaction_timeout = {}",
+                bound.as_secs() + u64::from(bound.subsec_nanos() > 0)
+            ),
+            None => format!("SESSION idle_transaction_timeout = {SESSIONS_OWN}"),
+        };
+        format!("BEGIN; SET @diesel_claim_bound = 0 /*M!100300 , {setting} */")
+    }
+
+    const SENT_ON_FIRST_POLL: bool = false;
 
     fn run<C>(
         conn: &mut C,
@@ -97,7 +129,8 @@ impl AsyncBackend for diesel::mysql::Mysql {
                 }
             };
             conn.batch_execute(READ_COMMITTED).await?;
-            super::transaction::locking_transaction(conn, |conn| {
+            let bound = crate::locking::IdleBound::default();
+            super::transaction::locking_transaction(conn, bound, |conn| {
                 async move {
                     if took_expired(take_expired(name, ttl_micros).execute(conn).await?) {
                         return Ok(Some(token_of(name).get_result(conn).await?));
@@ -149,17 +182,26 @@ pub fn establish_read_committed(
 
 #[cfg(all(test, any(feature = "postgres_backend", feature = "mysql_backend")))]
 mod tests {
+    use std::time::Duration;
+
     use super::AsyncBackend;
 
-    /// The statements bound idle transactions by the documented bound.
+    /// The statements bound idle transactions by the caller's bound, in the
+    /// servers' units, or leave the session's own.
     #[test]
-    fn the_begin_statements_set_the_documented_bound() {
-        let seconds = crate::aio::IDLE_TRANSACTION_BOUND.as_secs();
+    fn the_begin_statements_set_the_callers_bound() {
+        let bound = Some(Duration::from_millis(2_500));
         #[cfg(feature = "postgres_backend")]
-        assert!(diesel::pg::Pg::BEGIN_BOUNDED.ends_with(&format!("= '{seconds}s'")));
+        {
+            use diesel::pg::Pg;
+            assert!(Pg::begin(bound).ends_with("idle_in_transaction_session_timeout = 2500"));
+            assert_eq!(Pg::begin(None), "BEGIN");
+        }
         #[cfg(feature = "mysql_backend")]
-        assert!(diesel::mysql::Mysql::BEGIN_BOUNDED.contains(&format!(
-            "BETWEEN 1 AND {seconds}, @@idle_transaction_timeout, {seconds})"
-        )));
+        {
+            use diesel::mysql::Mysql;
+            assert!(Mysql::begin(bound).contains("SESSION idle_transaction_timeout = 3 */"));
+            assert!(Mysql::begin(None).contains("= CAST(COALESCE(@diesel_claim_idle"));
+        }
     }
 }

@@ -60,6 +60,57 @@ impl<Q: Query> ClaimDsl for Q {}
 impl<F> ClaimDsl for crate::Rebuild<F> {}
 
 impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
+    /// How long each of the claim's transactions may sit idle — its closure
+    /// awaiting something other than the database, such as an HTTP call or a
+    /// long computation — before the server ends its session:
+    /// `Some(duration)`, by default
+    /// [`IDLE_TRANSACTION_BOUND`](super::IDLE_TRANSACTION_BOUND) (30 s), or
+    /// `None` for the session's own setting (on PostgreSQL and MariaDB, none
+    /// unless configured). PostgreSQL counts it in milliseconds, MariaDB in
+    /// whole seconds (rounded up); MySQL has no such setting.
+    ///
+    /// The bound is what frees the rows of a claim whose future was dropped
+    /// where nothing else can: on MariaDB, a connection kept by the caller or
+    /// returned to a deadpool pool (see the module documentation, "Dropped
+    /// futures"). On PostgreSQL a dropped claim rolls back at once without it.
+    ///
+    /// **When it fires**, the server ends the session: the transaction rolls
+    /// back and its row locks go **while the closure is still running**, so
+    /// another worker may take the same rows and run them again. The call
+    /// then fails with [`Error::IdleBoundExceeded`], which says how long the
+    /// transaction was open. A job that may await longer than the bound
+    /// inside its claim needs a larger bound, or `None`; or run it outside
+    /// the transaction with a [visibility timeout](Self::visibility_timeout).
+    ///
+    /// ```no_run
+    /// # include!("../doctest_setup_async.rs");
+    /// # fn main() {}
+    /// # #[cfg(feature = "postgres_backend")]
+    /// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), MyError> {
+    /// use std::time::Duration;
+    /// use diesel::{ExpressionMethods, QueryDsl};
+    /// use diesel_async::RunQueryDsl;
+    /// use diesel_claim::aio::prelude::*;
+    ///
+    /// let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+    /// pending
+    ///     .build_claim()
+    ///     // The mail server may take minutes to answer.
+    ///     .idle_bound(Duration::from_secs(15 * 60))
+    ///     .each(conn, async |conn: &mut diesel_async::AsyncPgConnection, order: Order| {
+    ///         send_shipped_email(&order).await?;
+    ///         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn).await?;
+    ///         Ok::<_, MyError>(())
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn idle_bound(mut self, bound: impl Into<Option<std::time::Duration>>) -> Self {
+        self.options.lock.idle_bound(bound.into());
+        self
+    }
+
     /// Runs the claim, awaiting `f` for every claimed row: see
     /// [`crate::ClaimBuilder::each`] and [`ClaimDsl::claim_each`].
     pub fn each<'a, C, I, E, F>(

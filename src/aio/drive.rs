@@ -138,7 +138,7 @@ where
                 &mut *f,
                 range.clone(),
             );
-            let batch = locking_transaction(conn, |conn| {
+            let batch = locking_transaction(conn, self.options.lock.bound(), |conn| {
                 async move {
                     let rows = kind
                         .take(query, conn, range.clone(), limit, &claim.clause)
@@ -300,7 +300,7 @@ where
             let error = if H::SET {
                 // The error goes into the hook's transaction, and comes back.
                 let (kind, hook) = (&*self.kind, &mut *self.hook);
-                let hooked = locking_transaction(conn, |conn| {
+                let hooked = locking_transaction(conn, self.options.lock.bound(), |conn| {
                     async move {
                         for item in kept.into_iter().flatten() {
                             if kind.settle(&item, conn).await? {
@@ -355,7 +355,7 @@ where
                 locking_read(rows, &mut moved)
             } else {
                 let moved = &mut moved;
-                locking_transaction(conn, |conn| {
+                locking_transaction(conn, self.options.lock.bound(), |conn| {
                     async move {
                         locking_read(kind.take(query, conn, range, limit, clause).await, moved)
                     }

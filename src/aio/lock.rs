@@ -150,6 +150,19 @@ where
 }
 
 impl<Q> LockBuilder<Q, Async> {
+    /// How long the lock's transaction may sit idle — its closure awaiting
+    /// something other than the database — before the server ends its
+    /// session: `Some(duration)`, by default
+    /// [`IDLE_TRANSACTION_BOUND`](super::IDLE_TRANSACTION_BOUND), or `None`
+    /// for the session's own setting. See the module documentation,
+    /// "Dropped futures"; the claim's
+    /// [`idle_bound`](crate::ClaimBuilder::idle_bound) says what happens
+    /// when it fires.
+    pub fn idle_bound(mut self, bound: impl Into<Option<std::time::Duration>>) -> Self {
+        self.lock.idle_bound(bound.into());
+        self
+    }
+
     /// Awaits `f` with the locked row: see [`crate::LockDsl::with_lock`].
     pub fn run<'a, C, R, T, E, F>(
         self,
@@ -199,13 +212,14 @@ impl<Q> LockBuilder<Q, Async> {
             // can make run again (see `crate::transaction::locking_read`).
             let mut f = Some(f);
             let span = clause.span(|| query.table_name());
+            let bound = self.lock.bound();
             let mut attempts = 0;
             let locked = async {
                 loop {
                     let mut moved = false;
                     let (moved_read, f, span) = (&mut moved, &mut f, &span);
                     let clause = clause.clone();
-                    let locked = locking_transaction(conn, |conn| {
+                    let locked = locking_transaction(conn, bound, |conn| {
                         async move {
                             let rows = query.rows(conn, Some(clause)).await;
                             let rows = locking_read(rows, moved_read)?;

@@ -157,6 +157,8 @@ mod kind;
 mod lease;
 mod lock;
 mod migrations;
+#[cfg(any(feature = "bb8", feature = "deadpool"))]
+mod pooled;
 mod query;
 mod timed;
 mod transaction;
@@ -172,9 +174,13 @@ pub use kind::{FailureHook, Finish, Takes};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
 pub use migrations::run_migrations;
+#[cfg(any(feature = "bb8", feature = "deadpool"))]
+pub use pooled::{PoolFailure, WorkerPool};
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use timed::StampedRow;
 pub use versioned::{retry, VersionedDsl};
+#[cfg(feature = "postgres_backend")]
+pub use worker::notify;
 pub use worker::WaitForRows;
 
 /// How long a transaction the async API opens may sit idle before the

@@ -21,6 +21,7 @@ use super::Async;
 use crate::backend::strategy::Strategy;
 use crate::claim::query::FromClause;
 use crate::claim::timed::final_changes;
+use crate::locking::IdleBound;
 use crate::sql::stamp::{CountRows, StampMicros, StampType, ThenUnstamp};
 use crate::sql::{IdShape, KeyColumns, KeyShape, Returning};
 use crate::sql::{SelectWhere, Update};
@@ -45,7 +46,7 @@ impl<R: HasTable + Send + Sync, Col: Send + Sync> Claimed<R, Col, Async> {
                 // MySQL: the new stamp is read back under the row lock the
                 // update took, before anyone else can claim the row.
                 let claimed = &*self;
-                locking_transaction(conn, |conn| {
+                locking_transaction(conn, IdleBound::default(), |conn| {
                     async move {
                         if R::renew_in_place(claimed, conn).await? == 0 {
                             return Ok::<_, Error>(None);

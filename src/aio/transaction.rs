@@ -4,6 +4,7 @@
 use std::panic::{self, AssertUnwindSafe};
 
 use std::num::NonZeroU32;
+use std::time::Instant;
 
 use diesel::connection::{InstrumentationEvent, TransactionDepthChange};
 use diesel_async::{AsyncConnection, TransactionManager};
@@ -11,7 +12,8 @@ use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
 
 use super::backend::AsyncBackend;
-use crate::Error;
+use crate::locking::IdleBound;
+use crate::{trace, Error};
 
 /// How many transactions deep the connection is.
 pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {
@@ -21,11 +23,16 @@ pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32,
 
 /// Runs `body` in a transaction; commits on `Ok`, rolls back on `Err` and on a
 /// panic (then resumes it), like the blocking `locking_transaction`. PostgreSQL
-/// and MySQL need no lock up front: a plain `BEGIN`.
+/// and MySQL need no lock up front: a plain `BEGIN`, with the idle bound.
 ///
-/// If the future is dropped before the transaction ends, the connection's
-/// transaction manager is left marked broken: see the module documentation.
-pub(crate) async fn locking_transaction<'a, C, T, E, F>(conn: &mut C, body: F) -> Result<T, E>
+/// If the future is dropped before the transaction ends, the transaction is
+/// rolled back where the backend allows it, and the connection's transaction
+/// manager is left marked broken: see the module documentation.
+pub(crate) async fn locking_transaction<'a, C, T, E, F>(
+    conn: &mut C,
+    bound: IdleBound,
+    body: F,
+) -> Result<T, E>
 where
     C: AsyncConnection,
     C::Backend: AsyncBackend,
@@ -33,23 +40,34 @@ where
     E: From<Error>,
 {
     let depth = transaction_depth(conn)?;
-    // Until the transaction has ended, a dropped future leaves `open` to mark
-    // the connection broken.
-    let mut open = OpenTransaction { conn: Some(conn) };
-    if let Err(error) = begin(open.conn(), depth).await {
+    // Until the transaction has ended, a dropped future leaves `open` to end
+    // it and mark the connection broken.
+    let mut open = OpenTransaction {
+        conn: Some(conn),
+        top_level: depth == 0,
+    };
+    if let Err(error) = begin(open.conn(), depth, bound).await {
         // `begin` leaves no transaction open, or marks the connection broken.
         open.close();
         return Err(error.into());
     }
+    let began = Instant::now();
     let outcome = AssertUnwindSafe(body(open.conn())).catch_unwind().await;
     let ended = match outcome {
-        Ok(Ok(value)) => C::TransactionManager::commit_transaction(open.conn())
-            .await
-            .map(|()| value)
-            .map_err(|error| Error::from(error).into()),
+        Ok(Ok(value)) => match C::TransactionManager::commit_transaction(open.conn()).await {
+            Ok(()) => Ok(value),
+            Err(error) => Err(idle_bound_ended(open.conn(), depth, bound, began)
+                .await
+                .unwrap_or_else(|| Error::from(error))
+                .into()),
+        },
         Ok(Err(error)) => {
-            roll_back_to(open.conn(), depth).await;
-            Err(error)
+            if roll_back_to(open.conn(), depth).await {
+                Err(error)
+            } else {
+                let ended = idle_bound_ended(open.conn(), depth, bound, began).await;
+                Err(ended.map_or(error, E::from))
+            }
         }
         Err(payload) => {
             roll_back_to(open.conn(), depth).await;
@@ -64,12 +82,35 @@ where
 /// A transaction's depth at the top level.
 const TOP_LEVEL: NonZeroU32 = NonZeroU32::MIN;
 
+/// Whether a transaction that ran longer than its idle bound failed because
+/// the server ended its session for sitting idle: then the error that says
+/// so. Asked only once the transaction could not be ended normally at the top
+/// level, it costs a round trip then, to see whether the session is gone.
+async fn idle_bound_ended<C>(
+    conn: &mut C,
+    depth: u32,
+    IdleBound(bound): IdleBound,
+    began: Instant,
+) -> Option<Error>
+where
+    C: AsyncConnection,
+{
+    let bound = bound?;
+    let open_for = began.elapsed();
+    if depth > 0 || open_for < bound || conn.batch_execute("SELECT 1").await.is_ok() {
+        return None;
+    }
+    let error = Error::IdleBoundExceeded { bound, open_for };
+    trace::warning!(%error, "a transaction's session was ended by its idle bound");
+    Some(error)
+}
+
 /// Begins a transaction at `depth`. At the top level it is `BEGIN` with the
-/// bound on how long the transaction may sit idle (a dropped future cannot
-/// roll it back: the server ends it then), in one round trip, after which the
-/// transaction manager counts the transaction, and its instrumentation sees
-/// it begin, as with the manager's own `BEGIN`.
-async fn begin<C>(conn: &mut C, depth: u32) -> Result<(), Error>
+/// bound on how long the transaction may sit idle (a dropped future that
+/// cannot roll it back leaves it to the server then), in one round trip,
+/// after which the transaction manager counts the transaction, and its
+/// instrumentation sees it begin, as with the manager's own `BEGIN`.
+async fn begin<C>(conn: &mut C, depth: u32, IdleBound(bound): IdleBound) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: AsyncBackend,
@@ -79,7 +120,7 @@ where
     }
     conn.instrumentation()
         .on_connection_event(InstrumentationEvent::begin_transaction(TOP_LEVEL));
-    if let Err(error) = conn.batch_execute(C::Backend::BEGIN_BOUNDED).await {
+    if let Err(error) = conn.batch_execute(&C::Backend::begin(bound)).await {
         // The `BEGIN` may have run and the bound failed: end it, or, if that
         // fails too, leave nothing to run in it.
         if conn.batch_execute("ROLLBACK").await.is_err() {
@@ -114,15 +155,25 @@ pub(crate) async fn roll_back_to<C: AsyncConnection>(conn: &mut C, depth: u32) -
 }
 
 /// A transaction begun and not yet ended. Dropped before
-/// [`close`](Self::close) — its future was dropped mid-transaction — it marks the
-/// connection's transaction manager broken, so that nothing runs in the
-/// abandoned transaction and pools discard the connection.
-struct OpenTransaction<'c, C: AsyncConnection> {
+/// [`close`](Self::close) — its future was dropped mid-transaction — it sends
+/// `ROLLBACK` where the backend lets a statement leave without being awaited
+/// (PostgreSQL; at the top level only: a savepoint's rollback belongs to the
+/// caller's transaction), and marks the connection's transaction manager
+/// broken, so that the caller's transaction refuses to go on and pools
+/// discard the connection.
+struct OpenTransaction<'c, C: AsyncConnection>
+where
+    C::Backend: AsyncBackend,
+{
     /// `None` once closed.
     conn: Option<&'c mut C>,
+    top_level: bool,
 }
 
-impl<'c, C: AsyncConnection> OpenTransaction<'c, C> {
+impl<'c, C: AsyncConnection> OpenTransaction<'c, C>
+where
+    C::Backend: AsyncBackend,
+{
     fn conn(&mut self) -> &mut C {
         self.conn.as_deref_mut().expect("the transaction is open")
     }
@@ -133,9 +184,18 @@ impl<'c, C: AsyncConnection> OpenTransaction<'c, C> {
     }
 }
 
-impl<C: AsyncConnection> Drop for OpenTransaction<'_, C> {
+impl<C: AsyncConnection> Drop for OpenTransaction<'_, C>
+where
+    C::Backend: AsyncBackend,
+{
     fn drop(&mut self) {
         if let Some(conn) = self.conn.as_deref_mut() {
+            if self.top_level && <C::Backend as AsyncBackend>::SENT_ON_FIRST_POLL {
+                // Polled once, the statement is queued for the connection's
+                // own task, which sends it after whatever statement is in
+                // flight; its answer is not waited for.
+                let _ = conn.batch_execute("ROLLBACK").now_or_never();
+            }
             C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
         }
     }

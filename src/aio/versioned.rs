@@ -16,6 +16,7 @@ use super::backend::AsyncBackend;
 use super::closure::AsyncFnMut1;
 use super::transaction::locking_transaction;
 use super::Async;
+use crate::locking::IdleBound;
 use crate::retry::Attempts;
 use crate::versioned::{
     changed_at_most_one, DeleteStatement, FromClauseOf, PrimaryKey, Probe, Statement, VersionCheck,
@@ -159,7 +160,7 @@ where
             let row = if self.check.targets_one_row::<C::Backend>()? {
                 RunQueryDsl::get_result(statement, conn).await.optional()?
             } else {
-                locking_transaction(conn, |conn| {
+                locking_transaction(conn, IdleBound::default(), |conn| {
                     async move {
                         let rows: Vec<R> = RunQueryDsl::load(statement, conn).await?;
                         changed_at_most_one("update_versioned", rows.len())?;
@@ -242,7 +243,7 @@ where
         let rows = if self.targets_one_row::<C::Backend>()? {
             RunQueryDsl::execute(statement, conn).await?
         } else {
-            locking_transaction(conn, |conn| {
+            locking_transaction(conn, IdleBound::default(), |conn| {
                 async move {
                     let rows = RunQueryDsl::execute(statement, conn).await?;
                     changed_at_most_one(operation, rows)?;

@@ -17,7 +17,7 @@ use super::kind::{FailureHook, Takes};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
-use crate::claim::worker::{Backoff, Polling};
+use crate::claim::worker::{Backoff, Polling, Ran};
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHandle};
 
@@ -62,7 +62,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
 
 /// One claim of a worker's loop, run over and over on a connection `C`,
 /// leaving out the rows the worker backs off from.
-trait ClaimOnce<C>: Send {
+pub(super) trait ClaimOnce<C>: Send {
     type Key: Clone + Eq + Hash + Send;
     type Error;
 
@@ -76,14 +76,14 @@ trait ClaimOnce<C>: Send {
 /// A claim whose rows go to the closure `f`, once per
 /// [`claim_once`](ClaimOnce::claim_once). (`'a`, `I` and `E` are the
 /// claim's: its future holds them.)
-struct Runs<'w, 'a, B, F, I, E> {
-    claim: &'w mut B,
-    f: F,
-    types: PhantomData<Holds<'a, I, E>>,
+pub(super) struct Runs<'w, 'a, B, F, I, E> {
+    pub(super) claim: &'w mut B,
+    pub(super) f: F,
+    pub(super) types: PhantomData<Holds<'a, I, E>>,
 }
 
 /// The lifetime and the row and error types a claim's future holds.
-type Holds<'a, I, E> = (&'a (), fn() -> (I, E));
+pub(super) type Holds<'a, I, E> = (&'a (), fn() -> (I, E));
 
 impl<'a, Q, T, H, C, I, E, F> ClaimOnce<C> for Runs<'_, 'a, ClaimBuilder<Q, Async, T, H>, F, I, E>
 where
@@ -124,7 +124,7 @@ where
     let span = polling.span();
     let totals = span.clone();
     let worked = async {
-        polling.check()?;
+        polling.check(false)?;
         if let Some(channel) = &polling.channel {
             conn.listen(channel).await?;
         }
@@ -136,10 +136,13 @@ where
                 break Ok(total);
             }
             let outcome = once.claim_once(conn, backoff.excluded()).await;
-            let processed = match backoff.record(&mut total, outcome) {
-                Ok(processed) => processed,
+            let Ran { processed, took } = match backoff.record(&mut total, outcome) {
+                Ok(ran) => ran,
                 Err(error) => break Err(error),
             };
+            if polling.until_empty && !took {
+                break Ok(total);
+            }
             if let Some(wait) = polling.next_pause(processed, &mut pause) {
                 match conn.wait_for_rows(wait, &polling.stop).await {
                     Ok(true) => pause = polling.min_poll,
@@ -170,7 +173,8 @@ where
 /// How a diesel-async connection waits for new rows between a worker's
 /// claims: the async twin of [`crate::WaitForRows`], implemented for
 /// `AsyncPgConnection` (which listens) and `AsyncMysqlConnection` (which
-/// sleeps). Pass a pooled connection dereferenced (`&mut *pooled`).
+/// sleeps), and (features `bb8` and `deadpool`) for their connections from
+/// diesel-async's pools.
 pub trait WaitForRows: AsyncConnection {
     /// Starts listening on `channel`: PostgreSQL `LISTEN`; elsewhere
     /// [`Error::InvalidArgument`].
@@ -195,6 +199,44 @@ async fn sleep_until_stopped(timeout: Duration, stop: &StopHandle) {
     let wait = Wait::new(timeout, stop);
     while let Some(pause) = wait.next_step(STOP_CHECK_EVERY) {
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// Sends a notification on `channel`, for async workers that
+/// [listen](crate::ClaimWorker::listen) on it (and blocking ones): the twin
+/// of [`crate::notify`]. Sent in the transaction that writes the rows, it is
+/// delivered when that commits, so a woken worker finds them.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres_backend")]
+/// # async fn enqueue(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), diesel_claim::Error> {
+/// use diesel_async::AsyncConnection;
+/// use diesel_claim::aio::prelude::*;
+///
+/// conn.transaction(async |conn| {
+///     // … insert the jobs …
+///     diesel_claim::aio::notify(conn, "jobs").await
+/// })
+/// .await
+/// # }
+/// ```
+#[cfg(feature = "postgres_backend")]
+pub fn notify<'c, C>(
+    conn: &'c mut C,
+    channel: &'c str,
+) -> impl Future<Output = Result<(), Error>> + Send + 'c
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    use diesel_async::RunQueryDsl;
+
+    async move {
+        crate::claim::wait::check_channel(channel)?;
+        diesel::sql_query("SELECT pg_notify($1, '')")
+            .bind::<diesel::sql_types::Text, _>(channel)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 }
 
@@ -283,5 +325,53 @@ impl WaitForRows for diesel_async::AsyncMysqlConnection {
             sleep_until_stopped(timeout, stop).await;
             Ok(false)
         }
+    }
+}
+
+/// A pool's connection waits as the connection it holds.
+#[cfg(feature = "bb8")]
+impl<M> WaitForRows for bb8::PooledConnection<'_, M>
+where
+    M: bb8::ManageConnection,
+    M::Connection: WaitForRows,
+{
+    fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).listen(channel)
+    }
+
+    fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).unlisten(channel)
+    }
+
+    fn wait_for_rows(
+        &mut self,
+        timeout: Duration,
+        stop: &StopHandle,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        (**self).wait_for_rows(timeout, stop)
+    }
+}
+
+/// A pool's connection waits as the connection it holds.
+#[cfg(feature = "deadpool")]
+impl<M> WaitForRows for deadpool::managed::Object<M>
+where
+    M: deadpool::managed::Manager,
+    M::Type: WaitForRows,
+{
+    fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).listen(channel)
+    }
+
+    fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).unlisten(channel)
+    }
+
+    fn wait_for_rows(
+        &mut self,
+        timeout: Duration,
+        stop: &StopHandle,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        (**self).wait_for_rows(timeout, stop)
     }
 }

@@ -17,6 +17,8 @@ use crate::{Blocking, Error, LockStrength, OnLocked};
 pub(crate) mod engine;
 pub mod kind;
 mod page;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) mod pooled;
 pub(crate) mod query;
 mod report;
 pub(crate) mod run;

@@ -115,6 +115,10 @@ pub(crate) struct Polling {
     pub(crate) channel: Option<String>,
     /// A failing row is left out for the first, doubling up to the second.
     pub(crate) backoff: (Duration, Duration),
+    /// Ends the worker once a claim finds nothing to take.
+    pub(crate) until_empty: bool,
+    /// The claim loops of a worker on a pool.
+    pub(crate) concurrency: usize,
 }
 
 impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
@@ -127,6 +131,8 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
                 max_poll: Duration::from_secs(1),
                 channel: None,
                 backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+                until_empty: false,
+                concurrency: 1,
             },
         }
     }
@@ -170,6 +176,27 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
         self.claim.options.failed_again = first.is_zero();
         self
     }
+
+    /// Ends the worker, with its report, once a claim finds no row to take,
+    /// instead of waiting for more: for test suites and one-shot jobs that
+    /// drain a queue. Rows the worker is backing off from
+    /// ([`failure_backoff`](Self::failure_backoff)) do not count as pending,
+    /// nor do rows a failure hook rescheduled out of the query's filter. A
+    /// stop still ends it first.
+    pub fn stop_when_empty(mut self) -> Self {
+        self.polling.until_empty = true;
+        self
+    }
+
+    /// How many claim loops a worker on a pool runs at once (`run_pooled`;
+    /// by default 1): each runs one claim at a time on a connection of its
+    /// own, and they share the worker's listener and its backoff. Blocking,
+    /// each loop is a thread; async, the loops are futures of the worker's
+    /// own future, taking turns on its task.
+    pub fn concurrency(mut self, loops: usize) -> Self {
+        self.polling.concurrency = loops;
+        self
+    }
 }
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
@@ -193,8 +220,16 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
 }
 
 impl Polling {
-    /// The options, checked before anything is sent.
-    pub(crate) fn check(&self) -> Result<(), Error> {
+    /// The options, checked before anything is sent, for a worker on a pool
+    /// or on one connection.
+    pub(crate) fn check(&self, pooled: bool) -> Result<(), Error> {
+        if !pooled && self.concurrency != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "concurrency is for workers on a pool (run_pooled): run on one connection runs \
+                 one claim loop, got {}",
+                self.concurrency
+            )));
+        }
         if self.min_poll.is_zero() || self.min_poll > self.max_poll {
             return Err(Error::InvalidArgument(format!(
                 "poll_interval needs 0 < min <= max, got {:?} and {:?}",
@@ -209,6 +244,11 @@ impl Polling {
         }
         if let Some(channel) = &self.channel {
             super::wait::check_channel(channel)?;
+        }
+        if self.concurrency == 0 {
+            return Err(Error::InvalidArgument(
+                "concurrency needs at least 1 claim loop, got 0".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -253,7 +293,7 @@ impl Polling {
     {
         let span = self.span();
         let _entered = span.enter();
-        self.check()?;
+        self.check(false)?;
         if let Some(channel) = &self.channel {
             conn.listen(channel)?;
         }
@@ -263,7 +303,10 @@ impl Polling {
             let mut backoff = Backoff::new(self.backoff);
             while !self.stop.is_stopped() {
                 let outcome = claim_once(conn, backoff.excluded());
-                let processed = backoff.record(&mut total, outcome)?;
+                let Ran { processed, took } = backoff.record(&mut total, outcome)?;
+                if self.until_empty && !took {
+                    break;
+                }
                 if let Some(wait) = self.next_pause(processed, &mut pause) {
                     if conn.wait_for_rows(wait, &self.stop)? {
                         pause = self.min_poll;
@@ -297,6 +340,15 @@ pub(crate) struct Backoff<K> {
     rows: HashMap<K, (u32, Instant)>,
 }
 
+/// What a worker's run did, as its loop needs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ran {
+    /// The rows processed.
+    pub(crate) processed: u64,
+    /// Whether it took any row, or was rolled back before it knew.
+    pub(crate) took: bool,
+}
+
 /// Rows a worker leaves out of a claim, at most: the rest of the claim's
 /// room is for the rows that fail during it.
 const MAX_BACKED_OFF: usize = MAX_EXCLUDED / 2;
@@ -318,21 +370,25 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
         &mut self,
         total: &mut ClaimReport,
         outcome: ClaimOutcome<K, E>,
-    ) -> Result<u64, E> {
+    ) -> Result<Ran, E> {
         total.add(&outcome.report);
         for failure in &outcome.failed {
             for key in &failure.keys {
                 self.failed(key.clone());
             }
         }
+        let ran = Ran {
+            processed: outcome.report.processed,
+            took: outcome.report.processed > 0 || !outcome.failed.is_empty(),
+        };
         match outcome.stopped {
             // Rolled back, nothing lost: the next run takes the rows again.
             Some(_) if outcome.transient => {
                 trace::passed_over_transient();
-                Ok(outcome.report.processed)
+                Ok(Ran { took: true, ..ran })
             }
             Some(failure) => Err(failure.error),
-            None => Ok(outcome.report.processed),
+            None => Ok(ran),
         }
     }
 
@@ -365,6 +421,121 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
             .take(MAX_BACKED_OFF)
             .map(|(key, _)| key.clone())
             .collect()
+    }
+}
+
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "bb8",
+    feature = "deadpool"
+))]
+pub(crate) use on_a_pool::{lock, Reconnect, Shared};
+
+/// What the workers on a pool, blocking and async, share.
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "bb8",
+    feature = "deadpool"
+))]
+mod on_a_pool {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// What a pooled worker's loops and its listener share.
+    pub(crate) struct Shared {
+        /// The caller's stop.
+        pub(crate) stop: StopHandle,
+        /// Stops the loops and the listener when one loop ends on an error, or
+        /// when the loops are done.
+        pub(crate) halt: StopHandle,
+        /// Bumped by the listener on every notification, and when it
+        /// (re)connects: idle loops claim at once when it moves.
+        pub(crate) wakeups: AtomicU64,
+        /// Wakes async loops waiting for `wakeups` to move.
+        #[cfg(feature = "async")]
+        pub(crate) woken_up: tokio::sync::Notify,
+    }
+
+    impl Shared {
+        pub(crate) fn new(polling: &Polling) -> Self {
+            Shared {
+                stop: polling.stop.clone(),
+                halt: StopHandle::new(),
+                wakeups: AtomicU64::new(0),
+                #[cfg(feature = "async")]
+                woken_up: tokio::sync::Notify::new(),
+            }
+        }
+
+        pub(crate) fn stopping(&self) -> bool {
+            self.stop.is_stopped() || self.halt.is_stopped()
+        }
+
+        pub(crate) fn woken(&self) -> u64 {
+            self.wakeups.load(Ordering::Acquire)
+        }
+
+        pub(crate) fn wake(&self) {
+            self.wakeups.fetch_add(1, Ordering::AcqRel);
+            #[cfg(feature = "async")]
+            self.woken_up.notify_waiters();
+        }
+
+        /// How long to sleep before looking again, at most `step`, in a wait
+        /// that ends at `deadline` or when woken past `seen`; `None` once over.
+        pub(crate) fn next_step(
+            &self,
+            deadline: Instant,
+            seen: u64,
+            step: Duration,
+        ) -> Option<Duration> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let over = left.is_zero() || self.stopping() || self.woken() != seen;
+            (!over).then(|| left.min(step))
+        }
+    }
+
+    /// The pause after a lost connection: the first, doubling up to the last
+    /// while connections keep failing.
+    pub(crate) const RECONNECT_PAUSES: (Duration, Duration) =
+        (Duration::from_millis(50), Duration::from_secs(5));
+
+    /// The pauses between attempts to get a working connection again.
+    pub(crate) struct Reconnect {
+        next: Duration,
+    }
+
+    impl Reconnect {
+        pub(crate) fn new() -> Self {
+            Reconnect {
+                next: RECONNECT_PAUSES.0,
+            }
+        }
+
+        /// A connection worked: the next failure pauses briefly again.
+        pub(crate) fn mended(&mut self) {
+            self.next = RECONNECT_PAUSES.0;
+        }
+
+        /// The pause before the next attempt, doubling the one after it.
+        pub(crate) fn pause(&mut self) -> Duration {
+            let pause = self.next;
+            self.next = (pause * 2).min(RECONNECT_PAUSES.1);
+            pause
+        }
+    }
+
+    /// The shared backoff, whatever a panicking loop left in it.
+    pub(crate) fn lock<K>(backoff: &Mutex<Backoff<K>>) -> std::sync::MutexGuard<'_, Backoff<K>> {
+        backoff
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

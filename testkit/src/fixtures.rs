@@ -123,6 +123,19 @@ pub struct Account {
     pub version: i32,
 }
 
+/// The shop schema of `backend` (`pg`, `sqlite` or `mysql`).
+pub fn schema_of(backend: &str) -> &'static str {
+    match backend {
+        #[cfg(feature = "postgres")]
+        "pg" => POSTGRES_SCHEMA,
+        #[cfg(feature = "sqlite")]
+        "sqlite" => SQLITE_SCHEMA,
+        #[cfg(feature = "mysql")]
+        "mysql" => MYSQL_SCHEMA,
+        other => panic!("no schema for {other:?}"),
+    }
+}
+
 #[cfg(feature = "postgres")]
 pub const POSTGRES_SCHEMA: &str = "
     CREATE TABLE customers (id SERIAL PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE);

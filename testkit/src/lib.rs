@@ -59,5 +59,7 @@ pub use pg::{pg_pool, pg_url, PgTestDb};
 pub use pg_replica::PgReplicaPair;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use private_server::PrivateServer;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod sessions;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{sqlite_pool, SqliteTestDb};

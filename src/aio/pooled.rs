@@ -1,0 +1,336 @@
+//! The async worker on a bb8 or deadpool pool: the twin of the blocking
+//! `run_pooled`, its claim loops futures of one future, its listener on a
+//! connection the pool makes outside its own count.
+
+use std::future::Future;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::ops::DerefMut;
+use std::pin::pin;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use futures_util::future::{self, Either};
+
+use super::backend::AsyncBackend;
+use super::claim::PerRow;
+use super::closure::AsyncFnMut2;
+use super::kind::{FailureHook, Takes};
+use super::worker::{ClaimOnce, Runs, WaitForRows};
+use super::Async;
+use crate::claim::worker::{lock, Backoff, Polling, Ran, Reconnect, Shared};
+use crate::trace::{self, Instrument};
+use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error};
+
+/// Why a pool gave no connection, for the worker's events.
+pub type PoolFailure = Box<dyn std::error::Error + Send + Sync>;
+
+/// A pool an async worker runs on: diesel-async's bb8 pool (feature `bb8`)
+/// and deadpool pool (feature `deadpool`). Sealed.
+pub trait WorkerPool: Sync + private::Sealed {
+    /// The connection the pool holds.
+    type Connection: WaitForRows + Send;
+
+    /// A connection checked out of the pool, going back when dropped.
+    type Pooled<'p>: DerefMut<Target = Self::Connection> + Send
+    where
+        Self: 'p;
+
+    /// Checks a connection out.
+    #[doc(hidden)]
+    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, PoolFailure>> + Send;
+
+    /// A new connection of the pool's kind that is not counted in the pool:
+    /// the listener's, held for as long as the worker runs.
+    #[doc(hidden)]
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, PoolFailure>> + Send;
+}
+
+mod private {
+    pub trait Sealed {}
+}
+
+#[cfg(feature = "bb8")]
+impl<M> private::Sealed for bb8::Pool<M> where M: bb8::ManageConnection {}
+
+#[cfg(feature = "bb8")]
+impl<M> WorkerPool for bb8::Pool<M>
+where
+    M: bb8::ManageConnection,
+    M::Connection: WaitForRows,
+    M::Error: std::error::Error,
+{
+    type Connection = M::Connection;
+    type Pooled<'p> = bb8::PooledConnection<'p, M>;
+
+    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, PoolFailure>> + Send {
+        async move { self.get().await.map_err(|error| error.to_string().into()) }
+    }
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, PoolFailure>> + Send {
+        async move {
+            let connected = self.dedicated_connection().await;
+            connected.map_err(|error| error.to_string().into())
+        }
+    }
+}
+
+#[cfg(feature = "deadpool")]
+impl<M> private::Sealed for deadpool::managed::Pool<M> where M: deadpool::managed::Manager {}
+
+#[cfg(feature = "deadpool")]
+impl<M> WorkerPool for deadpool::managed::Pool<M>
+where
+    M: deadpool::managed::Manager + 'static,
+    M::Type: WaitForRows,
+    M::Error: std::fmt::Display,
+{
+    type Connection = M::Type;
+    type Pooled<'p> = deadpool::managed::Object<M>;
+
+    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, PoolFailure>> + Send {
+        async move { self.get().await.map_err(|error| error.to_string().into()) }
+    }
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, PoolFailure>> + Send {
+        async move {
+            let connected = self.manager().create().await;
+            connected.map_err(|error| error.to_string().into())
+        }
+    }
+}
+
+impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
+    /// Runs `concurrency` claim loops on `pool` until stopped (or, with
+    /// [`stop_when_empty`](ClaimWorker::stop_when_empty), until nothing is
+    /// pending), awaiting `f` for every claimed row: the twin of the
+    /// blocking [`run_pooled`](ClaimWorker#method.run_pooled), on a bb8 or
+    /// deadpool pool of diesel-async connections (features `bb8`,
+    /// `deadpool`). The loops are futures of the returned future, taking
+    /// turns on its task; spawn several workers to use several threads.
+    ///
+    /// With [`listen`](ClaimWorker::listen), the listener is a connection
+    /// the pool makes outside its count (bb8's `dedicated_connection`,
+    /// deadpool's manager), made again whenever it fails.
+    ///
+    /// `f` is cloned for each loop; an `async` closure that captures only
+    /// references clones as they do.
+    pub fn run_pooled<'a, P, I, E, F>(
+        self,
+        pool: &'a P,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        P: WorkerPool,
+        ClaimBuilder<Q, Async, T, H>: Clone + Send + 'a,
+        Q: Send + Sync + 'a,
+        T: Takes<'a, Q, P::Connection, I> + 'a,
+        T::Key: Send,
+        H: FailureHook<P::Connection, I, T::Row, E> + 'a,
+        <P::Connection as diesel_async::AsyncConnectionCore>::Backend: AsyncBackend,
+        I: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut P::Connection, I) -> Result<(), E>
+            + AsyncFnMut2<&'c mut P::Connection, I, Result<(), E>, Fut: Send>
+            + Clone
+            + Send
+            + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        async move {
+            let ClaimWorker { claim, polling } = self;
+            polling.check(true)?;
+            let shared = Shared::new(&polling);
+            let backoff = Mutex::new(Backoff::new(polling.backoff));
+            let span = polling.span();
+            // Cloned up front: the loops' futures hold no reference to the
+            // originals, which need not be `Sync`.
+            let clones: Vec<_> = (0..polling.concurrency)
+                .map(|_| (claim.clone(), PerRow(f.clone())))
+                .collect();
+            drop((claim, f));
+            let loops = clones.into_iter().map(|(mut claim, f)| {
+                let (shared, polling, backoff) = (&shared, &polling, &backoff);
+                async move {
+                    let mut runs = Runs {
+                        claim: &mut claim,
+                        f,
+                        types: PhantomData,
+                    };
+                    claim_loop(pool, polling, shared, backoff, &mut runs).await
+                }
+            });
+            let loops = async {
+                let ended = future::join_all(loops).await;
+                // The loops have ended: so does the listener.
+                shared.halt.stop();
+                ended
+            };
+            let listener = async {
+                if let Some(channel) = &polling.channel {
+                    listen(pool, channel, &shared).await;
+                }
+            };
+            let ((), ended) = future::join(listener, loops).instrument(span.clone()).await;
+            let mut total = ClaimReport::default();
+            let mut first_error = None;
+            for ended in ended {
+                match ended {
+                    Ok(report) => total.add(&report),
+                    Err(error) => {
+                        first_error.get_or_insert(error);
+                    }
+                }
+            }
+            span.record("processed", total.processed)
+                .record("failed", total.failed);
+            first_error.map_or(Ok(total), Err)
+        }
+    }
+}
+
+/// How often a waiting loop looks at its stop handles.
+const LOOK_EVERY: Duration = Duration::from_millis(5);
+
+/// Sleeps until `deadline`, less when stopped or woken past `seen`.
+async fn sleep_until(shared: &Shared, deadline: Instant, seen: u64) {
+    loop {
+        let woken = pin!(shared.woken_up.notified());
+        let Some(step) = shared.next_step(deadline, seen, LOOK_EVERY) else {
+            return;
+        };
+        let _ = future::select(woken, pin!(tokio::time::sleep(step))).await;
+    }
+}
+
+/// One claim loop: checks out a connection, claims, returns it, waits.
+async fn claim_loop<P, K, E>(
+    pool: &P,
+    polling: &Polling,
+    shared: &Shared,
+    backoff: &Mutex<Backoff<K>>,
+    once: &mut (dyn ClaimOnce<P::Connection, Key = K, Error = E> + '_),
+) -> Result<ClaimReport, E>
+where
+    P: WorkerPool,
+    K: Clone + Eq + Hash + Send,
+    E: From<Error>,
+{
+    let mut total = ClaimReport::default();
+    let mut pause = polling.min_poll;
+    let mut reconnect = Reconnect::new();
+    while !shared.stopping() {
+        let checked_out = {
+            let stopped = pin!(sleep_until(shared, far_future(), shared.woken()));
+            match future::select(pin!(pool.check_out()), stopped).await {
+                Either::Left((checked_out, _)) => checked_out,
+                Either::Right(_) => break,
+            }
+        };
+        let mut conn = match checked_out {
+            Ok(conn) => conn,
+            Err(error) => {
+                let pause = reconnect.pause();
+                trace::worker_reconnects(
+                    "a worker could not check out a connection",
+                    &error,
+                    pause,
+                );
+                sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+                continue;
+            }
+        };
+        let seen = shared.woken();
+        let excluded = lock(backoff).excluded();
+        let outcome = once.claim_once(&mut conn, excluded).await;
+        let lost = outcome.stopped.is_some()
+            && !outcome.transient
+            && conn.batch_execute("SELECT 1").await.is_err();
+        drop(conn);
+        let recorded = lock(backoff).record(&mut total, outcome);
+        let Ran { processed, took } = match recorded {
+            Ok(ran) => ran,
+            Err(_) if lost => {
+                let pause = reconnect.pause();
+                trace::worker_reconnects(
+                    "a worker's claim lost its connection, and its rows were rolled back",
+                    &"the connection no longer answers",
+                    pause,
+                );
+                sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+                continue;
+            }
+            Err(error) => {
+                shared.halt.stop();
+                return Err(error);
+            }
+        };
+        reconnect.mended();
+        if polling.until_empty && !took {
+            break;
+        }
+        if let Some(wait) = polling.next_pause(processed, &mut pause) {
+            sleep_until(shared, Instant::now() + wait, seen).await;
+            if shared.woken() != seen {
+                pause = polling.min_poll;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A deadline no wait reaches: a wait that only a stop ends.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365)
+}
+
+/// The listener: a connection of its own that listens on `channel` and
+/// wakes the loops, made again when it fails, until the worker stops.
+async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared) {
+    let mut reconnect = Reconnect::new();
+    while !shared.stopping() {
+        let listened = match pool.connect().await {
+            Ok(mut conn) => match conn.listen(channel).await {
+                Ok(()) => {
+                    // Rows may have come while nobody listened.
+                    shared.wake();
+                    reconnect.mended();
+                    wait_for_notifications(&mut conn, shared).await
+                }
+                Err(error) => Err(error.to_string()),
+            },
+            Err(error) => Err(error.to_string()),
+        };
+        if let Err(error) = listened {
+            let pause = reconnect.pause();
+            let what = format!("a worker's listener on {channel:?} lost its connection");
+            trace::worker_reconnects(&what, &error, pause);
+            sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+        }
+    }
+}
+
+/// How long a listener waits before it checks that its connection answers.
+const LISTENER_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Wakes the loops on every notification, until the worker stops or the
+/// connection fails.
+async fn wait_for_notifications<C>(conn: &mut C, shared: &Shared) -> Result<(), String>
+where
+    C: WaitForRows + AsyncConnection,
+{
+    while !shared.stopping() {
+        match conn.wait_for_rows(LISTENER_CHECK_EVERY, &shared.halt).await {
+            Ok(true) => shared.wake(),
+            // A dead connection may stay silent: ask it.
+            Ok(false) if !shared.stopping() => {
+                conn.batch_execute("SELECT 1")
+                    .await
+                    .map_err(|error| error.to_string())?;
+            }
+            Ok(false) => {}
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    Ok(())
+}

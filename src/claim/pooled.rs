@@ -1,0 +1,250 @@
+//! A worker on an r2d2 pool: claim loops that check a connection out for
+//! each claim and return it while idle, a listener on a connection of its
+//! own, and both going on through lost connections and server restarts.
+
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
+
+use super::kind::{FailureHook, Takes};
+use super::run::PerRow;
+use super::worker::{lock, Backoff, Polling, Ran, Reconnect, Shared};
+use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, WaitForRows};
+use crate::backend::ClaimBackend;
+use crate::trace;
+use crate::{Blocking, Error};
+
+impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
+    /// Runs `concurrency` claim loops on `pool` until stopped (or, with
+    /// [`stop_when_empty`](Self::stop_when_empty), until nothing is
+    /// pending), calling `f` for every claimed row as
+    /// [`ClaimBuilder::each`] does; returns the report of everything they did.
+    ///
+    /// Each claim checks a connection out of the pool and returns it before
+    /// the loop waits, so idle loops hold none, and the pool is shared with
+    /// the rest of the application (the jobs' own queries among them). Size
+    /// it for the loops that run claims at once, the listener, and whatever
+    /// else the application runs: a closure that checks out a second
+    /// connection while its claim holds one needs room for both.
+    ///
+    /// With [`listen`](Self::listen), one connection of the pool listens for
+    /// all the loops, for as long as the worker runs.
+    ///
+    /// **Lost connections** do not end it: a claim that fails on a connection
+    /// that no longer answers, a checkout that fails and a listener whose
+    /// connection dies are retried on another connection after a pause (from
+    /// 50 ms doubling up to 5 s while they keep failing), with a warning
+    /// event; a server restart is waited out. Nothing is lost: a claim whose
+    /// connection died had not committed, and its rows are taken again. It
+    /// ends on an error that another connection cannot mend — a closure's
+    /// error (without [`keep_going`](ClaimBuilder::keep_going) or a failure
+    /// hook), an invalid option, an error of the query on a connection that
+    /// answers — and then the other loops finish their rows and stop.
+    ///
+    /// `f` is cloned for each loop.
+    pub fn run_pooled<'q, C, I, E, F>(
+        self,
+        pool: &Pool<ConnectionManager<C>>,
+        f: F,
+    ) -> Result<ClaimReport, E>
+    where
+        ClaimBuilder<Q, Blocking, T, H>: Clone + Send,
+        T: Takes<'q, Q, C, I>,
+        T::Key: Send,
+        H: FailureHook<C, I, T::Row, E>,
+        C: WaitForRows + R2D2Connection + Send + 'static,
+        C::Backend: ClaimBackend,
+        F: FnMut(&mut C, I) -> Result<(), E> + Clone + Send,
+        E: From<Error> + Send,
+    {
+        let ClaimWorker { claim, polling } = self;
+        let shared = Shared::new(&polling);
+        // One backoff for all the loops: a row that failed in one is not
+        // retried by another sooner.
+        let backoff = Mutex::new(Backoff::new(polling.backoff));
+        let span = polling.span();
+        let _entered = span.enter();
+        polling.check(true)?;
+        let ended = std::thread::scope(|scope| {
+            if let Some(channel) = &polling.channel {
+                let (shared, span) = (&shared, span.clone());
+                scope.spawn(move || span.in_scope(|| listen(pool, channel, shared)));
+            }
+            let loops: Vec<_> = (0..polling.concurrency)
+                .map(|_| {
+                    let (mut claim, mut f) = (claim.clone(), PerRow(f.clone()));
+                    let (shared, polling, span) = (&shared, &polling, span.clone());
+                    let backoff = &backoff;
+                    scope.spawn(move || {
+                        span.in_scope(|| {
+                            claim_loop(pool, polling, shared, backoff, |conn, excluded| {
+                                claim.run_once(conn, &mut f, excluded)
+                            })
+                        })
+                    })
+                })
+                .collect();
+            let ended: Vec<_> = loops
+                .into_iter()
+                .map(|handle| {
+                    handle
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect();
+            // The loops have ended: so does the listener.
+            shared.halt.stop();
+            ended
+        });
+        let mut total = ClaimReport::default();
+        let mut first_error = None;
+        for ended in ended {
+            match ended {
+                Ok(report) => total.add(&report),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        span.record("processed", total.processed)
+            .record("failed", total.failed);
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(total),
+        }
+    }
+}
+
+/// How often a waiting loop looks at its stop handles and wake-ups.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+
+/// Sleeps up to `pause`, less when stopped.
+fn sleep(shared: &Shared, pause: Duration) {
+    let deadline = Instant::now() + pause;
+    while let Some(step) = shared.next_step(deadline, shared.woken(), LOOK_EVERY) {
+        std::thread::sleep(step);
+    }
+}
+
+/// One claim loop: checks out a connection, claims, returns it, waits.
+fn claim_loop<C, K, E>(
+    pool: &Pool<ConnectionManager<C>>,
+    polling: &Polling,
+    shared: &Shared,
+    backoff: &Mutex<Backoff<K>>,
+    mut claim_once: impl FnMut(&mut C, Vec<K>) -> ClaimOutcome<K, E>,
+) -> Result<ClaimReport, E>
+where
+    C: R2D2Connection + Send + 'static,
+    K: Clone + Eq + Hash + Send,
+    E: From<Error>,
+{
+    let mut total = ClaimReport::default();
+    let mut pause = polling.min_poll;
+    let mut reconnect = Reconnect::new();
+    while !shared.stopping() {
+        let mut conn = match pool.get() {
+            Ok(conn) => conn,
+            Err(error) => {
+                let pause = reconnect.pause();
+                trace::worker_reconnects(
+                    "a worker could not check out a connection",
+                    &error,
+                    pause,
+                );
+                sleep(shared, pause);
+                continue;
+            }
+        };
+        let seen = shared.woken();
+        let excluded = lock(backoff).excluded();
+        let outcome = claim_once(&mut conn, excluded);
+        let lost = outcome.stopped.is_some()
+            && !outcome.transient
+            && conn.batch_execute("SELECT 1").is_err();
+        drop(conn);
+        let ran = match lock(backoff).record(&mut total, outcome) {
+            Ok(ran) => ran,
+            Err(_) if lost => {
+                let pause = reconnect.pause();
+                trace::worker_reconnects(
+                    "a worker's claim lost its connection, and its rows were rolled back",
+                    &"the connection no longer answers",
+                    pause,
+                );
+                sleep(shared, pause);
+                continue;
+            }
+            Err(error) => {
+                shared.halt.stop();
+                return Err(error);
+            }
+        };
+        reconnect.mended();
+        let Ran { processed, took } = ran;
+        if polling.until_empty && !took {
+            break;
+        }
+        if let Some(wait) = polling.next_pause(processed, &mut pause) {
+            let deadline = Instant::now() + wait;
+            while let Some(step) = shared.next_step(deadline, seen, LOOK_EVERY) {
+                std::thread::sleep(step);
+            }
+            if shared.woken() != seen {
+                pause = polling.min_poll;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// The listener: a connection of the pool that listens on `channel` and
+/// wakes the loops, taken again when it fails, until the worker stops.
+fn listen<C>(pool: &Pool<ConnectionManager<C>>, channel: &str, shared: &Shared)
+where
+    C: WaitForRows + R2D2Connection + Send + 'static,
+{
+    let mut reconnect = Reconnect::new();
+    while !shared.stopping() {
+        let listened = match pool.get() {
+            Ok(mut conn) => conn.listen(channel).and_then(|()| {
+                // Rows may have come while nobody listened.
+                shared.wake();
+                reconnect.mended();
+                wait_for_notifications(&mut conn, shared)?;
+                // Back to the pool without it.
+                conn.unlisten(channel)
+            }),
+            Err(error) => Err(Error::Database(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::UnableToSendCommand,
+                Box::new(error.to_string()),
+            ))),
+        };
+        if let Err(error) = listened {
+            let pause = reconnect.pause();
+            let what = format!("a worker's listener on {channel:?} lost its connection");
+            trace::worker_reconnects(&what, &error, pause);
+            sleep(shared, pause);
+        }
+    }
+}
+
+/// How long a listener waits before it checks that its connection answers.
+const LISTENER_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Wakes the loops on every notification, until the worker stops or the
+/// connection fails.
+fn wait_for_notifications<C: WaitForRows>(conn: &mut C, shared: &Shared) -> Result<(), Error> {
+    while !shared.stopping() {
+        if conn.wait_for_rows(LISTENER_CHECK_EVERY, &shared.halt)? {
+            shared.wake();
+        } else if !shared.stopping() {
+            // A dead connection may stay silent: ask it.
+            conn.batch_execute("SELECT 1")?;
+        }
+    }
+    Ok(())
+}

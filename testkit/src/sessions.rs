@@ -1,0 +1,67 @@
+//! Sessions ended from outside, and servers of their own, for the tests of
+//! workers that go on through lost connections.
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+
+/// Ends every session of `database` on the server at `url` but the one this
+/// opens for it (PostgreSQL `pg_terminate_backend`, MariaDB `KILL
+/// CONNECTION`); how many it ended.
+pub fn terminate_all_but_mine(url: &str, database: &str) -> usize {
+    #[cfg(feature = "postgres")]
+    if crate::url::is_postgres_url(url) {
+        let mut conn = PgConnection::establish(url).unwrap();
+        return diesel::sql_query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind::<diesel::sql_types::Text, _>(database)
+        .execute(&mut conn)
+        .unwrap();
+    }
+    #[cfg(feature = "mysql")]
+    if crate::url::is_mysql_url(url) {
+        #[derive(QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = diesel::sql_types::Unsigned<diesel::sql_types::BigInt>)]
+            id: u64,
+        }
+        let mut conn = MysqlConnection::establish(url).unwrap();
+        let ids: Vec<Id> = diesel::sql_query(
+            "SELECT id FROM information_schema.processlist \
+             WHERE db = ? AND id <> CONNECTION_ID() AND command <> 'Daemon'",
+        )
+        .bind::<diesel::sql_types::Text, _>(database)
+        .load(&mut conn)
+        .unwrap();
+        return ids
+            .iter()
+            .filter(|Id { id }| conn.batch_execute(&format!("KILL CONNECTION {id}")).is_ok())
+            .count();
+    }
+    panic!("no server of a backend this build has at {url}")
+}
+
+/// A server of its own for `backend` (`pg` or `mysql`), and the URL of a
+/// database on it to use.
+pub fn private_server(backend: &str) -> (crate::PrivateServer, String) {
+    match backend {
+        #[cfg(feature = "postgres")]
+        "pg" => {
+            let server = crate::PrivateServer::postgres("");
+            let url = server.url("postgres");
+            (server, url)
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" => {
+            let server = crate::PrivateServer::mariadb(&[]);
+            MysqlConnection::establish(&server.admin_url)
+                .unwrap()
+                .batch_execute("CREATE DATABASE claim_test")
+                .unwrap();
+            let url = server.url("claim_test");
+            (server, url)
+        }
+        other => panic!("no private server for {other:?}"),
+    }
+}

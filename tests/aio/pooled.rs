@@ -1,0 +1,336 @@
+//! Async workers on bb8 and deadpool pools: many claim loops on a small pool
+//! shared with the application, `stop_when_empty`, `run` on the pools'
+//! connections as they are, sessions terminated under a running worker, a
+//! server killed and started again, and (PostgreSQL) a listener woken by
+//! `aio::notify` that comes back after its session ends.
+
+use std::time::{Duration, Instant};
+
+use diesel::{ExpressionMethods, QueryDsl, SelectableHelper};
+use diesel_async::pooled_connection::{bb8, deadpool, AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_claim::aio::prelude::*;
+use diesel_claim::{Error, StopHandle};
+
+use testkit::fixtures::{insert_jobs, jobs, Job};
+
+/// A connection manager for `url`: on MySQL, sessions at `READ COMMITTED`.
+fn manager<C>(url: &str, mysql: bool) -> AsyncDieselConnectionManager<C>
+where
+    C: diesel_async::pooled_connection::PoolableConnection + 'static,
+{
+    let mut config = ManagerConfig::default();
+    if mysql {
+        #[cfg(feature = "mysql")]
+        {
+            config.custom_setup = Box::new(|url| {
+                use futures_util::FutureExt;
+                async move {
+                    let mut conn = C::establish(url).await?;
+                    conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                }
+                .boxed()
+            });
+        }
+    }
+    AsyncDieselConnectionManager::new_with_config(url, config)
+}
+
+on_async_backends! {
+    /// Jobs not done, by priority.
+    type Pending = diesel::dsl::Order<
+        diesel::dsl::Select<
+            diesel::dsl::Filter<jobs::table, diesel::dsl::Eq<jobs::done, bool>>,
+            diesel::dsl::AsSelect<Job, <Conn as diesel_async::AsyncConnectionCore>::Backend>,
+        >,
+        diesel::dsl::Desc<jobs::priority>,
+    >;
+
+    fn pending() -> Pending {
+        jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .order(jobs::priority.desc())
+    }
+
+    async fn finish(conn: &mut Conn, job: Job) -> Result<(), Error> {
+        diesel::update(&job)
+            .set((jobs::done.eq(true), jobs::times_done.eq(jobs::times_done + 1)))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Jobs done more than once, and jobs not done.
+    async fn duplicates_and_left(conn: &mut Conn) -> (i64, i64) {
+        let twice = jobs::table.filter(jobs::times_done.gt(1)).count().get_result(conn).await.unwrap();
+        let left = jobs::table.filter(jobs::done.eq(false)).count().get_result(conn).await.unwrap();
+        (twice, left)
+    }
+
+    async fn bb8_pool(url: &str, size: u32) -> bb8::Pool<Conn> {
+        bb8::Pool::builder()
+            .max_size(size)
+            .connection_timeout(Duration::from_secs(5))
+            .build(manager(url, BACKEND == "mysql"))
+            .await
+            .unwrap()
+    }
+
+    fn deadpool_pool(url: &str, size: usize) -> deadpool::Pool<Conn> {
+        deadpool::Pool::builder(manager(url, BACKEND == "mysql"))
+            .max_size(size)
+            .build()
+            .unwrap()
+    }
+
+    /// Eight claim loops share a bb8 pool of four with a producer that
+    /// inserts the jobs while they run: every job is done once, and the idle
+    /// loops hold no connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn eight_loops_share_a_pool_of_four_with_the_application() {
+        let db = TestDb::new();
+        testkit::fixtures::create_schema(&mut blocking(&db.url), testkit::fixtures::schema_of(BACKEND));
+        let pool = bb8_pool(&db.url, 4).await;
+        let stop = StopHandle::new();
+        const JOBS: i32 = 400;
+        let producer = async {
+            for first in (1..=JOBS).step_by(20) {
+                let rows: Vec<_> = (first..first + 20)
+                    .map(|id| (jobs::id.eq(id), jobs::priority.eq(id % 3), jobs::due.eq(diesel::dsl::now)))
+                    .collect();
+                let mut conn = pool.get().await.unwrap();
+                diesel::insert_into(jobs::table).values(&rows).execute(&mut *conn).await.unwrap();
+                drop(conn);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while duplicates_and_left(&mut pool.get().await.unwrap()).await.1 > 0 {
+                assert!(Instant::now() < deadline, "the jobs were not done in time");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stop.stop();
+        };
+        let worker = pending()
+            .build_claim()
+            .worker(&stop)
+            .concurrency(8)
+            .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
+            .run_pooled(&pool, async |conn: &mut Conn, job: Job| {
+                // The job's own queries, on its claim's connection.
+                let _: i64 = jobs::table.count().get_result(conn).await?;
+                finish(conn, job).await
+            });
+        let ((), report) = tokio::join!(producer, worker);
+        assert_eq!(report.unwrap().processed, JOBS as u64);
+        assert_eq!(duplicates_and_left(&mut pool.get().await.unwrap()).await, (0, 0));
+        let state = pool.state();
+        assert_eq!(state.idle_connections, state.connections);
+    }
+
+    /// `stop_when_empty` on a deadpool pool, and `run` on the pools'
+    /// connections as they are (no `&mut *`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stop_when_empty_and_run_on_pooled_connections() {
+        let db = TestDb::new();
+        testkit::fixtures::create_schema(&mut blocking(&db.url), testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(&mut blocking(&db.url), 60);
+        let stop = StopHandle::new();
+        let deadpool = deadpool_pool(&db.url, 3);
+        let report = pending()
+            .build_claim()
+            .worker(&stop)
+            .concurrency(2)
+            .stop_when_empty()
+            .run_pooled(&deadpool, async |conn: &mut Conn, job: Job| finish(conn, job).await)
+            .await
+            .unwrap();
+        assert_eq!(report.processed, 60);
+        let mut object = deadpool.get().await.unwrap();
+        assert_eq!(duplicates_and_left(&mut object).await, (0, 0));
+
+        let reset = || diesel::update(jobs::table).set(jobs::done.eq(false));
+        reset().execute(&mut *object).await.unwrap();
+        let report = pending()
+            .build_claim()
+            .worker(&stop)
+            .stop_when_empty()
+            .run(&mut object, async |conn: &mut deadpool::Object<Conn>, job: Job| {
+                finish(conn, job).await
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.processed, 60);
+
+        let bb8 = bb8_pool(&db.url, 1).await;
+        let mut pooled = bb8.get().await.unwrap();
+        reset().execute(&mut *pooled).await.unwrap();
+        let report = pending()
+            .build_claim()
+            .worker(&stop)
+            .stop_when_empty()
+            .run(&mut pooled, async |conn: &mut bb8::PooledConnection<'_, Conn>, job: Job| {
+                finish(conn, job).await
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.processed, 60);
+    }
+
+    /// Runs a pooled worker of 4 loops on `url` over 600 slow jobs while
+    /// `disrupt` runs beside it; every job is done once.
+    async fn drain_through(url: &str, disrupt: impl std::future::Future<Output = ()>) {
+        let setup = &mut blocking(url);
+        testkit::fixtures::create_schema(setup, testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(setup, 600);
+        let pool = bb8_pool(url, 5).await;
+        let stop = StopHandle::new();
+        let worker = pending()
+            .build_claim()
+            .worker(&stop)
+            .concurrency(4)
+            .stop_when_empty()
+            .run_pooled(&pool, async |conn: &mut Conn, job: Job| {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                finish(conn, job).await
+            });
+        let (report, ()) = tokio::join!(worker, disrupt);
+        let report = report.unwrap();
+        let mut conn = Conn::establish(url).await.unwrap();
+        assert_eq!(duplicates_and_left(&mut conn).await, (0, 0), "{report:?}");
+        // A commit the server made as its session ended may never answer:
+        // its job is done once, but not counted (one per loop at most).
+        assert!((596..=600).contains(&report.processed), "{report:?}");
+    }
+
+    /// Every session of the worker's database is ended, three times, while
+    /// it runs: it goes on on new connections.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pooled_worker_survives_its_sessions_being_terminated() {
+        let db = TestDb::new();
+        let database = db.name().to_owned();
+        let url = db.url.clone();
+        drain_through(&db.url, async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let (url, database) = (url.clone(), database.clone());
+                let ended = tokio::task::spawn_blocking(move || {
+                    testkit::sessions::terminate_all_but_mine(&url, &database)
+                })
+                .await
+                .unwrap();
+                assert!(ended > 0, "no session to end");
+            }
+        })
+        .await;
+    }
+
+    /// The server is killed (SIGKILL) and started again while the worker
+    /// runs: it waits the restart out and finishes the queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pooled_worker_survives_a_server_crash_and_restart() {
+        let (server, url) = testkit::sessions::private_server(BACKEND);
+        let server = std::sync::Arc::new(server);
+        let restarted = std::sync::Arc::clone(&server);
+        drain_through(&url, async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            tokio::task::spawn_blocking(move || {
+                restarted.crash();
+                std::thread::sleep(Duration::from_millis(500));
+                restarted.start();
+            })
+            .await
+            .unwrap();
+        })
+        .await;
+        drop(server);
+    }
+}
+
+/// A pooled worker listening (PostgreSQL): with polls too rare to matter,
+/// `aio::notify` sent in the producer's transaction wakes its loops, through
+/// the listener's session being ended.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_wakes_the_loops_and_comes_back_after_its_session_ends() {
+    use diesel_async::AsyncPgConnection;
+    let db = testkit::PgTestDb::new();
+    testkit::fixtures::create_schema(
+        &mut <diesel::PgConnection as diesel::Connection>::establish(&db.url).unwrap(),
+        testkit::fixtures::POSTGRES_SCHEMA,
+    );
+    let pool: deadpool::Pool<AsyncPgConnection> = deadpool::Pool::builder(manager(&db.url, false))
+        .max_size(3)
+        .build()
+        .unwrap();
+    let mut producer = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let stop = StopHandle::new();
+    let worker = jobs::table
+        .filter(jobs::done.eq(false))
+        .select(Job::as_select())
+        .build_claim()
+        .worker(&stop)
+        .concurrency(2)
+        .listen("jobs")
+        .poll_interval(Duration::from_secs(30), Duration::from_secs(30))
+        .run_pooled(&pool, async |conn: &mut AsyncPgConnection, job: Job| {
+            diesel::update(&job)
+                .set((
+                    jobs::done.eq(true),
+                    jobs::times_done.eq(jobs::times_done + 1),
+                ))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        });
+    let rounds = async {
+        // The first claims find nothing; then the loops wait 30 s.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for id in 1..=3 {
+            producer
+                .transaction(async |conn: &mut AsyncPgConnection| {
+                    diesel::insert_into(jobs::table)
+                        .values((
+                            jobs::id.eq(id),
+                            jobs::priority.eq(0),
+                            jobs::due.eq(diesel::dsl::now),
+                        ))
+                        .execute(conn)
+                        .await?;
+                    diesel_claim::aio::notify(conn, "jobs").await
+                })
+                .await
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let done: bool = jobs::table
+                    .find(id)
+                    .select(jobs::done)
+                    .get_result(&mut producer)
+                    .await
+                    .unwrap();
+                if done {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "job {id} was not woken for");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let (url, name) = (db.url.clone(), db.name().to_owned());
+            let ended = tokio::task::spawn_blocking(move || {
+                testkit::sessions::terminate_all_but_mine(&url, &name)
+            })
+            .await
+            .unwrap();
+            assert!(ended > 0);
+            // The producer's session was ended too.
+            producer = AsyncPgConnection::establish(&db.url).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        stop.stop();
+    };
+    let (report, ()) = tokio::join!(worker, rounds);
+    assert_eq!(report.unwrap().processed, 3);
+}

@@ -1,0 +1,350 @@
+//! Workers on a pool: a small pool shared by many claim loops and the
+//! application's own queries, `stop_when_empty`, sessions terminated under a
+//! running worker, and a server killed and started again.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
+use diesel_claim::prelude::*;
+use diesel_claim::{Error, StopHandle};
+
+use testkit::fixtures::{insert_jobs, jobs, on_every_backend, Job};
+
+/// Claimers on MySQL and MariaDB run at `READ COMMITTED` (see the guide);
+/// SQLite waits for its one writer.
+#[derive(Debug)]
+struct Session(&'static str);
+
+impl<C: SimpleConnection> CustomizeConnection<C, diesel::r2d2::Error> for Session {
+    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+        conn.batch_execute(self.0)
+            .map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// What a session of each backend is set up with.
+fn session_setup(backend: &str) -> &'static str {
+    match backend {
+        "mysql" => "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        "sqlite" => "PRAGMA busy_timeout = 10000",
+        _ => "SELECT 1",
+    }
+}
+
+/// A pool of `size` connections to `url`, each set up for claiming.
+fn pool_of<C>(url: &str, size: u32, backend: &'static str) -> Pool<ConnectionManager<C>>
+where
+    C: diesel::r2d2::R2D2Connection + SimpleConnection + Send + 'static,
+{
+    Pool::builder()
+        .max_size(size)
+        .connection_timeout(Duration::from_secs(5))
+        .connection_customizer(Box::new(Session(session_setup(backend))))
+        .build_unchecked(ConnectionManager::new(url))
+}
+
+on_every_backend! {
+    /// Jobs not done, by priority.
+    type Pending = diesel::dsl::Order<
+        diesel::dsl::Select<
+            diesel::dsl::Filter<jobs::table, diesel::dsl::Eq<jobs::done, bool>>,
+            diesel::dsl::AsSelect<Job, <Conn as Connection>::Backend>,
+        >,
+        diesel::dsl::Desc<jobs::priority>,
+    >;
+
+    fn pending() -> Pending {
+        jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .order(jobs::priority.desc())
+    }
+
+    /// Does a job: marks it done, counting how often it was done.
+    fn finish(conn: &mut Conn, job: Job) -> Result<(), Error> {
+        diesel::update(&job)
+            .set((jobs::done.eq(true), jobs::times_done.eq(jobs::times_done + 1)))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// Jobs done more than once, and jobs not done.
+    fn duplicates_and_left(conn: &mut Conn) -> (i64, i64) {
+        let twice = jobs::table.filter(jobs::times_done.gt(1)).count().get_result(conn).unwrap();
+        let left = jobs::table.filter(jobs::done.eq(false)).count().get_result(conn).unwrap();
+        (twice, left)
+    }
+
+    fn pool(db_url: &str, size: u32) -> Pool {
+        pool_of::<Conn>(db_url, size, BACKEND)
+    }
+
+    /// Eight claim loops share a pool of four with a producer that inserts
+    /// the jobs while they run, and with the jobs' own queries: every job is
+    /// done once, and the worker stops when told.
+    #[test]
+    fn eight_loops_share_a_pool_of_four_with_the_application() {
+        let (db, _) = test_db(1);
+        let pool = pool(&db.url, 4);
+        let stop = StopHandle::new();
+        const JOBS: i32 = 400;
+        let report = thread::scope(|scope| {
+            let producer = scope.spawn(|| {
+                for first in (1..=JOBS).step_by(20) {
+                    let rows: Vec<_> = (first..first + 20)
+                        .map(|id| (jobs::id.eq(id), jobs::priority.eq(id % 3), jobs::due.eq(diesel::dsl::now)))
+                        .collect();
+                    let mut conn = pool.get().unwrap();
+                    diesel::insert_into(jobs::table).values(&rows).execute(&mut conn).unwrap();
+                    drop(conn);
+                    thread::sleep(Duration::from_millis(5));
+                }
+            });
+            let watcher = scope.spawn(|| {
+                producer.join().unwrap();
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while duplicates_and_left(&mut pool.get().unwrap()).1 > 0 {
+                    assert!(Instant::now() < deadline, "the jobs were not done in time");
+                    thread::sleep(Duration::from_millis(20));
+                }
+                stop.stop();
+            });
+            let report = pending()
+                .build_claim()
+                .worker(&stop)
+                .concurrency(8)
+                .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
+                .run_pooled(&pool, |conn: &mut Conn, job: Job| {
+                    // The job's own queries, on its claim's connection.
+                    let _: i64 = jobs::table.count().get_result(conn)?;
+                    finish(conn, job)
+                });
+            watcher.join().unwrap();
+            report
+        })
+        .unwrap();
+        assert_eq!(report.processed, JOBS as u64);
+        assert_eq!(duplicates_and_left(&mut pool.get().unwrap()), (0, 0));
+        // Idle loops hold no connection: the pool has them all back.
+        assert_eq!(pool.state().idle_connections, pool.state().connections);
+    }
+
+    /// `stop_when_empty` returns once nothing is pending, on a pool and on
+    /// one connection, with every job done once.
+    #[test]
+    fn stop_when_empty_returns_once_the_queue_is_empty() {
+        let (db, _) = test_db(1);
+        let pool = pool(&db.url, 3);
+        insert_jobs(&mut pool.get().unwrap(), 60);
+        let stop = StopHandle::new();
+        let report = pending()
+            .build_claim()
+            .worker(&stop)
+            .concurrency(2)
+            .stop_when_empty()
+            .run_pooled(&pool, finish)
+            .unwrap();
+        assert_eq!(report.processed, 60);
+        assert_eq!(duplicates_and_left(&mut pool.get().unwrap()), (0, 0));
+
+        diesel::update(jobs::table).set(jobs::done.eq(false)).execute(&mut pool.get().unwrap()).unwrap();
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let report = pending()
+            .build_claim()
+            .worker(&stop)
+            .stop_when_empty()
+            .run(conn, finish)
+            .unwrap();
+        assert_eq!(report.processed, 60);
+        // One connection runs one loop.
+        let refused = pending().build_claim().worker(&stop).concurrency(2).run(conn, finish);
+        assert!(matches!(refused, Err(Error::InvalidArgument(message)) if message.contains("run_pooled")));
+    }
+}
+
+macro_rules! through_lost_connections {
+    ($module:ident, $feature:literal, $conn:ty, $test_db:ident, $backend:literal) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            use super::*;
+
+            type Conn = $conn;
+
+            fn finish(conn: &mut Conn, job: Job) -> Result<(), Error> {
+                diesel::update(&job)
+                    .set((
+                        jobs::done.eq(true),
+                        jobs::times_done.eq(jobs::times_done + 1),
+                    ))
+                    .execute(conn)?;
+                Ok(())
+            }
+
+            fn counts(conn: &mut Conn) -> (i64, i64) {
+                let twice = jobs::table
+                    .filter(jobs::times_done.gt(1))
+                    .count()
+                    .get_result(conn)
+                    .unwrap();
+                let left = jobs::table
+                    .filter(jobs::done.eq(false))
+                    .count()
+                    .get_result(conn)
+                    .unwrap();
+                (twice, left)
+            }
+
+            /// Runs a pooled worker of 4 loops on `url` over 600 slow jobs
+            /// while `disrupt` runs beside it; every job is done once.
+            fn drain_through(url: &str, disrupt: impl FnOnce(&StopHandle) + Send) {
+                let pool = pool_of::<Conn>(url, 5, $backend);
+                testkit::fixtures::create_schema(
+                    &mut pool.get().unwrap(),
+                    testkit::fixtures::schema_of($backend),
+                );
+                insert_jobs(&mut pool.get().unwrap(), 600);
+                let stop = StopHandle::new();
+                let report = thread::scope(|scope| {
+                    let worker = scope.spawn(|| {
+                        jobs::table
+                            .filter(jobs::done.eq(false))
+                            .select(Job::as_select())
+                            .order(jobs::priority.desc())
+                            .build_claim()
+                            .worker(&stop)
+                            .concurrency(4)
+                            .stop_when_empty()
+                            .run_pooled(&pool, |conn: &mut Conn, job: Job| {
+                                thread::sleep(Duration::from_millis(5));
+                                finish(conn, job)
+                            })
+                    });
+                    disrupt(&stop);
+                    worker.join().unwrap()
+                })
+                .unwrap();
+                let (twice, left) = counts(&mut pool.get().unwrap());
+                assert_eq!((twice, left), (0, 0), "{report:?}");
+                // A commit the server made as its session ended may never answer:
+                // its job is done once, but not counted (one per loop at most).
+                assert!((596..=600).contains(&report.processed), "{report:?}");
+            }
+
+            /// Every session of the worker's database is ended, three times,
+            /// while it runs: it goes on on new connections.
+            #[test]
+            fn a_pooled_worker_survives_its_sessions_being_terminated() {
+                let db = testkit::$test_db::new();
+                drain_through(&db.url, |_| {
+                    for _ in 0..3 {
+                        thread::sleep(Duration::from_millis(300));
+                        let ended = testkit::sessions::terminate_all_but_mine(&db.url, db.name());
+                        assert!(ended > 0, "no session to end");
+                    }
+                });
+            }
+
+            /// The server is killed (SIGKILL) and started again while the
+            /// worker runs: it waits the restart out and finishes the queue.
+            #[test]
+            fn a_pooled_worker_survives_a_server_crash_and_restart() {
+                let (server, url) = testkit::sessions::private_server($backend);
+                drain_through(&url, |_| {
+                    thread::sleep(Duration::from_millis(400));
+                    server.crash();
+                    thread::sleep(Duration::from_millis(500));
+                    server.start();
+                });
+            }
+        }
+    };
+}
+
+through_lost_connections!(pg_lost, "postgres", PgConnection, PgTestDb, "pg");
+through_lost_connections!(mysql_lost, "mysql", MysqlConnection, MysqlTestDb, "mysql");
+
+/// A pooled worker listening (PostgreSQL): with polls too rare to matter,
+/// notifications wake its loops, through the listener's session being ended.
+#[cfg(feature = "postgres")]
+mod pg_listen {
+    use super::*;
+
+    #[test]
+    fn the_listener_wakes_the_loops_and_comes_back_after_its_session_ends() {
+        let db = testkit::PgTestDb::new();
+        let pool = pool_of::<PgConnection>(&db.url, 4, "pg");
+        testkit::fixtures::create_schema(
+            &mut pool.get().unwrap(),
+            testkit::fixtures::POSTGRES_SCHEMA,
+        );
+        let mut admin = PgConnection::establish(&db.url).unwrap();
+        let stop = StopHandle::new();
+        let enqueue = |conn: &mut PgConnection, id: i32| {
+            conn.transaction(|conn| {
+                diesel::insert_into(jobs::table)
+                    .values((
+                        jobs::id.eq(id),
+                        jobs::priority.eq(0),
+                        jobs::due.eq(diesel::dsl::now),
+                    ))
+                    .execute(conn)?;
+                diesel_claim::notify(conn, "jobs")
+            })
+            .unwrap();
+        };
+        let done = |conn: &mut PgConnection, id: i32| -> bool {
+            jobs::table
+                .find(id)
+                .select(jobs::done)
+                .get_result(conn)
+                .unwrap()
+        };
+        let report = thread::scope(|scope| {
+            let worker = scope.spawn(|| {
+                jobs::table
+                    .filter(jobs::done.eq(false))
+                    .select(Job::as_select())
+                    .build_claim()
+                    .worker(&stop)
+                    .concurrency(2)
+                    .listen("jobs")
+                    .poll_interval(Duration::from_secs(30), Duration::from_secs(30))
+                    .run_pooled(&pool, |conn: &mut PgConnection, job: Job| {
+                        diesel::update(&job)
+                            .set((
+                                jobs::done.eq(true),
+                                jobs::times_done.eq(jobs::times_done + 1),
+                            ))
+                            .execute(conn)?;
+                        Ok::<_, Error>(())
+                    })
+            });
+            // The first claims find nothing; then the loops wait 30 s.
+            thread::sleep(Duration::from_millis(300));
+            for round in 0..3 {
+                let id = round + 1;
+                enqueue(&mut admin, id);
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while !done(&mut admin, id) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "job {id} was not woken for (round {round})"
+                    );
+                    thread::sleep(Duration::from_millis(10));
+                }
+                // Every session but the producer's ends, the listener's among them.
+                assert!(testkit::sessions::terminate_all_but_mine(&db.url, db.name()) > 0);
+                admin = PgConnection::establish(&db.url).unwrap();
+                thread::sleep(Duration::from_millis(300));
+            }
+            stop.stop();
+            worker.join().unwrap()
+        })
+        .unwrap();
+        assert_eq!(report.processed, 3);
+    }
+}
