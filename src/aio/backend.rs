@@ -23,14 +23,6 @@ pub trait AsyncBackend: crate::ClaimBackend {
     #[doc(hidden)]
     fn begin(idle_bound: Option<Duration>) -> String;
 
-    /// Whether a statement the connection is asked for is on its way to the
-    /// server once its future has been polled once, so that a transaction
-    /// whose future is dropped can still be rolled back (PostgreSQL's
-    /// connections queue it for their own task; MySQL's write it themselves,
-    /// across polls).
-    #[doc(hidden)]
-    const SENT_ON_FIRST_POLL: bool;
-
     /// Runs one lease statement; `Some(token)` when it took effect.
     #[doc(hidden)]
     fn run<C>(
@@ -54,8 +46,6 @@ impl AsyncBackend for diesel::pg::Pg {
             None => "BEGIN".to_owned(),
         }
     }
-
-    const SENT_ON_FIRST_POLL: bool = true;
 
     async fn run<C>(conn: &mut C, statement: LeaseStatement<'_>) -> diesel::QueryResult<Option<i64>>
     where
@@ -99,8 +89,6 @@ impl AsyncBackend for diesel::mysql::Mysql {
         };
         format!("BEGIN; SET @diesel_claim_bound = 0 /*M!100300 , {setting} */")
     }
-
-    const SENT_ON_FIRST_POLL: bool = false;
 
     fn run<C>(
         conn: &mut C,

@@ -69,10 +69,10 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
     /// unless configured). PostgreSQL counts it in milliseconds, MariaDB in
     /// whole seconds (rounded up); MySQL has no such setting.
     ///
-    /// The bound is what frees the rows of a claim whose future was dropped
-    /// where nothing else can: on MariaDB, a connection kept by the caller or
-    /// returned to a deadpool pool (see the module documentation, "Dropped
-    /// futures"). On PostgreSQL a dropped claim rolls back at once without it.
+    /// The bound is the backstop that frees the rows of a claim whose closure
+    /// hangs, or whose future was dropped and its `ROLLBACK` could not leave
+    /// (see the module documentation, "Dropped futures"); a dropped claim
+    /// otherwise rolls back as it is dropped.
     ///
     /// **When it fires**, the server ends the session: the transaction rolls
     /// back and its row locks go **while the closure is still running**, so

@@ -156,24 +156,17 @@ pub(crate) async fn roll_back_to<C: AsyncConnection>(conn: &mut C, depth: u32) -
 
 /// A transaction begun and not yet ended. Dropped before
 /// [`close`](Self::close) — its future was dropped mid-transaction — it sends
-/// `ROLLBACK` where the backend lets a statement leave without being awaited
-/// (PostgreSQL; at the top level only: a savepoint's rollback belongs to the
-/// caller's transaction), and marks the connection's transaction manager
-/// broken, so that the caller's transaction refuses to go on and pools
-/// discard the connection.
-struct OpenTransaction<'c, C: AsyncConnection>
-where
-    C::Backend: AsyncBackend,
-{
+/// `ROLLBACK` without waiting for its answer (at the top level only: a
+/// savepoint's rollback belongs to the caller's transaction), and marks the
+/// connection's transaction manager broken, so that the caller's transaction
+/// refuses to go on and pools discard the connection.
+struct OpenTransaction<'c, C: AsyncConnection> {
     /// `None` once closed.
     conn: Option<&'c mut C>,
     top_level: bool,
 }
 
-impl<'c, C: AsyncConnection> OpenTransaction<'c, C>
-where
-    C::Backend: AsyncBackend,
-{
+impl<'c, C: AsyncConnection> OpenTransaction<'c, C> {
     fn conn(&mut self) -> &mut C {
         self.conn.as_deref_mut().expect("the transaction is open")
     }
@@ -184,16 +177,16 @@ where
     }
 }
 
-impl<C: AsyncConnection> Drop for OpenTransaction<'_, C>
-where
-    C::Backend: AsyncBackend,
-{
+impl<C: AsyncConnection> Drop for OpenTransaction<'_, C> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.as_deref_mut() {
-            if self.top_level && <C::Backend as AsyncBackend>::SENT_ON_FIRST_POLL {
-                // Polled once, the statement is queued for the connection's
-                // own task, which sends it after whatever statement is in
-                // flight; its answer is not waited for.
+            if self.top_level {
+                // Polled once, the statement is on its way: PostgreSQL's
+                // connection queues it for its own task, which sends it after
+                // whatever statement is in flight; MySQL's writes it, unless
+                // a statement in flight must be answered first (then the
+                // idle bound ends the transaction). Its answer is not waited
+                // for.
                 let _ = conn.batch_execute("ROLLBACK").now_or_never();
             }
             C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();

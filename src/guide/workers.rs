@@ -175,11 +175,77 @@
 //! closure ends the worker unless the claim has a failure hook or
 //! [keeps going](crate::ClaimBuilder::keep_going); a deadlock or a
 //! serialization failure of the crate's own statements rolls the batch back
-//! and the worker goes on. The worker holds its connection (and, listening,
-//! its session) for as long as it runs: give it a connection of its own. The
-//! async twin (`diesel_claim::aio`) runs the same loop as a future, waiting
-//! with tokio timers and, on PostgreSQL, on diesel-async's notification
-//! stream.
+//! and the worker goes on. [`run`](crate::ClaimWorker::run) holds its one
+//! connection (and, listening, its session) for as long as it runs; a worker
+//! [on a pool](#on-a-pool) does not. The async twin (`diesel_claim::aio`)
+//! runs the same loop as a future, waiting with tokio timers and, on
+//! PostgreSQL, on diesel-async's notification stream; async producers notify
+//! with [`aio::notify`](crate::aio::notify), in their transaction too.
+//!
+//! A worker made to [`stop_when_empty`](crate::ClaimWorker::stop_when_empty)
+//! returns once a claim finds nothing to take: for test suites and one-shot
+//! drains. Rows it is backing off from, and rows a hook rescheduled out of
+//! the query, do not count as pending.
+//!
+//! # On a pool
+//!
+//! [`run_pooled`](crate::ClaimWorker::run_pooled) runs a worker on an r2d2
+//! pool, and its async twin on a bb8 or deadpool pool (features `bb8`,
+//! `deadpool`), as a service runs it for months:
+//!
+//! - Each claim checks a connection out and returns it before the worker
+//!   waits: idle workers hold no connection, and the pool is shared with the
+//!   rest of the application. [`concurrency`](crate::ClaimWorker::concurrency)
+//!   runs several claim loops in one worker (threads, or futures of one
+//!   future), sharing one listener and one backoff.
+//! - Listening, one connection listens for all the loops (one of an r2d2
+//!   pool's; a connection a bb8 or deadpool pool makes outside its count),
+//!   and wakes them on every notification.
+//! - A lost connection does not end it. A claim whose connection stopped
+//!   answering had not committed: its rows are taken again, on another
+//!   connection, after a pause (50 ms, doubling to 5 s while connections
+//!   keep failing), with a warning event; a checkout that fails, or a
+//!   listener whose connection dies, the same. A server restart is waited
+//!   out. The worker ends when stopped, or on an error another connection
+//!   cannot mend: the closure's (without a hook or `keep_going`), an invalid
+//!   option, an error of the query on a connection that answers.
+//!
+//! Size the pool for the loops, the listener and the rest of the
+//! application: a closure that checks out a second connection while its
+//! claim holds one needs room for both (the claim's own connection, the
+//! closure's first argument, is the one to use). The repository's tests run
+//! eight loops on a pool of four beside a producer using the same pool, and
+//! end every session, or SIGKILL the server and start it again, under a
+//! draining worker: every job is done once.
+//!
+//! ```rust,no_run
+//! # include!("../doctest_setup.rs");
+//! use std::time::Duration;
+//! use diesel::r2d2::{ConnectionManager, Pool};
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::StopHandle;
+//!
+//! # #[cfg(not(feature = "postgres"))]
+//! # fn main() {}
+//! # #[cfg(feature = "postgres")]
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let url = "";
+//! use diesel::PgConnection;
+//!
+//! let pool = Pool::new(ConnectionManager::<PgConnection>::new(url)).expect("a pool");
+//! let stop = StopHandle::new();
+//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+//! let report = pending
+//!     .build_claim()
+//!     .worker(&stop)
+//!     .concurrency(4)
+//!     .run_pooled(&pool, |conn: &mut PgConnection, order: Order| {
+//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!         Ok::<_, diesel_claim::Error>(())
+//!     })?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Long jobs
 //!
@@ -192,43 +258,28 @@
 //! over), [`Claimed::remaining`](crate::Claimed::remaining) says how much is
 //! left, and [`extend`](crate::Claimed::extend) buys more.
 //!
+//! An async job that awaits something slow inside its claim's transaction
+//! meets the idle bound: after 30 s idle by default, the server ends the
+//! session, the row's lock goes while the job still runs, another worker may
+//! start it again, and the call fails with
+//! [`Error::IdleBoundExceeded`](crate::Error::IdleBoundExceeded). Give such
+//! a claim a bound above its longest job,
+//! [`idle_bound`](crate::ClaimBuilder::idle_bound)`(Duration::from_secs(600))`,
+//! or `idle_bound(None)` for the session's own setting (see
+//! [`aio`'s "Dropped futures"](crate::aio#dropped-futures) for what the
+//! bound also frees).
+//!
 //! # When the database goes away
 //!
 //! A connection does not outlive its session: when the server crashes or
 //! restarts, fails over, or ends the session, every call on that connection
-//! fails, and a worker on it returns the error. That is [`Error::Database`](crate::Error::Database)
-//! (PostgreSQL's `ClosedConnection`; MariaDB's "Lost connection to server
-//! during query" or "Server has gone away", of kind `Unknown`), or
+//! fails. A worker [on a pool](#on-a-pool) goes on, on new connections, once
+//! the server answers again. A worker on one connection returns the error:
+//! [`Error::Database`](crate::Error::Database) (PostgreSQL's
+//! `ClosedConnection`; MariaDB's "Lost connection to server during query" or
+//! "Server has gone away", of kind `Unknown`), or
 //! [`Error::BrokenConnection`](crate::Error::BrokenConnection) when the
 //! rollback after it failed too; never a report that says nothing is pending.
-//! Run the worker in a loop of your own that starts over on a new connection
-//! and waits while the server is away:
-//!
-//! ```rust,no_run
-//! # include!("../doctest_setup.rs");
-//! use std::thread;
-//! use std::time::Duration;
-//! use diesel_claim::prelude::*;
-//! use diesel_claim::StopHandle;
-//!
-//! # fn main() {
-//! let stop = StopHandle::new();
-//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
-//! while !stop.is_stopped() {
-//!     // In a service, a connection from the pool: r2d2 tests each one as it
-//!     // hands it out and replaces those a restart broke.
-//!     let mut conn = establish_connection();
-//!     let worked = pending.clone().build_claim().worker(&stop).run(&mut conn, |conn, order: Order| {
-//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
-//!         Ok::<_, diesel_claim::Error>(())
-//!     });
-//!     if let Err(error) = worked {
-//!         eprintln!("the worker stopped ({error}); starting over in a second");
-//!         thread::sleep(Duration::from_secs(1));
-//!     }
-//! }
-//! # }
-//! ```
 //!
 //! What a worker saw committed stays committed if the server keeps its
 //! durable defaults (PostgreSQL `synchronous_commit = on`, InnoDB

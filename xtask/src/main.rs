@@ -87,6 +87,8 @@ const FEATURE_SETS: &[&[&str]] = &[
     &["--features", "async,mysql"],
     &["--features", "async,postgres_backend"],
     &["--features", "async,mysql_backend"],
+    &["--features", "bb8,postgres_backend"],
+    &["--features", "deadpool,mysql_backend,tracing"],
     &["--features", "tracing,anyhow,sqlite"],
     &["--features", ASYNC_ONLY],
 ];

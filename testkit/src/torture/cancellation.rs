@@ -1,15 +1,16 @@
 //! Scenario 26: async claims (`diesel_claim::aio`) whose futures are dropped
 //! mid-transaction, and the worker processes it starts.
 //!
-//! A dropped future cannot roll back (there is no async drop): its
-//! transaction stays open on the connection, with its row lock and its
-//! uncommitted write. What bounds it is the idle bound every transaction of
-//! the async API sets ([`IDLE_TRANSACTION_BOUND`]: PostgreSQL's
-//! `idle_in_transaction_session_timeout`, MariaDB's `idle_transaction_timeout`), and,
-//! for a connection handed back to bb8 or deadpool, the pool discarding it.
-//! The scenario drops claims on all three kinds of connection, keeps some of
-//! them where nothing but the bound can free their rows, and times how long
-//! each row stays locked after the drop.
+//! A dropped future cannot await its rollback (there is no async drop). The
+//! dropped transaction still sends its `ROLLBACK` without awaiting it, so
+//! its row lock and its uncommitted write go at once, whatever becomes of
+//! the connection; behind that, the idle bound every transaction of the
+//! async API sets ([`IDLE_TRANSACTION_BOUND`](diesel_claim::aio::IDLE_TRANSACTION_BOUND) by default) and, for a
+//! connection handed back to bb8 or deadpool, the pool discarding it. The
+//! scenario drops claims (stalled between statements) on all three kinds of
+//! connection, keeps some of them where nothing else would free their rows
+//! before the bound, and times how long each row stays locked after the
+//! drop.
 //!
 //! The scenario is written once, for the backends of `on_async_backends!`.
 
@@ -23,7 +24,6 @@ use diesel::{ConnectionResult, ExpressionMethods, QueryDsl};
 use diesel_async::pooled_connection::{bb8, deadpool, AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
-use diesel_claim::aio::IDLE_TRANSACTION_BOUND;
 use futures_util::future::{BoxFuture, FutureExt};
 use tokio::sync::Notify;
 
@@ -148,6 +148,13 @@ macro_rules! on_async_backends {
 }
 
 on_async_backends! {
+    /// How long after its drop a dropped claim's row may still be locked:
+    /// the margin (its `ROLLBACK` was sent at the drop). The bound would
+    /// free it only at `IDLE_TRANSACTION_BOUND`.
+    fn limit() -> Duration {
+        MARGIN
+    }
+
     /// A connection a task claims on.
     enum Handle {
         Bb8(bb8::PooledConnection<'static, AsyncConn>),
@@ -319,7 +326,7 @@ on_async_backends! {
     async fn watch(shared: Arc<Shared>) -> Figures {
         let mut figures = Figures::default();
         let mut conn = connect(&shared.url).await;
-        let limit = IDLE_TRANSACTION_BOUND + MARGIN;
+        let limit = limit();
         loop {
             // Read before the poll: once the tasks are done, one more poll.
             let draining = shared.draining.get();
@@ -344,10 +351,9 @@ on_async_backends! {
                     } else if elapsed > limit {
                         row.overdue = true;
                         shared.bounded.stop();
-                        let bound = IDLE_TRANSACTION_BOUND;
                         let row = format!("row {} ({})", row.id, row.fate);
                         figures.check(false, format!(
-                            "{row} still locked {elapsed:.0?} after its claim was dropped (the bound is {bound:?})"
+                            "{row} still locked {elapsed:.0?} after its claim was dropped (the limit is {limit:?})"
                         ));
                     }
                 }
@@ -363,9 +369,9 @@ on_async_backends! {
     /// connections in turn, drain the pending orders; each task's first
     /// `drops` claims are dropped mid-transaction (see `drain_task`).
     /// Reports when every row is done (or one outlived the bound), after
-    /// checking that each connection kept after a drop fails a statement:
-    /// the server ended its session, it runs nothing in the abandoned
-    /// transaction.
+    /// checking that no connection kept after a drop runs a statement in the
+    /// abandoned transaction (a statement that runs sees no write of a
+    /// dropped claim).
     pub fn cancel_worker(args: &Fields) -> Fields {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -409,13 +415,14 @@ on_async_backends! {
             }
             shared.draining.stop();
             figures.merge(watcher.await.expect("the watcher panicked"));
-            let mut alive = 0;
+            let mut abandoned = 0;
             for conn in &mut kept {
-                let ran = diesel::sql_query("SELECT 1").execute(&mut **conn).await;
-                alive += usize::from(ran.is_ok());
+                let dropped_writes = outbox::table.filter(outbox::worker.lt(0)).count();
+                let seen = dropped_writes.get_result::<i64>(&mut **conn).await;
+                abandoned += usize::from(matches!(seen, Ok(writes) if writes > 0));
             }
-            figures.check(alive == 0, format!(
-                "{alive} of {} connections kept after their claims were dropped still run statements, \
+            figures.check(abandoned == 0, format!(
+                "{abandoned} of {} connections kept after their claims were dropped still run statements, \
                  in the abandoned transactions",
                 kept.len()
             ));
@@ -430,9 +437,9 @@ on_async_backends! {
     /// `select!` drops them mid-transaction, early in the drain, and their
     /// connections go back to the pool or are kept idle. Every row is
     /// emailed exactly once and none is left; no write of a dropped claim
-    /// survives; every row a dropped claim held is free within the bound (and
-    /// a margin) with nothing done to its connection; a kept connection fails
-    /// once the server ended its session.
+    /// survives; every row a dropped claim held is free within the margin
+    /// with nothing done to its connection (the dropped claim rolled back);
+    /// a kept connection runs nothing in the abandoned transaction.
     pub fn dropped_futures(ctx: &Ctx) -> Figures {
         let rows = ctx.rows();
         let (_db, url, pool) = database(2, rows);
@@ -465,8 +472,8 @@ on_async_backends! {
             dropped.iter().filter(|(fate, _)| fate.ends_with("-kept") == kept).map(|(_, n)| n).sum()
         };
         let (kept, returned) = (count(true), count(false));
-        figures.check(kept > 0, "no connection was kept after a drop: the bound went untested");
-        let limit = IDLE_TRANSACTION_BOUND + MARGIN;
+        figures.check(kept > 0, "no connection was kept after a drop: the kept case went untested");
+        let limit = limit();
         let slowest = released.iter().map(|(_, ms)| *ms).max().unwrap_or(0);
         figures.check(
             slowest <= limit.as_millis() as u64,

@@ -271,7 +271,9 @@ on_suite_backends! {
     /// (batches of 10, polling every 2 ms up to every 50 ms, and on
     /// PostgreSQL listening on `torture_orders`) until SIGTERM, which they
     /// handle by stopping gracefully; says `ready` once the handler is in.
-    /// With `persist`, a loop that ends on an error starts over.
+    /// With `pooled`, one worker on an r2d2 pool runs the loops instead
+    /// (`run_pooled`, `threads` loops and one listener), going on through
+    /// lost connections and server restarts by itself.
     pub fn loop_worker(args: &Fields) -> Figures {
         let threads = args.number("threads") as usize;
         let first = args.number("first") as i32;
@@ -280,36 +282,35 @@ on_suite_backends! {
             .expect("cannot handle SIGTERM");
         let stop = diesel_claim::StopHandle::from(terminated);
         procs::report("ready", &Fields::default());
-        let persist = args.get("persist").is_some();
+        let worker_loop = || {
+            let claim = pending()
+                .build_claim()
+                .batch(10)
+                .worker(&stop)
+                .poll_interval(Duration::from_millis(2), Duration::from_millis(50));
+            if BACKEND == "pg" { claim.listen(CHANNEL) } else { claim }
+        };
+        if args.get("pooled").is_some() {
+            let mut figures = Figures::default();
+            let pool = crate::torture::pool_of::<Conn>(args.text("url"), threads as u32 + 1);
+            // Each loop's rows are emailed as worker `first`: the pool, not
+            // the thread, hands the connections out.
+            let ran = worker_loop()
+                .concurrency(threads)
+                .run_pooled(&pool, |conn: &mut Conn, order: Order| email(conn, &order, first));
+            match ran {
+                Ok(report) => figures.ops += report.processed,
+                Err(error) => figures.check(false, format!("pooled worker {first}: {error}")),
+            }
+            return figures;
+        }
         in_threads(threads, |index| {
             let worker = first + index as i32;
             let mut figures = Figures::default();
-            // With `persist`, as the guide's "When the database goes away"
-            // says: a worker that stopped on an error starts over on a new
-            // connection (the rows it committed before are not reported).
-            while !stop.is_stopped() {
-                let mut conn = if persist {
-                    connect_patiently(args.text("url"), &mut figures)
-                } else {
-                    Conn::connect(args.text("url"))
-                };
-                let claim = pending()
-                    .build_claim()
-                    .batch(10)
-                    .worker(&stop)
-                    .poll_interval(Duration::from_millis(2), Duration::from_millis(50));
-                let claim = if BACKEND == "pg" { claim.listen(CHANNEL) } else { claim };
-                match claim.run(&mut conn, |conn, order: Order| email(conn, &order, worker)) {
-                    Ok(report) => figures.ops += report.processed,
-                    Err(error) if persist => {
-                        figures.saw(&error);
-                        thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(error) => {
-                        figures.check(false, format!("worker {worker}: {error}"));
-                        break;
-                    }
-                }
+            let mut conn = Conn::connect(args.text("url"));
+            match worker_loop().run(&mut conn, |conn, order: Order| email(conn, &order, worker)) {
+                Ok(report) => figures.ops += report.processed,
+                Err(error) => figures.check(false, format!("worker {worker}: {error}")),
             }
             figures
         })

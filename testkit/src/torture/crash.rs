@@ -156,9 +156,10 @@ on_row_lock_backends! {
         figures.merge(bank);
     }
 
-    /// Crashes the server `repeats` times while worker loops in several
-    /// processes (starting over after an error, as the guide shows) keep up
-    /// with a producer; then stops them with SIGTERM. Every order in the
+    /// Crashes the server `repeats` times while workers on r2d2 pools in
+    /// several processes (`run_pooled`, going on by themselves through the
+    /// lost connections and the restarts) keep up with a producer; then
+    /// stops them with SIGTERM. Every order in the
     /// table, however many the producer's cut-off inserts placed, is emailed
     /// exactly once.
     fn crash_under_worker_loops(ctx: &Ctx, server: &crate::PrivateServer, figures: &mut Figures) {
@@ -171,7 +172,7 @@ on_row_lock_backends! {
                     ("url", url.clone()),
                     ("threads", share.to_string()),
                     ("first", (1 + p * share).to_string()),
-                    ("persist", "1".to_owned()),
+                    ("pooled", "1".to_owned()),
                 ];
                 let mut worker = ctx.spawn("loop", &args);
                 worker.expect("ready");
@@ -214,7 +215,7 @@ on_row_lock_backends! {
         let orders: i64 = crate::fixtures::orders::table.count().get_result(&mut conn).unwrap();
         check_emails(&mut conn, &mut loops, orders as u64);
         figures.note(format!(
-            "{crashes} crashes under worker loops: {orders} orders placed in chunks of {chunk}, pending rows gone {:.0?} after the last",
+            "{crashes} crashes under pooled workers: {orders} orders placed in chunks of {chunk}, pending rows gone {:.0?} after the last",
             drained.unwrap_or_default()
         ));
         figures.merge(loops);

@@ -847,6 +847,11 @@ pub fn worker_main(args: &[String]) -> i32 {
 pub trait Connect: diesel::Connection + 'static {
     fn try_connect(url: &str) -> diesel::ConnectionResult<Self>;
 
+    /// Sets a new connection up as the suite's connections are.
+    fn set_up(_conn: &mut Self) -> diesel::QueryResult<()> {
+        Ok(())
+    }
+
     fn connect(url: &str) -> Self {
         Self::try_connect(url).unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
@@ -863,9 +868,33 @@ impl Connect for diesel::PgConnection {
 impl Connect for diesel::SqliteConnection {
     fn try_connect(url: &str) -> diesel::ConnectionResult<Self> {
         let mut conn: Self = diesel::Connection::establish(url)?;
-        crate::sqlite::set_pragmas(&mut conn).expect("cannot set up the connection");
+        Self::set_up(&mut conn).expect("cannot set up the connection");
         Ok(conn)
     }
+
+    fn set_up(conn: &mut Self) -> diesel::QueryResult<()> {
+        crate::sqlite::set_pragmas(conn)
+    }
+}
+
+/// An r2d2 pool of `size` connections to `url`, set up as the suite's, that
+/// builds even while the server is down.
+pub fn pool_of<C>(url: &str, size: u32) -> diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>>
+where
+    C: Connect + diesel::r2d2::R2D2Connection + Send,
+{
+    #[derive(Debug)]
+    struct SetUp;
+    impl<C: Connect> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> for SetUp {
+        fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+            C::set_up(conn).map_err(diesel::r2d2::Error::QueryError)
+        }
+    }
+    diesel::r2d2::Pool::builder()
+        .max_size(size)
+        .connection_timeout(Duration::from_secs(2))
+        .connection_customizer(Box::new(SetUp))
+        .build_unchecked(diesel::r2d2::ConnectionManager::new(url))
 }
 
 /// A connection to `url`, waiting out a server that is down or restarting

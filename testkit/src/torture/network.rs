@@ -92,7 +92,7 @@ on_row_lock_backends! {
                     ("url", url.to_owned()),
                     ("threads", per_process.to_string()),
                     ("first", (1 + p * per_process).to_string()),
-                    ("persist", "1".to_owned()),
+                    ("pooled", "1".to_owned()),
                 ];
                 let mut worker = ctx.spawn_in(namespace, "loop", &args, &[]);
                 worker.expect("ready");
