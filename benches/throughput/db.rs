@@ -696,10 +696,16 @@ pub fn mysql_isolation() -> Isolation {
 /// skip more than the rows others hold.
 pub fn open_mysql(url: &str) -> ConnectionResult<MysqlConnection> {
     let mut conn = MysqlConnection::establish(url)?;
-    let level = mysql_isolation().sql();
-    conn.batch_execute(&format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}"))
+    conn.batch_execute(&mysql_session())
         .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
     Ok(conn)
+}
+
+/// What a MySQL connection of the benchmark is set up with: its isolation
+/// level (`--mysql-isolation`).
+pub fn mysql_session() -> String {
+    let level = mysql_isolation().sql();
+    format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}")
 }
 
 /// Whether SQLite's drains run with the statistics `ANALYZE` gathers right

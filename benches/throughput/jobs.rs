@@ -76,6 +76,10 @@ pub enum Runner {
     /// The crate's worker, the closure deleting its job (in the savepoint
     /// the failure hook needs).
     CrateDeletingInClosure,
+    /// The crate's worker on an r2d2 pool (`run_pooled`): one worker whose
+    /// `W` claim loops check a connection out per claim, on a pool of `W`
+    /// connections and one for the listener; with `then_delete`.
+    CratePooled,
 }
 
 /// One way of running jobs: the runner, and the jobs per transaction.
@@ -86,9 +90,10 @@ pub struct JobMode {
 }
 
 impl JobMode {
-    pub const ALL: [JobMode; 5] = [
+    pub const ALL: [JobMode; 6] = [
         JobMode::new(Runner::Twin, 1),
         JobMode::new(Runner::Crate, 1),
+        JobMode::new(Runner::CratePooled, 1),
         JobMode::new(Runner::CrateDeletingInClosure, 1),
         JobMode::new(Runner::Twin, 10),
         JobMode::new(Runner::Crate, 10),
@@ -103,6 +108,7 @@ impl JobMode {
             Runner::Twin => "hand-written",
             Runner::Crate => "diesel-claim",
             Runner::CrateDeletingInClosure => "diesel-claim, delete in the closure",
+            Runner::CratePooled => "diesel-claim on a pool",
         };
         format!("{runner}, {} per transaction", self.batch)
     }
@@ -188,6 +194,33 @@ pub trait JobConn: Connection + WaitForRows + Send + Sized + 'static {
         listen: bool,
         ledger: &Ledger,
     ) -> Result<u64, Error>;
+
+    /// The crate's worker on a pool of connections to `url`, `loops` claim
+    /// loops, with `then_delete`, until `stop`.
+    fn pooled_worker(
+        url: &str,
+        loops: usize,
+        batch: u32,
+        stop: &StopHandle,
+        listen: bool,
+        ledger: &Ledger,
+    ) -> Result<u64, Error>;
+}
+
+/// Sets a pooled connection up as `open` sets up the others (the SQL, if
+/// any).
+#[derive(Debug)]
+struct SetUp(Option<String>);
+
+impl<C: SimpleConnection> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> for SetUp {
+    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+        match &self.0 {
+            Some(sql) => conn
+                .batch_execute(sql)
+                .map_err(diesel::r2d2::Error::QueryError),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The queue, as both runners read it.
@@ -213,7 +246,7 @@ macro_rules! failed {
 }
 
 macro_rules! impl_job_conn {
-    ($conn:ty, $db:ty, $kind:expr, $open:expr, $table:expr, $notify:expr) => {
+    ($conn:ty, $db:ty, $kind:expr, $open:expr, $setup:expr, $table:expr, $notify:expr) => {
         impl JobConn for $conn {
             const BACKEND: BackendKind = $kind;
 
@@ -316,6 +349,46 @@ macro_rules! impl_job_conn {
                 let report = worker.run(self, |_, job: BenchJob| ledger.run(&job))?;
                 Ok(report.processed)
             }
+
+            fn pooled_worker(
+                url: &str,
+                loops: usize,
+                batch: u32,
+                stop: &StopHandle,
+                listen: bool,
+                ledger: &Ledger,
+            ) -> Result<u64, Error> {
+                use diesel_claim::prelude::*;
+                // The worker finds dead connections itself: no test query
+                // per checkout.
+                let pool = diesel::r2d2::Pool::builder()
+                    .max_size(loops as u32 + 1)
+                    .test_on_check_out(false)
+                    .connection_customizer(Box::new(SetUp($setup)))
+                    .build(diesel::r2d2::ConnectionManager::<$conn>::new(url))
+                    .map_err(|error| Error::InvalidArgument(error.to_string()))?;
+                let no_backoff = Duration::ZERO;
+                let worker = queue!($db)
+                    .build_claim()
+                    .batch(batch)
+                    .on_failure(|conn: &mut $conn, job: BenchJob, error: &Error| {
+                        diesel::update(&job).set(failed!(error)).execute(conn)?;
+                        Ok(())
+                    })
+                    .then_delete()
+                    .worker(stop)
+                    .poll_interval(POLL.0, POLL.1)
+                    .failure_backoff(no_backoff, no_backoff)
+                    .concurrency(loops);
+                let worker = if listen {
+                    worker.listen(CHANNEL)
+                } else {
+                    worker
+                };
+                let report =
+                    worker.run_pooled(&pool, |_: &mut $conn, job: BenchJob| ledger.run(&job))?;
+                Ok(report.processed)
+            }
         }
     };
 }
@@ -335,6 +408,7 @@ impl_job_conn!(
     diesel::pg::Pg,
     BackendKind::Postgres,
     PgConnection::establish,
+    None,
     "DROP TABLE IF EXISTS bench_jobs;
      CREATE TABLE bench_jobs (
          id BIGSERIAL PRIMARY KEY,
@@ -355,6 +429,7 @@ impl_job_conn!(
     BackendKind::Mysql,
     // At `READ COMMITTED`, as the drains' connections (`--mysql-isolation`).
     crate::db::open_mysql,
+    Some(crate::db::mysql_session()),
     "DROP TABLE IF EXISTS bench_jobs;
      CREATE TABLE bench_jobs (
          id BIGINT AUTO_INCREMENT PRIMARY KEY,
@@ -381,7 +456,7 @@ fn work<C: JobConn>(
     ledger: &Ledger,
 ) -> Result<(), String> {
     let fail = |error: &dyn std::fmt::Display| format!("{}: {error}", mode.name());
-    if mode.runner != Runner::Twin {
+    if mode.runner != Runner::Twin && mode.runner != Runner::CratePooled {
         let delete_in_closure = mode.runner == Runner::CrateDeletingInClosure;
         return conn
             .crate_worker(mode.batch, delete_in_closure, stop, listen, ledger)
@@ -486,6 +561,21 @@ fn run_workers<C: JobConn>(
     let ledger = Ledger::new(jobs);
     let stop = StopHandle::new();
     let ready = Barrier::new(workers + 1);
+    if mode.runner == Runner::CratePooled {
+        // One worker, its loops the W workers; it connects as it claims.
+        let fed = thread::scope(|scope| {
+            let (ledger, stop) = (&ledger, &stop);
+            let worker = scope.spawn(move || {
+                C::pooled_worker(url, workers, mode.batch, stop, listen, ledger)
+                    .map_err(|e| format!("{}: {e}", mode.name()))
+            });
+            let fed = feed(ledger);
+            stop.stop();
+            worker.join().expect("the pooled worker panicked")?;
+            fed
+        });
+        return fed.and_then(|()| checked::<C>(url, mode, &ledger));
+    }
     let fed = thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
@@ -506,6 +596,11 @@ fn run_workers<C: JobConn>(
         fed
     });
     fed?;
+    checked::<C>(url, mode, &ledger)
+}
+
+/// Whether every job ran as it should and none is left.
+fn checked<C: JobConn>(url: &str, mode: JobMode, ledger: &Ledger) -> Result<(), String> {
     let misrun = ledger.misrun(C::BACKEND == BackendKind::Mysql);
     if !misrun.is_empty() {
         return Err(format!(
@@ -625,7 +720,9 @@ pub const JOB_NOTES: &str = "\
   (`SELECT … LIMIT n FOR UPDATE SKIP LOCKED`, each job in a savepoint, then its `DELETE` or the
   failure's `UPDATE`); diesel-claim: `.worker(&stop)` from the head of the queue, with
   `on_failure` and `then_delete` (\"delete in the closure\": the closure deletes its job, in
-  the savepoint the failure hook needs). Idle workers poll every 1 ms, doubling to 20 ms; JS's workers listen on
+  the savepoint the failure hook needs); \"on a pool\": one worker, `run_pooled` on an r2d2 pool
+  of W + 1 connections (`test_on_check_out` off), its W claim loops checking a connection out per
+  claim, one listener. Idle workers poll every 1 ms, doubling to 20 ms; JS's workers listen on
   PostgreSQL (the producer notifies in each job's transaction).
 - pickup: from the producer's `COMMIT` returning to the job's closure starting.";
 

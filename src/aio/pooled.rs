@@ -19,7 +19,7 @@ use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
-use crate::claim::worker::{lock, Backoff, Polling, Ran, Reconnect, Shared};
+use crate::claim::worker::{lock, summed, Backoff, Polling, Ran, Reconnect, Shared};
 use crate::trace::{self, Instrument};
 use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error};
 
@@ -172,19 +172,10 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
                 }
             };
             let ((), ended) = future::join(listener, loops).instrument(span.clone()).await;
-            let mut total = ClaimReport::default();
-            let mut first_error = None;
-            for ended in ended {
-                match ended {
-                    Ok(report) => total.add(&report),
-                    Err(error) => {
-                        first_error.get_or_insert(error);
-                    }
-                }
-            }
+            let total = summed(ended)?;
             span.record("processed", total.processed)
                 .record("failed", total.failed);
-            first_error.map_or(Ok(total), Err)
+            Ok(total)
         }
     }
 }

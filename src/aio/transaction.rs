@@ -182,11 +182,10 @@ impl<C: AsyncConnection> Drop for OpenTransaction<'_, C> {
         if let Some(conn) = self.conn.as_deref_mut() {
             if self.top_level {
                 // Polled once, the statement is on its way: PostgreSQL's
-                // connection queues it for its own task, which sends it after
-                // whatever statement is in flight; MySQL's writes it, unless
-                // a statement in flight must be answered first (then the
-                // idle bound ends the transaction). Its answer is not waited
-                // for.
+                // connection queues it for its own task, MySQL's writes it to
+                // the socket, both behind whatever statement is in flight.
+                // Its answer is not waited for; should it not leave, the idle
+                // bound ends the transaction.
                 let _ = conn.batch_execute("ROLLBACK").now_or_never();
             }
             C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();

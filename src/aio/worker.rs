@@ -26,6 +26,15 @@ use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHan
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(5);
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
+    /// The idle bound of the worker's claims: see
+    /// [`ClaimBuilder::idle_bound`](crate::ClaimBuilder::idle_bound). A
+    /// worker whose jobs await something slow inside their claims needs a
+    /// bound above the longest, or `None`.
+    pub fn idle_bound(mut self, bound: impl Into<Option<Duration>>) -> Self {
+        self.claim = self.claim.idle_bound(bound);
+        self
+    }
+
     /// Runs the worker until stopped, awaiting `f` for every claimed row:
     /// see the blocking [`ClaimWorker`]. Idle, it waits with tokio timers;
     /// listening (PostgreSQL), it wakes when diesel-async receives the
@@ -329,49 +338,45 @@ impl WaitForRows for diesel_async::AsyncMysqlConnection {
 }
 
 /// A pool's connection waits as the connection it holds.
-#[cfg(feature = "bb8")]
-impl<M> WaitForRows for bb8::PooledConnection<'_, M>
-where
-    M: bb8::ManageConnection,
-    M::Connection: WaitForRows,
-{
-    fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).listen(channel)
-    }
+macro_rules! waits_as_its_connection {
+    ($feature:literal, $pooled:ty, $manager:path, $held:ident) => {
+        #[cfg(feature = $feature)]
+        impl<M> WaitForRows for $pooled
+        where
+            M: $manager,
+            M::$held: WaitForRows,
+        {
+            fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
+                (**self).listen(channel)
+            }
 
-    fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).unlisten(channel)
-    }
+            fn unlisten(
+                &mut self,
+                channel: &str,
+            ) -> impl Future<Output = Result<(), Error>> + Send {
+                (**self).unlisten(channel)
+            }
 
-    fn wait_for_rows(
-        &mut self,
-        timeout: Duration,
-        stop: &StopHandle,
-    ) -> impl Future<Output = Result<bool, Error>> + Send {
-        (**self).wait_for_rows(timeout, stop)
-    }
+            fn wait_for_rows(
+                &mut self,
+                timeout: Duration,
+                stop: &StopHandle,
+            ) -> impl Future<Output = Result<bool, Error>> + Send {
+                (**self).wait_for_rows(timeout, stop)
+            }
+        }
+    };
 }
 
-/// A pool's connection waits as the connection it holds.
-#[cfg(feature = "deadpool")]
-impl<M> WaitForRows for deadpool::managed::Object<M>
-where
-    M: deadpool::managed::Manager,
-    M::Type: WaitForRows,
-{
-    fn listen(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).listen(channel)
-    }
-
-    fn unlisten(&mut self, channel: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).unlisten(channel)
-    }
-
-    fn wait_for_rows(
-        &mut self,
-        timeout: Duration,
-        stop: &StopHandle,
-    ) -> impl Future<Output = Result<bool, Error>> + Send {
-        (**self).wait_for_rows(timeout, stop)
-    }
-}
+waits_as_its_connection!(
+    "bb8",
+    bb8::PooledConnection<'_, M>,
+    bb8::ManageConnection,
+    Connection
+);
+waits_as_its_connection!(
+    "deadpool",
+    deadpool::managed::Object<M>,
+    deadpool::managed::Manager,
+    Type
+);

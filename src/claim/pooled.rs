@@ -11,7 +11,7 @@ use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
-use super::worker::{lock, Backoff, Polling, Ran, Reconnect, Shared};
+use super::worker::{lock, summed, Backoff, Polling, Ran, Reconnect, Shared};
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::trace;
@@ -43,6 +43,10 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
     /// error (without [`keep_going`](ClaimBuilder::keep_going) or a failure
     /// hook), an invalid option, an error of the query on a connection that
     /// answers — and then the other loops finish their rows and stop.
+    ///
+    /// r2d2 tests every connection it hands out (`test_on_check_out`), a
+    /// round trip per claim: a busy worker's pool may turn it off, as the
+    /// worker finds a dead connection itself.
     ///
     /// `f` is cloned for each loop.
     pub fn run_pooled<'q, C, I, E, F>(
@@ -79,6 +83,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
                     let (shared, polling, span) = (&shared, &polling, span.clone());
                     let backoff = &backoff;
                     scope.spawn(move || {
+                        let _halts = HaltOnPanic(shared);
                         span.in_scope(|| {
                             claim_loop(pool, polling, shared, backoff, |conn, excluded| {
                                 claim.run_once(conn, &mut f, excluded)
@@ -99,21 +104,21 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
             shared.halt.stop();
             ended
         });
-        let mut total = ClaimReport::default();
-        let mut first_error = None;
-        for ended in ended {
-            match ended {
-                Ok(report) => total.add(&report),
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
+        let total = summed(ended)?;
         span.record("processed", total.processed)
             .record("failed", total.failed);
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(total),
+        Ok(total)
+    }
+}
+
+/// Stops the other loops and the listener when its loop panics, so that
+/// the panic reaches the caller rather than waiting on them forever.
+struct HaltOnPanic<'a>(&'a Shared);
+
+impl Drop for HaltOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.halt.stop();
         }
     }
 }
@@ -210,18 +215,18 @@ where
     let mut reconnect = Reconnect::new();
     while !shared.stopping() {
         let listened = match pool.get() {
-            Ok(mut conn) => conn.listen(channel).and_then(|()| {
-                // Rows may have come while nobody listened.
-                shared.wake();
-                reconnect.mended();
-                wait_for_notifications(&mut conn, shared)?;
-                // Back to the pool without it.
-                conn.unlisten(channel)
-            }),
-            Err(error) => Err(Error::Database(diesel::result::Error::DatabaseError(
-                diesel::result::DatabaseErrorKind::UnableToSendCommand,
-                Box::new(error.to_string()),
-            ))),
+            Ok(mut conn) => conn
+                .listen(channel)
+                .and_then(|()| {
+                    // Rows may have come while nobody listened.
+                    shared.wake();
+                    reconnect.mended();
+                    wait_for_notifications(&mut conn, shared)?;
+                    // Back to the pool without it.
+                    conn.unlisten(channel)
+                })
+                .map_err(|error| error.to_string()),
+            Err(error) => Err(error.to_string()),
         };
         if let Err(error) = listened {
             let pause = reconnect.pause();

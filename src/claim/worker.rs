@@ -431,7 +431,7 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
     feature = "bb8",
     feature = "deadpool"
 ))]
-pub(crate) use on_a_pool::{lock, Reconnect, Shared};
+pub(crate) use on_a_pool::{lock, summed, Reconnect, Shared};
 
 /// What the workers on a pool, blocking and async, share.
 #[cfg(any(
@@ -529,6 +529,17 @@ mod on_a_pool {
             self.next = (pause * 2).min(RECONNECT_PAUSES.1);
             pause
         }
+    }
+
+    /// The report of a worker's loops, or the first error that ended one.
+    pub(crate) fn summed<E>(
+        ended: impl IntoIterator<Item = Result<ClaimReport, E>>,
+    ) -> Result<ClaimReport, E> {
+        let mut total = ClaimReport::default();
+        for ended in ended {
+            total.add(&ended?);
+        }
+        Ok(total)
     }
 
     /// The shared backoff, whatever a panicking loop left in it.
