@@ -1704,6 +1704,7 @@ mod closures;
 // Job workers: the head of the queue, failure hooks, backoff.
 mod workers;
 // Workers on bb8 and deadpool pools, through lost connections.
+#[cfg(all(feature = "bb8", feature = "deadpool"))]
 mod pooled;
 // Visibility-timeout claims, on the backends above.
 mod timed;

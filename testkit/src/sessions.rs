@@ -1,7 +1,6 @@
 //! Sessions ended from outside, and servers of their own, for the tests of
 //! workers that go on through lost connections.
 
-use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 
 /// Ends every session of `database` on the server at `url` but the one this
@@ -21,6 +20,8 @@ pub fn terminate_all_but_mine(url: &str, database: &str) -> usize {
     }
     #[cfg(feature = "mysql")]
     if crate::url::is_mysql_url(url) {
+        use diesel::connection::SimpleConnection;
+
         #[derive(QueryableByName)]
         struct Id {
             #[diesel(sql_type = diesel::sql_types::Unsigned<diesel::sql_types::BigInt>)]
@@ -54,6 +55,8 @@ pub fn private_server(backend: &str) -> (crate::PrivateServer, String) {
         }
         #[cfg(feature = "mysql")]
         "mysql" => {
+            use diesel::connection::SimpleConnection;
+
             let server = crate::PrivateServer::mariadb(&[]);
             MysqlConnection::establish(&server.admin_url)
                 .unwrap()
