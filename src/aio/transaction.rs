@@ -25,9 +25,9 @@ pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32,
 /// panic (then resumes it), like the blocking `locking_transaction`. PostgreSQL
 /// and MySQL need no lock up front: a plain `BEGIN`, with the idle bound.
 ///
-/// If the future is dropped before the transaction ends, the transaction is
-/// rolled back where the backend allows it, and the connection's transaction
-/// manager is left marked broken: see the module documentation.
+/// If the future is dropped before the transaction ends, it sends
+/// `ROLLBACK` without awaiting it (at the top level), and the connection's
+/// transaction manager is left marked broken: see the module documentation.
 pub(crate) async fn locking_transaction<'a, C, T, E, F>(
     conn: &mut C,
     bound: IdleBound,
@@ -106,8 +106,8 @@ where
 }
 
 /// Begins a transaction at `depth`. At the top level it is `BEGIN` with the
-/// bound on how long the transaction may sit idle (a dropped future that
-/// cannot roll it back leaves it to the server then), in one round trip,
+/// bound on how long the transaction may sit idle (the backstop for a
+/// dropped future whose `ROLLBACK` could not leave), in one round trip,
 /// after which the transaction manager counts the transaction, and its
 /// instrumentation sees it begin, as with the manager's own `BEGIN`.
 async fn begin<C>(conn: &mut C, depth: u32, IdleBound(bound): IdleBound) -> Result<(), Error>
