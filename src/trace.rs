@@ -45,23 +45,6 @@ mod enabled {
         );
     }
 
-    /// A worker on a pool met a connection that failed (`what` failed);
-    /// it tries again on another after `pause`.
-    #[cfg(any(
-        feature = "postgres",
-        feature = "sqlite",
-        feature = "mysql",
-        feature = "bb8",
-        feature = "deadpool"
-    ))]
-    pub(crate) fn worker_reconnects(
-        what: &str,
-        error: &dyn std::fmt::Display,
-        pause: std::time::Duration,
-    ) {
-        tracing::warn!(%error, ?pause, "{what}: trying again on another connection");
-    }
-
     /// A closure failed on `rows` rows of `table`, which the call passes over.
     pub(crate) fn passed_over(table: &str, rows: usize) {
         tracing::warn!(
@@ -133,20 +116,6 @@ mod disabled {
     pub(crate) fn renewal_failed(_error: &dyn std::fmt::Display) {}
 
     pub(crate) fn passed_over(_table: &str, _rows: usize) {}
-
-    #[cfg(any(
-        feature = "postgres",
-        feature = "sqlite",
-        feature = "mysql",
-        feature = "bb8",
-        feature = "deadpool"
-    ))]
-    pub(crate) fn worker_reconnects(
-        _what: &str,
-        _error: &dyn std::fmt::Display,
-        _pause: std::time::Duration,
-    ) {
-    }
 
     pub(crate) fn passed_over_transient() {}
 }

@@ -19,8 +19,9 @@ use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
-use crate::claim::worker::{lock, summed, Backoff, Polling, Ran, Reconnect, Shared};
-use crate::trace::{self, Instrument};
+use crate::claim::worker::on_a_pool::{lock, reconnecting, summed, Reconnect, Shared};
+use crate::claim::worker::{Backoff, Polling, Ran};
+use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error};
 
 /// Why a pool gave no connection, for the worker's events.
@@ -222,11 +223,7 @@ where
             Ok(conn) => conn,
             Err(error) => {
                 let pause = reconnect.pause();
-                trace::worker_reconnects(
-                    "a worker could not check out a connection",
-                    &error,
-                    pause,
-                );
+                reconnecting("a worker could not check out a connection", &error, pause);
                 sleep_until(shared, Instant::now() + pause, shared.woken()).await;
                 continue;
             }
@@ -243,7 +240,7 @@ where
             Ok(ran) => ran,
             Err(_) if lost => {
                 let pause = reconnect.pause();
-                trace::worker_reconnects(
+                reconnecting(
                     "a worker's claim lost its connection, and its rows were rolled back",
                     &"the connection no longer answers",
                     pause,
@@ -295,7 +292,7 @@ async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared) {
         if let Err(error) = listened {
             let pause = reconnect.pause();
             let what = format!("a worker's listener on {channel:?} lost its connection");
-            trace::worker_reconnects(&what, &error, pause);
+            reconnecting(&what, &error, pause);
             sleep_until(shared, Instant::now() + pause, shared.woken()).await;
         }
     }

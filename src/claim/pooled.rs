@@ -11,10 +11,10 @@ use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
-use super::worker::{lock, summed, Backoff, Polling, Ran, Reconnect, Shared};
+use super::worker::on_a_pool::{lock, reconnecting, summed, Reconnect, Shared};
+use super::worker::{Backoff, Polling, Ran};
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, WaitForRows};
 use crate::backend::ClaimBackend;
-use crate::trace;
 use crate::{Blocking, Error};
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
@@ -155,11 +155,7 @@ where
             Ok(conn) => conn,
             Err(error) => {
                 let pause = reconnect.pause();
-                trace::worker_reconnects(
-                    "a worker could not check out a connection",
-                    &error,
-                    pause,
-                );
+                reconnecting("a worker could not check out a connection", &error, pause);
                 sleep(shared, pause);
                 continue;
             }
@@ -175,7 +171,7 @@ where
             Ok(ran) => ran,
             Err(_) if lost => {
                 let pause = reconnect.pause();
-                trace::worker_reconnects(
+                reconnecting(
                     "a worker's claim lost its connection, and its rows were rolled back",
                     &"the connection no longer answers",
                     pause,
@@ -231,7 +227,7 @@ where
         if let Err(error) = listened {
             let pause = reconnect.pause();
             let what = format!("a worker's listener on {channel:?} lost its connection");
-            trace::worker_reconnects(&what, &error, pause);
+            reconnecting(&what, &error, pause);
             sleep(shared, pause);
         }
     }

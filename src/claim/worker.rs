@@ -424,15 +424,6 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
     }
 }
 
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "bb8",
-    feature = "deadpool"
-))]
-pub(crate) use on_a_pool::{lock, summed, Reconnect, Shared};
-
 /// What the workers on a pool, blocking and async, share.
 #[cfg(any(
     feature = "postgres",
@@ -441,7 +432,7 @@ pub(crate) use on_a_pool::{lock, summed, Reconnect, Shared};
     feature = "bb8",
     feature = "deadpool"
 ))]
-mod on_a_pool {
+pub(crate) mod on_a_pool {
     use std::sync::atomic::AtomicU64;
     use std::sync::Mutex;
 
@@ -540,6 +531,15 @@ mod on_a_pool {
             total.add(&ended?);
         }
         Ok(total)
+    }
+
+    /// A worker on a pool met a connection that failed (`what` failed);
+    /// it tries again on another after `pause`.
+    pub(crate) fn reconnecting(what: &str, error: &dyn std::fmt::Display, pause: Duration) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(%error, ?pause, "{what}: trying again on another connection");
+        #[cfg(not(feature = "tracing"))]
+        let _ = (what, error, pause);
     }
 
     /// The shared backoff, whatever a panicking loop left in it.
