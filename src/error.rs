@@ -43,8 +43,8 @@ pub enum Error {
         display_version(.actual)
     )]
     VersionConflict {
-        /// The table of the row, as its name is written (`orders`,
-        /// `"shop"."orders"`).
+        /// The table of the row, as `table!` names it: `orders`, or
+        /// `shop.orders` for a table in a schema.
         table: String,
         /// The version the update was guarded with.
         expected: i64,
@@ -86,13 +86,16 @@ pub enum Error {
     /// row since (or the application cleared the stamp); the work done under
     /// this claim must not be committed.
     #[error(
-        "claim lost on {table}: the row's claim ran out and the row was claimed again (or its \
-         stamp was cleared)"
+        "claim lost on {table} row {key}: the row's claim ran out and the row was claimed again \
+         (or its stamp was cleared)"
     )]
     ClaimLost {
-        /// The table of the row, as its name is written (`orders`,
-        /// `"shop"."orders"`).
+        /// The table of the row, as `table!` names it: `invoices`, or
+        /// `shop.invoices` for a table in a schema.
         table: String,
+        /// The row's primary key, as its value's `Debug` shows it: `42`, or
+        /// `(7, "eu")` for a composite key.
+        key: String,
     },
 
     /// An argument was rejected before any SQL was sent.
@@ -115,16 +118,33 @@ pub enum Error {
     #[error("not supported by this database server: {0}")]
     Unsupported(#[source] diesel::result::Error),
 
-    /// The connection's transaction manager is broken: a future was dropped
-    /// while its transaction was open (see the async API's "Dropped
-    /// futures"), or a rollback failed. The transaction may still be open on
-    /// the server, holding its locks: drop the connection and use another.
-    #[error(
-        "{0}: this connection's transaction was abandoned (a future dropped mid-transaction, \
-         or a failed rollback) and may still hold its locks; drop the connection and use \
-         another"
-    )]
+    /// The connection can no longer be used: drop it and use another (a
+    /// pool's next checkout replaces it).
+    ///
+    /// Either the server or the network closed it: the server was restarted
+    /// or ended the session (`pg_terminate_backend`, MariaDB's `KILL`, an
+    /// idle timeout), or the link broke (libpq's "server closed the
+    /// connection unexpectedly", MySQL's "server has gone away", Diesel's
+    /// [`ClosedConnection`](diesel::result::DatabaseErrorKind::ClosedConnection)).
+    /// Nothing the open transaction wrote was committed, unless the
+    /// connection closed during its commit, when the client cannot know.
+    ///
+    /// Or its transaction manager is broken: a future was dropped while its
+    /// transaction was open (see the async API's "Dropped futures"), or a
+    /// rollback failed ([`BrokenTransactionManager`](diesel::result::Error::BrokenTransactionManager)).
+    /// That transaction may still be open on the server, holding its locks.
+    ///
+    /// Not [transient](Self::is_transient): the same connection fails again.
+    #[error("{}", broken_connection(.0))]
     BrokenConnection(#[source] diesel::result::Error),
+
+    /// A connection pool gave no connection: it timed out waiting for one,
+    /// or could not connect to the server. Converted from the pools' errors
+    /// (r2d2's `PoolError`, bb8's `RunError`, deadpool's `PoolError`), so
+    /// that `pool.get()?` works where this crate's [`Error`] is returned;
+    /// the pool's error is the source.
+    #[error("no connection from the pool: {0}")]
+    Checkout(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// The server ended the session of a transaction the async API opened,
     /// because it sat idle longer than its idle bound
@@ -160,8 +180,25 @@ pub enum Error {
     ClosurePanicked(String),
 
     /// Running the crate's embedded migrations failed.
+    #[cfg(feature = "migrations")]
     #[error("migration failed: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What [`Error::BrokenConnection`] says: why the connection is unusable.
+fn broken_connection(error: &diesel::result::Error) -> String {
+    if let diesel::result::Error::BrokenTransactionManager = error {
+        format!(
+            "{error}: this connection's transaction was abandoned (a future dropped \
+             mid-transaction, or a failed rollback) and may still hold its locks; drop the \
+             connection and use another"
+        )
+    } else {
+        format!(
+            "the connection was closed by the server or the network ({error}); drop it and use \
+             another"
+        )
+    }
 }
 
 fn display_version(actual: &Option<i64>) -> String {
@@ -205,9 +242,46 @@ impl From<diesel::result::Error> for Error {
             None if matches!(error, diesel::result::Error::BrokenTransactionManager) => {
                 Error::BrokenConnection(error)
             }
+            None if connection_closed(&error) => {
+                trace::warning!(%error, "the connection was closed");
+                Error::BrokenConnection(error)
+            }
             None if lacks_skip_locked(&error) => Error::Unsupported(error),
             None => Error::Database(error),
         }
+    }
+}
+
+/// A pool's error: no connection ([`Error::Checkout`]). Diesel's r2d2
+/// pool, with a blocking backend (`postgres`, `sqlite`, `mysql`).
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+impl From<diesel::r2d2::PoolError> for Error {
+    fn from(error: diesel::r2d2::PoolError) -> Self {
+        Error::Checkout(Box::new(error))
+    }
+}
+
+/// A pool's error: no connection ([`Error::Checkout`]). bb8's (feature
+/// `bb8`), as diesel-async's `bb8::Pool::get` returns it.
+#[cfg(feature = "bb8")]
+impl<E> From<bb8::RunError<E>> for Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(error: bb8::RunError<E>) -> Self {
+        Error::Checkout(Box::new(error))
+    }
+}
+
+/// A pool's error: no connection ([`Error::Checkout`]). deadpool's
+/// (feature `deadpool`), as diesel-async's `deadpool::Pool::get` returns it.
+#[cfg(feature = "deadpool")]
+impl<E> From<deadpool::managed::PoolError<E>> for Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(error: deadpool::managed::PoolError<E>) -> Self {
+        Error::Checkout(Box::new(error))
     }
 }
 
@@ -294,6 +368,57 @@ fn classify_message(info: &dyn DatabaseErrorInformation) -> Option<ErrorClass> {
     } else {
         None
     }
+}
+
+/// Whether `error` says the server or the network closed the connection.
+///
+/// Diesel's `PgConnection` reports [`DatabaseErrorKind::ClosedConnection`]
+/// when libpq finds the connection bad, but a statement that could not be
+/// sent, or whose answer never came, carries only libpq's message; the
+/// MySQL connections and diesel-async's report every one by its client's
+/// message. These are the clients' own, stable texts, covered by tests that
+/// end sessions on the real servers.
+fn connection_closed(error: &diesel::result::Error) -> bool {
+    let diesel::result::Error::DatabaseError(kind, info) = error else {
+        return false;
+    };
+    if let DatabaseErrorKind::ClosedConnection = kind {
+        return true;
+    }
+    if !matches!(
+        kind,
+        DatabaseErrorKind::Unknown | DatabaseErrorKind::UnableToSendCommand
+    ) {
+        return false;
+    }
+    let message = info.message();
+    // libpq ("server closed the connection unexpectedly", "SSL connection has
+    // been closed unexpectedly", "no connection to the server"); PostgreSQL's
+    // FATAL errors that end a session (57P01 "terminating connection due to
+    // administrator command", idle and recovery timeouts); tokio-postgres'
+    // "connection closed" and "error communicating with the server: …";
+    // mysql_async's "Connection to the server is closed." and "Input/output
+    // error: …"; libmysqlclient's and MariaDB's 2013 "Lost connection to
+    // (MySQL) server …", 2006 "(MySQL) server has gone away" and 1927
+    // "Connection was killed".
+    const PREFIXES: [&str; 6] = [
+        "terminating connection",
+        "no connection to the server",
+        "connection closed",
+        "error communicating with the server",
+        "Lost connection to",
+        "Connection was killed",
+    ];
+    const ANYWHERE: [&str; 5] = [
+        "closed the connection unexpectedly",
+        "connection has been closed unexpectedly",
+        "server has gone away",
+        "connection to the server is closed",
+        "input/output error",
+    ];
+    let lowercase = message.to_ascii_lowercase();
+    PREFIXES.iter().any(|prefix| message.starts_with(prefix))
+        || ANYWHERE.iter().any(|text| lowercase.contains(text))
 }
 
 /// Whether `error` is MySQL's or MariaDB's syntax error (1064) at `SKIP LOCKED`
@@ -425,6 +550,77 @@ mod tests {
         assert!(matches!(Error::from(mariadb_10_5), Error::Unsupported(_)));
         assert!(matches!(Error::from(mysql_5_7), Error::Unsupported(_)));
         assert!(matches!(Error::from(other_syntax), Error::Database(_)));
+    }
+
+    #[test]
+    fn closed_connections_are_broken_connections() {
+        let closed = [
+            // libpq, through PgConnection, after `pg_terminate_backend`.
+            "SSL connection has been closed unexpectedly",
+            "server closed the connection unexpectedly\n\tThis probably means the server \
+             terminated abnormally\n\tbefore or while processing the request.",
+            "no connection to the server\n",
+            "terminating connection due to administrator command",
+            "terminating connection due to idle-in-transaction timeout",
+            // tokio-postgres, through AsyncPgConnection.
+            "connection closed",
+            "error communicating with the server: Connection reset by peer (os error 104)",
+            // libmysqlclient (MariaDB's and MySQL's) and mysql_async.
+            "Lost connection to server during query",
+            "Lost connection to MySQL server during query",
+            "Server has gone away",
+            "MySQL server has gone away",
+            "Connection was killed",
+            "Driver error: `Connection to the server is closed.'",
+            "Input/output error: broken pipe",
+        ];
+        for message in closed {
+            for kind in [
+                DatabaseErrorKind::Unknown,
+                DatabaseErrorKind::UnableToSendCommand,
+            ] {
+                let error =
+                    diesel::result::Error::DatabaseError(kind, Box::new(message.to_owned()));
+                let error = Error::from(error);
+                assert!(
+                    matches!(error, Error::BrokenConnection(_)),
+                    "{message}: {error:?}"
+                );
+                assert!(!error.is_transient());
+                assert!(error
+                    .to_string()
+                    .contains("closed by the server or the network"));
+            }
+        }
+        let diesel_closed = diesel::result::Error::DatabaseError(
+            DatabaseErrorKind::ClosedConnection,
+            Box::new("any message".to_owned()),
+        );
+        assert!(matches!(
+            Error::from(diesel_closed),
+            Error::BrokenConnection(_)
+        ));
+        // A statement's own failure is not a closed connection, even where
+        // its text says "connection".
+        let open = [
+            r#"relation "connection closed" does not exist"#,
+            "Too many connections",
+            "canceling statement due to statement timeout",
+        ];
+        for message in open {
+            assert!(
+                matches!(Error::from(database_error(message)), Error::Database(_)),
+                "{message}"
+            );
+        }
+        let unique = diesel::result::Error::DatabaseError(
+            DatabaseErrorKind::UniqueViolation,
+            Box::new("connection closed".to_owned()),
+        );
+        assert!(matches!(Error::from(unique), Error::Database(_)));
+        let abandoned = Error::from(diesel::result::Error::BrokenTransactionManager);
+        assert!(matches!(abandoned, Error::BrokenConnection(_)));
+        assert!(abandoned.to_string().contains("may still hold its locks"));
     }
 
     #[test]

@@ -168,7 +168,7 @@
 //!   transactions by their size. Index the pending predicate over the primary
 //!   key, for example `CREATE INDEX orders_pending ON orders (id) WHERE shipped AND
 //!   NOT email_sent`: both reads then walk only pending rows, however many rows
-//!   are done. The repository's `BENCHMARKS.md` has the figures.
+//!   are done. [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md) has the figures.
 //! - **SQLite's statistics.** SQLite gathers statistics only on `ANALYZE` (or
 //!   `PRAGMA optimize`). Gathered while nearly every row was pending, they tell
 //!   it the partial index holds the whole table, and it then reads candidates
@@ -232,7 +232,8 @@
 //! [`nowait`](ClaimBuilder::nowait); [`mark_and_commit`](ClaimBuilder::mark_and_commit),
 //! which holds its rows only while it marks them, so that others meet rows it
 //! marked rather than rows it holds; and a [`page_size`](ClaimBuilder::page_size)
-//! set by the caller, which does not grow. `BENCHMARKS.md` has the figures, up
+//! set by the caller, which does not grow. [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)
+//! has the figures, up
 //! to 64 workers.
 //!
 //! ## Rows that fail
@@ -282,8 +283,8 @@
 //! which runs under the row's lock, its work rolled back to a savepoint, so
 //! that the attempt is counted before any other worker can take the row; and
 //! take the row out of the query after a few attempts (a dead letter). The
-//! [job workers](workers) page shows the whole pattern; the repository's
-//! worked example (`examples/shop`) counts failed emails so.
+//! [job workers](workers) page shows the whole pattern; the
+//! [worked example](https://github.com/diesel-claim/diesel-claim/tree/main/examples/shop) counts failed emails so.
 //!
 //! ## Workers that wait for rows
 //!
@@ -347,9 +348,9 @@
 //! API has the same claim on diesel-async (PostgreSQL and MySQL): the closure
 //! gets a `Claimed<_, _, aio::Async>`, whose `extend`, `finish` and `release`
 //! are futures. In the
-//! repository's torture suite, workers SIGKILLed and
+//! crate's torture suite, workers SIGKILLed and
 //! SIGSTOPped past their TTL left every job's final write landing exactly once
-//! (`RELIABILITY.md`, scenario 25).
+//! ([RELIABILITY.md](https://github.com/diesel-claim/diesel-claim/blob/main/RELIABILITY.md), scenario 25).
 //!
 //! # MySQL and MariaDB
 //!
@@ -383,7 +384,8 @@
 //!   [`Error::Deadlock`]: call again (it is transient; [`retry`] does it).
 //!   It is rare, and more likely where a scan visits several indexes: 32
 //!   workers draining a table partitioned by time (one index per partition)
-//!   saw 15 deadlocks in 4 × 10^5 calls (`RELIABILITY.md`, scenario 22).
+//!   saw 15 deadlocks in 4 × 10^5 calls
+//!   ([RELIABILITY.md](https://github.com/diesel-claim/diesel-claim/blob/main/RELIABILITY.md), scenario 22).
 //! - **Locking reads are prepared afresh each time.** A locking read can fail
 //!   after sending some of its rows (a lock wait timeout, a deadlock), and
 //!   MariaDB Connector/C (what Debian installs as `libmysqlclient`) hangs when
@@ -533,10 +535,23 @@
 //! that a crashed holder is replaced soon, renewed every third of it on a
 //! second connection while the closure runs, as etcd's `KeepAlive` and
 //! Redisson's watchdog do. The closure learns through
-//! [`KeptLease::is_lost`] or [`KeptLease::ensure_held`] when renewing failed
-//! for good (the lease is someone else's, or the database was unreachable
-//! for a whole TTL) and should stop. A process that stalls renews nothing, so
-//! the fencing token stays the guarantee.
+//! [`KeptLease::is_lost`] or [`KeptLease::ensure_held`] that the lease is
+//! lost, and should stop: when a renewal finds it is someone else's, or when
+//! its TTL has passed on this process's monotonic clock since the start of
+//! the last renewal that worked (or of the acquisition), whatever the
+//! renewal under way is doing. A renewal stuck on a link that relays
+//! nothing (a half-open connection, a stalled proxy) thus keeps nothing
+//! "held". The database counts the TTL from when the statement ran, after
+//! it was sent, so the closure is told before anyone else can take the
+//! lease, with a thousandth of the TTL kept for the two clocks' rates; a
+//! step of the database server's clock (a leap forward) is not covered.
+//! When the closure ends, the call waits for a renewal under way at most a
+//! third of the TTL or a second, whichever is shorter, then releases the
+//! lease on `conn`: a renewal stuck on a dead link is left to finish on its
+//! own, and cannot extend a released lease. The renewing connection is
+//! given to the call, which drops it when the renewing ends (a pooled one
+//! goes back to its pool). A process that stalls checks nothing, so the
+//! fencing token stays the guarantee.
 //!
 //! ```no_run
 //! # include!("doctest_setup.rs");
@@ -544,9 +559,9 @@
 //!
 //! # fn main() -> Result<(), diesel_claim::Error> {
 //! # let mut conn = establish_connection();
-//! let mut second = establish_connection(); // or `pool.get()?`
+//! let second = establish_connection(); // or `pool.get()?`
 //! let ttl = Duration::from_secs(10);
-//! let done = diesel_claim::with_lease_kept_alive(&mut conn, &mut second, "nightly-report", ttl, |conn, lease| {
+//! let done = diesel_claim::with_lease_kept_alive(&mut conn, second, "nightly-report", ttl, |conn, lease| {
 //!     for _step in 0..3 {
 //!         lease.ensure_held()?; // stop once another holder may be at work
 //!         // … a step of the work, its writes carrying `lease.token()` …
@@ -562,31 +577,63 @@
 //!
 //! With the `tracing` feature, the crate reports what it does through
 //! [`tracing`](https://docs.rs/tracing): a span for each claim call, batch,
-//! worker, lease and row lock, and an event where something went wrong or
-//! is tried again. Without the feature, none of it is compiled. Spans and
-//! events have targets under `diesel_claim` (`diesel_claim::claim::engine`,
-//! `diesel_claim::lease`, …), so `RUST_LOG=diesel_claim=info` (with
-//! `tracing-subscriber`'s `EnvFilter`) shows the calls and the warnings, and
-//! `diesel_claim=debug` adds each transaction. The worked example prints
+//! worker, lease and row lock, and an event where something went wrong, is
+//! tried again, or a worker starts, stops, reconnects or reports its
+//! progress. Without the feature, none of it is compiled. Spans and events
+//! have targets under `diesel_claim` (`diesel_claim::claim::engine`,
+//! `diesel_claim::lease`, a worker's `diesel_claim::trace`, …). Events
+//! carry the table and the keys of the rows they are about, so that a line
+//! read alone says what happened.
+//!
+//! A span is printed when it closes, with its fields, only if the
+//! subscriber is asked to: with `tracing-subscriber`'s `fmt`, that is
+//! `with_span_events(FmtSpan::CLOSE)`; without it, only events are printed.
+//!
+//! ```no_run
+//! use tracing_subscriber::fmt::format::FmtSpan;
+//! use tracing_subscriber::EnvFilter;
+//!
+//! tracing_subscriber::fmt()
+//!     // RUST_LOG=diesel_claim=info: calls, workers and warnings.
+//!     .with_env_filter(EnvFilter::from_default_env())
+//!     // A line per span as it closes: a claim with its report, a worker
+//!     // with its totals.
+//!     .with_span_events(FmtSpan::CLOSE)
+//!     .init();
+//! ```
+//!
+//! `RUST_LOG=diesel_claim=info` then shows each claim call, each worker's
+//! start, stop and progress, and every warning; `diesel_claim=debug` adds
+//! each batch (its transaction) of the claim calls, and the retries; a
+//! worker's own claims and batches, most of them empty polls while it is
+//! idle, are at `trace`, and its progress line says what they did. The
+//! [worked example](https://github.com/diesel-claim/diesel-claim/tree/main/examples/shop) prints
 //! them: `RUST_LOG=diesel_claim=info cargo run --features sqlite,tracing
 //! --example shop`.
 //!
 //! | span | level | fields |
 //! |---|---|---|
-//! | `claim` | info (debug when a worker runs it) | `table` (the claimed table, unqualified), `from_head`, `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
-//! | `batch` | debug | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, inside `claim`; with `mark_and_commit` and a visibility timeout, it ends when the mark or the stamps commit, before the closure runs |
-//! | `worker` | info | `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
+//! | `claim` | info (trace when a worker runs it) | `table` (the claimed table, unqualified), `from_head`, `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
+//! | `batch` | debug (trace in a worker) | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, inside `claim`; with `mark_and_commit` and a visibility timeout, it ends when the mark or the stamps commit, before the closure runs |
+//! | `worker` | info | `table`, `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
 //! | `lease` | info | `name`, `ttl`, `token` (once acquired), `outcome` (`held by another`, `released`, `lost`, `release failed`): [`with_lease`], [`with_lease_kept_alive`] |
 //! | `acquire_lease`, `renew_lease`, `release_lease` | debug | `name`, `token`, `outcome` (`acquired`, `held by another`, `renewed`, `released`, `lost`); `acquire_lease` also `ttl` |
 //! | `lock` | debug | `table` (the locked table, unqualified), `strength`, `on_locked` (`fail`, `wait`), `rows`, `outcome`: [`with_lock`](LockDsl::with_lock) |
 //!
 //! | event | level |
 //! |---|---|
-//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook): `table`, `rows`; a panic's message | warn |
-//! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again | warn |
+//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook): `table`, `keys` (the first ten), `rows`, and in a worker `error` (the closure's, by `Display`) | warn |
+//! | a closure panicked: `panic` (its message); with `keep_going`, the event above follows | warn |
+//! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again: `table`, `error` | warn |
+//! | a worker stops on an error (a closure's, without `keep_going` or a hook; a lost connection, on one connection): `table`, `keys` (the rows rolled back), `error` | warn |
+//! | a worker on a pool lost a connection, or could not check one out, and tries again on another: `table`, `error`, `pause` | warn |
 //! | deadlock detected (the database's message) | warn |
-//! | a kept-alive lease's renewal failed (the error), and the lease lost | warn |
+//! | a kept-alive lease's renewal failed, the lease lost, a renewal still running when the closure ended left to finish: `name`, `token`, `error` (the error, or why the lease was lost) | warn |
 //! | [`retry`] gave up on a transient error: `attempt`, `max_attempts` | warn |
+//! | a worker starts: `table`, `loops`, `channel`, `min_poll`, `max_poll`, `progress_every` | info |
+//! | `worker progress`, every [`progress_interval`](crate::ClaimWorker::progress_interval) (60 s by default): `table`, `processed` and `failed` since the last, `idle` (the time spent waiting for rows, per claim loop), `over` (the time since the last) | info |
+//! | a worker stops: `table`, `why` (`stopped`, `nothing pending`), `processed`, `failed` | info |
+//! | a worker on a pool has a working connection again, after `failures`; its listener listens on `channel` (at the start, and after `failures`) | info |
 //! | lock not available (`nowait`, a lock timeout, SQLite's busy timeout) | info |
 //! | [`retry`] tries again: `attempt`, `max_attempts`, `pause` | debug |
 //! | a version conflict (the error, with both versions); a serialization failure | debug |
@@ -595,11 +642,29 @@
 //! A `retry` event follows the event that says what failed: the crate's
 //! errors (deadlock, serialization failure, version conflict) are reported
 //! where the crate tells them apart, as [`Transient`] says only whether to
-//! try again. A failed row's event does not show the closure's error, whose
-//! type may have no `Display`: [`each_outcome`](ClaimBuilder::each_outcome)
-//! returns it with the row's key. A call refused before any SQL (invalid
-//! options) has no span; its error is returned. Async calls are the same
-//! spans, entered only while their futures are polled.
+//! try again. A failed row's event from a claim call does not show the
+//! closure's error, whose type may have no `Display`:
+//! [`each_outcome`](ClaimBuilder::each_outcome) returns it with the row's
+//! key. A worker passes its errors over where nobody else sees them: its
+//! error type shows itself (`Display`), and its events show them. A call
+//! refused before any SQL (invalid options) has no span; its error is
+//! returned. Async calls are the same spans, entered only while their
+//! futures are polled.
+//!
+//! A worker's progress line tells an operator that it is alive and what it
+//! did. With the subscriber above and `RUST_LOG=diesel_claim=info`, a
+//! worker leaves lines such as these (span fields cut short):
+//!
+//! ```text
+//! INFO worker{table="orders" …}: diesel_claim::trace: a worker starts table="orders" loops=4 channel="orders" …
+//! INFO worker{table="orders" …}: diesel_claim::trace: worker progress table="orders" processed=1520 failed=2 idle=41.3s over=60.002s
+//! WARN worker{table="orders" …}: diesel_claim::trace: a closure failed: its rows are rolled back and passed over table="orders" keys=[1207] rows=1 error=no mail server
+//! INFO worker{table="orders" …}: diesel_claim::trace: a worker stops table="orders" why="stopped" processed=90411 failed=17
+//! ```
+//!
+//! Counters and histograms of the same (rows processed, failed, gone and
+//! locked; claim, batch and pickup times, per table) come with the `metrics`
+//! feature, through the `metrics` facade: see the `metrics` module.
 
 pub mod workers;
 
@@ -607,9 +672,11 @@ pub mod workers;
 #[cfg(feature = "postgres_backend")]
 #[allow(unused_imports)]
 use crate::advisory;
+#[cfg(feature = "migrations")]
+#[allow(unused_imports)]
+use crate::migrations;
 #[allow(unused_imports)]
 use crate::{
-    is_transient, migrations, retry, with_lease, with_lease_kept_alive, ClaimBuilder, ClaimDsl,
-    ClaimReport, Error, KeptLease, Lease, LockBuilder, LockDsl, Transient, VersionedDsl,
-    VersionedUpdate,
+    is_transient, retry, with_lease, with_lease_kept_alive, ClaimBuilder, ClaimDsl, ClaimReport,
+    Error, KeptLease, Lease, LockBuilder, LockDsl, Transient, VersionedDsl, VersionedUpdate,
 };

@@ -1,9 +1,11 @@
 //! Named leases: a lock on a name, held across processes and machines, that
 //! expires by the database clock and fences stale holders with a token.
 
+use std::fmt::{self, Display};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -332,16 +334,29 @@ where
 
 /// A lease kept alive while a closure runs, by [`with_lease_kept_alive`]: the
 /// closure asks it whether the lease is still held.
+///
+/// The lease counts as lost once its TTL has passed, on this process's
+/// monotonic clock, since the start of the last renewal that worked (or of
+/// the acquisition), less a thousandth of the TTL for the clocks' drift
+/// (see [`with_lease_kept_alive`]); or as soon as a renewal finds it is no
+/// longer ours. Once lost, it stays lost.
 #[derive(Debug)]
 pub struct KeptLease {
     lease: Lease,
+    ttl: Duration,
+    /// When the lease may have expired, by the local clock: the start of the
+    /// last renewal that worked, plus the TTL less the drift allowance.
+    expires: Mutex<Instant>,
     lost: AtomicBool,
 }
 
 impl KeptLease {
-    pub(crate) fn new(lease: Lease) -> Self {
+    /// `lease`, taken for `ttl` by a statement sent at `acquiring`.
+    pub(crate) fn new(lease: Lease, ttl: Duration, acquiring: Instant) -> Self {
         KeptLease {
             lease,
+            ttl,
+            expires: Mutex::new(Self::expiry(acquiring, ttl)),
             lost: AtomicBool::new(false),
         }
     }
@@ -357,9 +372,19 @@ impl KeptLease {
         self.lease.token()
     }
 
-    /// Whether renewing failed for good: someone else owns the lease now (or
-    /// may, once its TTL has run out), and the work should stop.
+    /// Whether the lease is lost: a renewal found it is someone else's, or
+    /// its TTL has passed on the local clock since the start of the last
+    /// renewal that worked, whatever the renewing is doing meanwhile (a
+    /// renewal stuck on a dead link counts for nothing). Someone else may
+    /// own the lease now, and the work should stop.
     pub fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        let expires = self.expires.lock().unwrap_or_else(PoisonError::into_inner);
+        if Instant::now() >= *expires {
+            self.lose(&TtlPassed(self.ttl));
+        }
         self.lost.load(Ordering::Acquire)
     }
 
@@ -376,8 +401,8 @@ impl KeptLease {
         &self.lease
     }
 
-    pub(crate) fn into_lease(self) -> Lease {
-        self.lease
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
     }
 
     /// How often the lease is renewed: three times per TTL, so that one failed
@@ -386,37 +411,62 @@ impl KeptLease {
         ttl / 3
     }
 
-    /// Records what a renewal that started at `started` returned; whether the
-    /// renewing goes on. The lease is lost when it is no longer ours, or when
-    /// renewals have failed for a whole TTL since the last one that worked
-    /// (`renewed_at`), after which it may have expired.
-    pub(crate) fn renewed(
-        &self,
-        renewed: Result<(), Error>,
-        started: Instant,
-        renewed_at: &mut Instant,
-        ttl: Duration,
-    ) -> bool {
-        let lost = match renewed {
-            Ok(()) => {
-                *renewed_at = started;
-                false
-            }
-            Err(Error::NotLeaseOwner { .. }) => true,
-            Err(error) => {
-                trace::renewal_failed(&error);
-                renewed_at.elapsed() >= ttl
-            }
-        };
-        if lost {
-            trace::warning!(
-                name = self.name(),
-                token = self.token(),
-                "a kept-alive lease was lost: the closure no longer holds it"
-            );
-            self.lost.store(true, Ordering::Release);
+    /// How long a renewal still running when the closure ends is waited for
+    /// before it is left to finish on its own: a third of the TTL or a
+    /// second, whichever is shorter. A renewal on a working link takes
+    /// milliseconds.
+    pub(crate) fn grace(ttl: Duration) -> Duration {
+        Self::period(ttl).min(Duration::from_secs(1))
+    }
+
+    /// When a lease taken or renewed for `ttl` by a statement sent at
+    /// `started` may have expired, by the local clock.
+    ///
+    /// The database counts the TTL from when the statement runs, which is
+    /// after it was sent: `started + ttl` comes first in real time, as long
+    /// as both clocks run at the same rate. They may not quite: NTP slews a
+    /// clock by at most 500 ppm, so two differ by at most a thousandth.
+    fn expiry(started: Instant, ttl: Duration) -> Instant {
+        started + (ttl - ttl / 1000)
+    }
+
+    /// Records that the lease is lost, `why`, once.
+    fn lose(&self, why: &dyn Display) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            trace::lease_lost(self.name(), self.token(), why);
         }
-        !lost
+    }
+
+    /// Records what a renewal sent at `started` returned; whether the
+    /// renewing goes on. A renewal that worked but came back after the local
+    /// expiry does not win the lease back: the closure may have been told.
+    pub(crate) fn renewed(&self, renewed: Result<(), Error>, started: Instant) -> bool {
+        match renewed {
+            Ok(()) => {
+                let mut expires = self.expires.lock().unwrap_or_else(PoisonError::into_inner);
+                if Instant::now() >= *expires {
+                    self.lose(&TtlPassed(self.ttl));
+                } else {
+                    *expires = Self::expiry(started, self.ttl);
+                }
+            }
+            Err(error @ Error::NotLeaseOwner { .. }) => self.lose(&error),
+            Err(error) => trace::renewal_failed(self.name(), self.token(), &error),
+        }
+        !self.is_lost()
+    }
+}
+
+/// Why a kept lease was lost when no renewal said so.
+struct TtlPassed(Duration);
+
+impl Display for TtlPassed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "its TTL of {:?} passed without a renewal that worked",
+            self.0
+        )
     }
 }
 
@@ -425,75 +475,104 @@ impl KeptLease {
 /// someone else holds it.
 ///
 /// A thread renews the lease every third of its TTL on `renewer`, a second
-/// connection (a pooled one, say): `conn` stays `f`'s alone, free to run
-/// long statements and transactions. The renewing stops when `f` returns or
-/// panics, and the lease is then released on `conn`, as [`with_lease`] does,
-/// with the same outcomes.
+/// connection (a pooled one, say), which it owns: `conn` stays `f`'s alone,
+/// free to run long statements and transactions. The renewing stops when `f`
+/// returns or panics, and the lease is then released on `conn`, as
+/// [`with_lease`] does, with the same outcomes.
 ///
-/// When renewing fails for good — the lease is no longer ours, or renewals
-/// failed for a whole TTL (the database was unreachable) — `f` is told through
-/// [`KeptLease::is_lost`] and [`KeptLease::ensure_held`], and should stop:
-/// another holder may be at work. The fencing token stays the guarantee: a
-/// holder that stalls (a stopped process, a long pause) renews nothing, and
-/// its writes must be refused by token. On SQLite, a renewal waits for the
-/// database's write lock: keep `f`'s write transactions shorter than a third
-/// of the TTL.
+/// The lease is lost — `f` is told through [`KeptLease::is_lost`] and
+/// [`KeptLease::ensure_held`], and should stop, as another holder may be at
+/// work — when a renewal finds it is someone else's, or when its TTL has
+/// passed on this process's monotonic clock since the start of the last
+/// renewal that worked (or of the acquisition), whatever the renewal under
+/// way is doing: one stuck on a dead link does not keep the lease "held".
+/// The database counts the TTL from when the statement ran, later than it
+/// was sent, so the closure is told before a successor can take the lease;
+/// a thousandth of the TTL is taken off for the two clocks' rates, which NTP
+/// keeps within that. A step of the database server's wall clock is not
+/// covered: a leap forward there expires every lease early.
+///
+/// When `f` ends, the call waits for a renewal under way at most a third of
+/// the TTL or a second, whichever is shorter; one that takes longer (a dead
+/// link) is left to finish on its own, on its thread, which then drops
+/// `renewer` (a pooled connection goes back to its pool, or is found broken
+/// there). It cannot extend the lease past its release: a release ends it,
+/// and a renewal is refused once a lease has ended. The call then releases
+/// the lease on `conn`, so it returns within that bound plus the release's
+/// own time.
+///
+/// The fencing token stays the guarantee: a holder that stalls (a stopped
+/// process, a long pause) checks nothing, and its writes must be refused by
+/// token. On SQLite, a renewal waits for the database's write lock: keep
+/// `f`'s write transactions shorter than a third of the TTL.
 ///
 /// ```text
-/// with_lease_kept_alive(&mut conn, &mut pool.get()?, "nightly-report", Duration::from_secs(30),
+/// with_lease_kept_alive(&mut conn, pool.get()?, "nightly-report", Duration::from_secs(30),
 ///     |conn, lease| { for step in steps { lease.ensure_held()?; step.run(conn)?; } Ok(()) })
 /// ```
 pub fn with_lease_kept_alive<C, R, T, E, F, Inferred>(
     conn: &mut C,
-    renewer: &mut R,
+    renewer: R,
     name: &str,
     ttl: Duration,
     f: F,
 ) -> Result<Option<T>, E>
 where
     C: BlockingConnection<Inferred>,
-    R: LoadConnection + Send,
+    R: LoadConnection + Send + 'static,
     R::Backend: ClaimBackend,
     F: FnOnce(&mut C, &KeptLease) -> Result<T, E>,
     E: From<Error>,
 {
     let span = lease_span!(name, ttl);
     let _entered = span.enter();
+    let acquiring = Instant::now();
     let Some(lease) = Lease::acquire(conn, name, ttl)? else {
         span.record("outcome", "held by another");
         return Ok(None);
     };
     span.record("token", lease.token());
-    let kept = KeptLease::new(lease);
-    let outcome = thread::scope(|scope| {
-        let (stop, stopped) = mpsc::channel::<()>();
-        let (kept, span) = (&kept, &span);
-        // The renewals' spans and events belong to the lease's.
-        let renewing =
-            scope.spawn(move || span.in_scope(|| keep_alive(renewer, kept, ttl, &stopped)));
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, kept)));
-        drop(stop);
+    let kept = Arc::new(KeptLease::new(lease, ttl, acquiring));
+    let (stop, stopped) = mpsc::channel::<()>();
+    let (ended, renewing_ended) = mpsc::channel::<()>();
+    let renewing = {
+        let (kept, span) = (Arc::clone(&kept), span.clone());
+        thread::spawn(move || {
+            // The renewals' spans and events belong to the lease's.
+            span.in_scope(|| keep_alive(renewer, &kept, &stopped));
+            drop(ended);
+        })
+    };
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&mut *conn, &kept)));
+    drop(stop);
+    // Nothing is sent: the thread's end drops the sender.
+    if let Err(RecvTimeoutError::Timeout) = renewing_ended.recv_timeout(KeptLease::grace(ttl)) {
+        // Stuck on its renewal: left to end on its own.
+        trace::renewal_abandoned(kept.name(), kept.token());
+    } else {
         // Renewing never panics but through a bug in a connection: the lease
         // is released below whatever happened to it.
         let _ = renewing.join();
-        outcome
-    });
-    let released = kept.into_lease().release(conn);
+    }
+    let released = kept.lease().clone().release(conn);
     lease_outcome(outcome, released, &span)
 }
 
-/// Renews `kept` on `renewer` every third of `ttl` until `stop` is dropped or
-/// the lease is lost.
-fn keep_alive<R>(renewer: &mut R, kept: &KeptLease, ttl: Duration, stop: &mpsc::Receiver<()>)
+/// Renews `kept` on `renewer` every third of its TTL until `stop` is dropped
+/// or the lease is lost; drops `renewer` then.
+fn keep_alive<R>(mut renewer: R, kept: &KeptLease, stop: &mpsc::Receiver<()>)
 where
     R: LoadConnection,
     R::Backend: ClaimBackend,
 {
-    let mut renewed_at = Instant::now();
-    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(KeptLease::period(ttl)) {
+    let period = KeptLease::period(kept.ttl());
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(period) {
+        if kept.is_lost() {
+            return;
+        }
         let started = Instant::now();
-        let renewed = kept.lease().renew(renewer, ttl);
-        if !kept.renewed(renewed, started, &mut renewed_at, ttl) {
+        let renewed = kept.lease().renew(&mut renewer, kept.ttl());
+        if !kept.renewed(renewed, started) {
             return;
         }
     }

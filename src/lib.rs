@@ -14,6 +14,13 @@ pub mod guide;
 mod lease;
 mod lock;
 mod locking;
+// Public with its feature (`describe`, `record_pickup`); the claims' no-op
+// metrics without it.
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
+#[cfg(feature = "migrations")]
 pub mod migrations;
 #[cfg(feature = "mysql_backend")]
 pub mod named_lock;
@@ -44,6 +51,7 @@ pub use lease::advisory;
 pub use lease::{with_lease, with_lease_kept_alive, KeptLease, Lease, MAX_NAME_LEN, MAX_TTL};
 pub use lock::{FreshRow, LockBuilder, LockDsl, LockModelDsl, LockQuery};
 pub use locking::{LockStrength, OnLocked};
+#[cfg(feature = "migrations")]
 pub use migrations::run_migrations;
 pub use retry::{is_transient, retry, RetryPolicy, Transient};
 pub use reusable::{rebuild, Rebuild, Reusable};

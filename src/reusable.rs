@@ -4,6 +4,12 @@
 //! [`rebuild`] takes the code that builds it and runs it for each statement.
 
 /// A query the crate can build each of its statements from.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be cloned, and the crate builds each statement from a copy of the query",
+    label = "a query that cannot be cloned",
+    note = "a query with a boxed part (`into_boxed()`, a `Box<dyn BoxableExpression>` filter) \
+            cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
+)]
 pub trait Reusable {
     /// The query each statement starts from.
     type Query;
@@ -12,6 +18,7 @@ pub trait Reusable {
     fn query(&self) -> Self::Query;
 }
 
+#[diagnostic::do_not_recommend]
 impl<Q: Clone> Reusable for Q {
     type Query = Q;
 

@@ -6,7 +6,12 @@
 //! Spans and events are made where they happen, so that their target is the
 //! module's path (`diesel_claim::claim`, `diesel_claim::lease`, …); the guide
 //! lists them (`guide#tracing`). The few events whose values nothing else
-//! uses are functions here, so that nothing is left unused without the feature.
+//! uses are functions here, so that nothing is left unused without the feature,
+//! and so are a worker's events ([`WorkerTrace`]): its table, its progress
+//! since it last reported, and what became of its connections.
+//!
+//! Events name the table and the keys of the rows they are about, so that a
+//! line read on its own, without the spans around it, says what happened.
 
 #[cfg(feature = "tracing")]
 mod enabled {
@@ -17,11 +22,16 @@ mod enabled {
 
     macro_rules! info_span { ($($arg:tt)*) => { ::tracing::info_span!($($arg)*) } }
     macro_rules! debug_span { ($($arg:tt)*) => { ::tracing::debug_span!($($arg)*) } }
+    macro_rules! trace_span { ($($arg:tt)*) => { ::tracing::trace_span!($($arg)*) } }
     macro_rules! warning { ($($arg:tt)*) => { ::tracing::warn!($($arg)*) } }
     macro_rules! info { ($($arg:tt)*) => { ::tracing::info!($($arg)*) } }
     macro_rules! debug { ($($arg:tt)*) => { ::tracing::debug!($($arg)*) } }
 
-    pub(crate) use {debug, debug_span, info, info_span, warning};
+    pub(crate) use {debug, debug_span, info, info_span, trace_span, warning};
+
+    use std::fmt::{self, Debug, Display};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
 
     /// A locking read met a row moved to another partition: its transaction
     /// runs again, for the `again`th time.
@@ -32,26 +42,254 @@ mod enabled {
         );
     }
 
-    /// A kept-alive lease's renewal failed (it is kept until its TTL runs out).
-    pub(crate) fn renewal_failed(error: &dyn std::fmt::Display) {
-        tracing::warn!(%error, "a lease renewal failed");
+    /// A renewal of the kept-alive lease `name` (`token`) failed with
+    /// `error`; the lease counts as held until its TTL runs out.
+    pub(crate) fn renewal_failed(name: &str, token: i64, error: &dyn std::fmt::Display) {
+        tracing::warn!(name, token, %error, "a lease renewal failed");
     }
 
-    /// A worker's run was ended by a deadlock or a serialization failure of
-    /// the crate's own statements; the worker goes on.
-    pub(crate) fn passed_over_transient() {
+    /// The kept-alive lease `name` (`token`) is lost, `why` (a renewal's
+    /// error, or its TTL passed on the local clock).
+    pub(crate) fn lease_lost(name: &str, token: i64, why: &dyn std::fmt::Display) {
         tracing::warn!(
-            "a claim was rolled back by a deadlock or a serialization failure: running it again"
+            name,
+            token,
+            error = %why,
+            "a kept-alive lease was lost: the closure no longer holds it"
         );
     }
 
-    /// A closure failed on `rows` rows of `table`, which the call passes over.
-    pub(crate) fn passed_over(table: &str, rows: usize) {
+    /// A renewal of the kept-alive lease `name` (`token`) was still running
+    /// when its closure ended, and was left to end on its own.
+    pub(crate) fn renewal_abandoned(name: &str, token: i64) {
+        tracing::warn!(
+            name,
+            token,
+            "a lease renewal was still running when the closure ended: left to finish on its own"
+        );
+    }
+
+    /// A closure failed on the rows at `keys` of `table`, which the call
+    /// passes over; `error` is the closure's, where its type can show it.
+    pub(crate) fn passed_over<K: Debug>(table: &str, keys: &[K], error: Option<&dyn Display>) {
         tracing::warn!(
             table,
-            rows,
+            keys = %KeyList(keys),
+            rows = keys.len(),
+            error = error.map(tracing::field::display),
             "a closure failed: its rows are rolled back and passed over"
         );
+    }
+
+    /// Keys as an event shows them: `[3, 7]`, the first few of a long list.
+    struct KeyList<'a, K>(&'a [K]);
+
+    /// The keys an event shows, at most.
+    const KEYS_SHOWN: usize = 10;
+
+    impl<K: Debug> Display for KeyList<'_, K> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("[")?;
+            for (index, key) in self.0.iter().take(KEYS_SHOWN).enumerate() {
+                if index > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{key:?}")?;
+            }
+            if self.0.len() > KEYS_SHOWN {
+                write!(f, ", … {} in all", self.0.len())?;
+            }
+            f.write_str("]")
+        }
+    }
+
+    /// A worker's events: its table on every one, and its progress, reported
+    /// at `info` every `every` (rows processed and failed, time idle) by
+    /// whichever of its loops notices the interval has passed.
+    pub(crate) struct WorkerTrace {
+        table: String,
+        every: Duration,
+        loops: u32,
+        interval: Mutex<Interval>,
+    }
+
+    /// What a worker did since it last reported.
+    struct Interval {
+        began: Instant,
+        processed: u64,
+        failed: u64,
+        /// Summed over the worker's loops.
+        idle: Duration,
+    }
+
+    impl WorkerTrace {
+        /// The events of a worker on `table` with `loops` claim loops,
+        /// reporting its progress every `every`.
+        pub(crate) fn new(table: String, every: Duration, loops: usize) -> Self {
+            WorkerTrace {
+                table,
+                every,
+                loops: u32::try_from(loops.max(1)).unwrap_or(u32::MAX),
+                interval: Mutex::new(Interval {
+                    began: Instant::now(),
+                    processed: 0,
+                    failed: 0,
+                    idle: Duration::ZERO,
+                }),
+            }
+        }
+
+        /// The worker starts.
+        pub(crate) fn started(
+            &self,
+            channel: Option<&str>,
+            (min_poll, max_poll): (Duration, Duration),
+        ) {
+            tracing::info!(
+                table = self.table,
+                loops = self.loops,
+                channel,
+                ?min_poll,
+                ?max_poll,
+                progress_every = ?self.every,
+                "a worker starts"
+            );
+        }
+
+        /// A claim of the worker ran: `processed` rows committed, `failed`
+        /// passed over.
+        pub(crate) fn ran(&self, processed: u64, failed: u64) {
+            let mut interval = self.interval();
+            interval.processed += processed;
+            interval.failed += failed;
+            self.report_if_due(&mut interval);
+        }
+
+        /// A loop of the worker waited `idle` for rows.
+        pub(crate) fn idled(&self, idle: Duration) {
+            let mut interval = self.interval();
+            interval.idle += idle;
+            self.report_if_due(&mut interval);
+        }
+
+        fn interval(&self) -> std::sync::MutexGuard<'_, Interval> {
+            // Counts are all a panicking loop could have left half-done.
+            self.interval
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        fn report_if_due(&self, interval: &mut Interval) {
+            let over = interval.began.elapsed();
+            if over < self.every {
+                return;
+            }
+            // Per loop: a worker idle all along was idle for `over`.
+            let idle = interval.idle / self.loops;
+            tracing::info!(
+                table = self.table,
+                processed = interval.processed,
+                failed = interval.failed,
+                idle = ?Rounded(idle),
+                over = ?Rounded(over),
+                "worker progress"
+            );
+            *interval = Interval {
+                began: Instant::now(),
+                processed: 0,
+                failed: 0,
+                idle: Duration::ZERO,
+            };
+        }
+
+        /// A closure failed on the rows at `keys`, which the worker passes
+        /// over (`keep_going`, a failure hook) and backs off from.
+        pub(crate) fn passed_over<K: Debug>(&self, keys: &[K], error: &dyn Display) {
+            passed_over(&self.table, keys, Some(error));
+        }
+
+        /// A claim was rolled back by a deadlock or a serialization failure of
+        /// the crate's own statements (`error`): the worker runs it again.
+        pub(crate) fn rolled_back(&self, error: &dyn Display) {
+            tracing::warn!(
+                table = self.table,
+                %error,
+                "a claim was rolled back by a deadlock or a serialization failure: running it again"
+            );
+        }
+
+        /// The worker stops: stopped, or with nothing pending; `processed`
+        /// and `failed` in all.
+        pub(crate) fn stopped(&self, why: &str, processed: u64, failed: u64) {
+            tracing::info!(table = self.table, why, processed, failed, "a worker stops");
+        }
+
+        /// The worker stops on `error`, which ended a claim that rolled back
+        /// the rows at `keys` (none for an error outside any closure).
+        pub(crate) fn failed<K: Debug>(&self, keys: &[K], error: &dyn Display) {
+            tracing::warn!(
+                table = self.table,
+                keys = %KeyList(keys),
+                %error,
+                "a worker stops on an error"
+            );
+        }
+    }
+
+    /// The events of a worker on a pool alone (unused without a pool's
+    /// feature).
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "sqlite",
+            feature = "mysql",
+            feature = "bb8",
+            feature = "deadpool"
+        )),
+        allow(dead_code)
+    )]
+    impl WorkerTrace {
+        /// A connection of a worker on a pool failed (`what` failed): it
+        /// tries again on another after `pause`.
+        pub(crate) fn reconnecting(&self, what: &str, error: &dyn Display, pause: Duration) {
+            tracing::warn!(
+                table = self.table,
+                %error,
+                ?pause,
+                "{what}: trying again on another connection"
+            );
+        }
+
+        /// The worker's claims work again after `failures` failed
+        /// connections.
+        pub(crate) fn reconnected(&self, failures: u32) {
+            tracing::info!(
+                table = self.table,
+                failures,
+                "a worker's claims have a working connection again"
+            );
+        }
+
+        /// The worker's listener listens on `channel`, after `failures`
+        /// failed connections.
+        pub(crate) fn listening(&self, channel: &str, failures: u32) {
+            tracing::info!(
+                table = self.table,
+                channel,
+                failures,
+                "a worker listens for notifications"
+            );
+        }
+    }
+
+    /// A duration to the millisecond, as a progress line shows it.
+    struct Rounded(Duration);
+
+    impl Debug for Rounded {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let millis = self.0.as_millis().min(u64::MAX.into()) as u64;
+            Debug::fmt(&Duration::from_millis(millis), f)
+        }
     }
 }
 
@@ -99,6 +337,11 @@ mod disabled {
             $crate::trace::Span
         };
     }
+    macro_rules! trace_span {
+        ($($arg:tt)*) => {
+            $crate::trace::Span
+        };
+    }
     macro_rules! warning {
         ($($arg:tt)*) => {};
     }
@@ -109,15 +352,61 @@ mod disabled {
         ($($arg:tt)*) => {};
     }
 
-    pub(crate) use {debug, debug_span, info, info_span, warning};
+    pub(crate) use {debug, debug_span, info, info_span, trace_span, warning};
+
+    use std::fmt::{Debug, Display};
+    use std::time::Duration;
 
     pub(crate) fn moved_row(_again: u32) {}
 
-    pub(crate) fn renewal_failed(_error: &dyn std::fmt::Display) {}
+    pub(crate) fn renewal_failed(_name: &str, _token: i64, _error: &dyn std::fmt::Display) {}
 
-    pub(crate) fn passed_over(_table: &str, _rows: usize) {}
+    pub(crate) fn lease_lost(_name: &str, _token: i64, _why: &dyn std::fmt::Display) {}
 
-    pub(crate) fn passed_over_transient() {}
+    pub(crate) fn renewal_abandoned(_name: &str, _token: i64) {}
+
+    pub(crate) fn passed_over<K: Debug>(_table: &str, _keys: &[K], _error: Option<&dyn Display>) {}
+
+    /// A worker's events, which go nowhere.
+    pub(crate) struct WorkerTrace;
+
+    impl WorkerTrace {
+        pub(crate) fn new(_table: String, _every: Duration, _loops: usize) -> Self {
+            WorkerTrace
+        }
+
+        pub(crate) fn started(&self, _channel: Option<&str>, _polls: (Duration, Duration)) {}
+
+        pub(crate) fn ran(&self, _processed: u64, _failed: u64) {}
+
+        pub(crate) fn idled(&self, _idle: Duration) {}
+
+        pub(crate) fn passed_over<K: Debug>(&self, _keys: &[K], _error: &dyn Display) {}
+
+        pub(crate) fn rolled_back(&self, _error: &dyn Display) {}
+
+        pub(crate) fn stopped(&self, _why: &str, _processed: u64, _failed: u64) {}
+
+        pub(crate) fn failed<K: Debug>(&self, _keys: &[K], _error: &dyn Display) {}
+    }
+
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "sqlite",
+            feature = "mysql",
+            feature = "bb8",
+            feature = "deadpool"
+        )),
+        allow(dead_code)
+    )]
+    impl WorkerTrace {
+        pub(crate) fn reconnecting(&self, _what: &str, _error: &dyn Display, _pause: Duration) {}
+
+        pub(crate) fn reconnected(&self, _failures: u32) {}
+
+        pub(crate) fn listening(&self, _channel: &str, _failures: u32) {}
+    }
 }
 
 #[cfg(feature = "tracing")]

@@ -404,7 +404,7 @@ where
         FromClauseOf<Target>: QueryFragment<DB>,
     {
         match probed {
-            Ok(Some(actual)) => match rendered::render::<DB>(&Target::table().from_clause()) {
+            Ok(Some(actual)) => match rendered::table_name::<_, DB>(&Target::table()) {
                 Ok(table) => {
                     let conflict = Error::VersionConflict {
                         table,

@@ -1619,6 +1619,40 @@ on_async_backends! {
         assert!(matches!(lost, Err(diesel_claim::Error::NotLeaseOwner { token: 2, .. })), "{lost:?}");
     }
 
+    /// A renewal that hangs (on the lease's row, which another transaction
+    /// has updated) keeps nothing "held": the closure is told the lease is
+    /// lost once its TTL has passed on the local clock since it was taken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_lease_is_lost_at_its_ttl_while_a_renewal_hangs() {
+        use diesel_async::SimpleAsyncConnection;
+
+        let (_db, pool) = test_db(3).await;
+        let (mut conn, mut renewer, mut other) =
+            (pool.get().await.unwrap(), pool.get().await.unwrap(), pool.get().await.unwrap());
+        let ttl = Duration::from_millis(600);
+        let taking = std::time::Instant::now();
+        let other = &mut *other;
+        let lost = with_lease_kept_alive(&mut *conn, &mut *renewer, "report", ttl, async |_: &mut Conn, lease| {
+            other.batch_execute("BEGIN").await?;
+            other.batch_execute("UPDATE diesel_claim_leases SET token = token").await?;
+            tokio::time::sleep((ttl / 2).saturating_sub(taking.elapsed())).await;
+            let held_at_half = !lease.is_lost();
+            while !lease.is_lost() && taking.elapsed() < 3 * ttl {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let told_after = lease.is_lost().then(|| taking.elapsed());
+            other.batch_execute("ROLLBACK").await?;
+            assert!(held_at_half, "lost before its TTL");
+            let told_after = told_after.expect("not told three TTLs after the lease was taken");
+            assert!(told_after >= ttl - ttl / 1000, "told {told_after:?} after");
+            assert!(told_after <= ttl + Duration::from_millis(100), "told {told_after:?} after");
+            lease.ensure_held()?;
+            Ok::<_, diesel_claim::Error>(())
+        })
+        .await;
+        assert!(matches!(lost, Err(diesel_claim::Error::NotLeaseOwner { token: 1, .. })), "{lost:?}");
+    }
+
     /// 8 tasks contend for one name for 1.5 s: never two inside at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn leases_exclude_each_other() {
@@ -1708,6 +1742,82 @@ mod workers;
 mod pooled;
 // Visibility-timeout claims, on the backends above.
 mod timed;
+// Sessions the server ends under a claim, and pools that give no connection.
+mod errors;
+
+/// A renewal that does not come back (its statement sleeps, as one on a
+/// dead link waits) is dropped a grace (a third of the TTL) after the
+/// closure ends: the call returns within that bound, having released on
+/// `conn`, and the closure was told the lease was lost at its TTL.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_call_returns_while_a_renewal_is_stuck() {
+    use diesel_async::SimpleAsyncConnection;
+
+    let (_db, pool) = pg::test_db(3).await;
+    let (mut conn, mut renewer, mut other) = (
+        pool.get().await.unwrap(),
+        pool.get().await.unwrap(),
+        pool.get().await.unwrap(),
+    );
+    // Statements changing leases sleep 2 s on the renewer's session only.
+    conn.batch_execute(
+        "CREATE FUNCTION stall_renewals() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+             IF current_setting('application_name') = 'stalled renewer' THEN PERFORM pg_sleep(2); END IF;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER stall_renewals BEFORE UPDATE ON diesel_claim_leases
+             FOR EACH STATEMENT EXECUTE FUNCTION stall_renewals();",
+    )
+    .await
+    .unwrap();
+    renewer
+        .batch_execute("SET application_name = 'stalled renewer'")
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(600);
+    let taking = std::time::Instant::now();
+    let (mut told_after, mut ended) = (None, None);
+    let (told, end) = (&mut told_after, &mut ended);
+    let outcome = with_lease_kept_alive(
+        &mut *conn,
+        &mut *renewer,
+        "report",
+        ttl,
+        async |_: &mut pg::Conn, lease| {
+            while !lease.is_lost() && taking.elapsed() < 3 * ttl {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            *told = Some(taking.elapsed());
+            *end = Some(std::time::Instant::now());
+            Ok::<_, diesel_claim::Error>(())
+        },
+    )
+    .await;
+    let returned_after = ended.unwrap().elapsed();
+    // Released, or found expired already: the database's TTL ends a little
+    // after the local one.
+    assert!(
+        matches!(
+            outcome,
+            Ok(Some(())) | Err(diesel_claim::Error::NotLeaseOwner { .. })
+        ),
+        "{outcome:?}"
+    );
+    let told_after = told_after.unwrap();
+    assert!(
+        told_after <= ttl + Duration::from_millis(100),
+        "told {told_after:?} after"
+    );
+    assert!(
+        returned_after <= ttl / 3 + Duration::from_millis(150),
+        "returned {returned_after:?} after"
+    );
+    let next = Lease::acquire(&mut *other, "report", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(next.is_some(), "not released");
+}
 
 /// A MySQL or MariaDB pool set up with `establish_read_committed` hands out
 /// connections at `READ COMMITTED`, from bb8 and from deadpool; a plain

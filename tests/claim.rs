@@ -1826,7 +1826,10 @@ mod pg_only {
             .execute(&mut pool.get().unwrap())
             .unwrap();
         let result = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
-        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(Error::BrokenConnection(_))),
+            "{result:?}"
+        );
     }
 
     /// Under `REPEATABLE READ` a row its lock holder changed while the claimer
@@ -2038,6 +2041,9 @@ mod mysql_only {
             .batch_execute(&format!("KILL {id}"))
             .unwrap();
         let result = pending().claim_each(&mut conn, |_, _: Order| Ok::<_, Error>(()));
-        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(Error::BrokenConnection(_))),
+            "{result:?}"
+        );
     }
 }

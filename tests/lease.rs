@@ -552,11 +552,11 @@ on_every_backend! {
     /// it after one TTL, as `with_lease_outcomes` shows.)
     #[test]
     fn a_kept_lease_outlives_its_ttl_while_the_closure_runs() {
-        let (_db, pool) = test_db(3);
-        let (mut pooled, mut renewer, mut other) = (pool.get().unwrap(), pool.get().unwrap(), pool.get().unwrap());
+        let (_db, pool) = test_db(4);
+        let (mut pooled, mut other) = (pool.get().unwrap(), pool.get().unwrap());
         let (conn, other): (&mut Conn, &mut Conn) = (&mut pooled, &mut other);
         let started = Instant::now();
-        let kept = with_lease_kept_alive(conn, &mut *renewer, "report", KEPT_TTL, |_, lease| {
+        let kept = with_lease_kept_alive(conn, pool.get().unwrap(), "report", KEPT_TTL, |_, lease| {
             let mut taken_by_others = 0;
             while started.elapsed() < 4 * KEPT_TTL {
                 thread::sleep(KEPT_TTL / 6);
@@ -569,7 +569,7 @@ on_every_backend! {
         let next = acquire(other, "report", LONG).expect("released afterwards");
         assert_eq!(next.token(), 2);
         // Held elsewhere: the closure does not run.
-        let skipped = with_lease_kept_alive(conn, &mut *renewer, "report", KEPT_TTL, |_, _| Ok::<_, Error>(()));
+        let skipped = with_lease_kept_alive(conn, pool.get().unwrap(), "report", KEPT_TTL, |_, _| Ok::<_, Error>(()));
         assert!(matches!(skipped, Ok(None)), "{skipped:?}");
         next.release(other).unwrap();
     }
@@ -581,10 +581,10 @@ on_every_backend! {
     #[test]
     fn a_kept_lease_tells_the_closure_it_was_lost() {
         let (_db, pool) = test_db(3);
-        let (mut pooled, mut renewer, mut other) = (pool.get().unwrap(), pool.get().unwrap(), pool.get().unwrap());
+        let (mut pooled, mut other) = (pool.get().unwrap(), pool.get().unwrap());
         let (conn, other): (&mut Conn, &mut Conn) = (&mut pooled, &mut other);
         let mut told_after = None;
-        let lost = with_lease_kept_alive(conn, &mut *renewer, "report", KEPT_TTL, |_, lease| {
+        let lost = with_lease_kept_alive(conn, pool.get().unwrap(), "report", KEPT_TTL, |_, lease| {
             assert!(!lease.is_lost());
             diesel::update(diesel_claim_leases::table.find("report"))
                 .set(diesel_claim_leases::token.eq(diesel_claim_leases::token + 1))
@@ -601,6 +601,49 @@ on_every_backend! {
         assert!(matches!(&lost, Err(Error::NotLeaseOwner { name, token: 1 }) if name == "report"), "{lost:?}");
         // Told at the first renewal after the takeover.
         assert!(told_after.unwrap() <= KEPT_TTL / 3 + Duration::from_millis(300), "{told_after:?}");
+    }
+
+    /// A renewal that hangs (here on the lease's row, locked by another
+    /// transaction) keeps nothing "held": the closure is told the lease is
+    /// lost once its TTL has passed on the local clock since it was taken,
+    /// not when the renewal comes back.
+    #[test]
+    fn a_kept_lease_is_lost_at_its_ttl_while_a_renewal_hangs() {
+        let (_db, pool) = test_db(3);
+        let (mut pooled, mut other) = (pool.get().unwrap(), pool.get().unwrap());
+        let (conn, other): (&mut Conn, &mut Conn) = (&mut pooled, &mut other);
+        let taking = Instant::now();
+        let lost = with_lease_kept_alive(conn, pool.get().unwrap(), "report", KEPT_TTL, |_, lease| {
+            // Every renewal waits on the row (on SQLite, on the write lock)
+            // until this transaction ends.
+            let (held_at_half, told_after) = hang_renewals(other, || {
+                thread::sleep((KEPT_TTL / 2).saturating_sub(taking.elapsed()));
+                let held_at_half = !lease.is_lost();
+                while !lease.is_lost() && taking.elapsed() < 3 * KEPT_TTL {
+                    thread::sleep(Duration::from_millis(2));
+                }
+                (held_at_half, lease.is_lost().then(|| taking.elapsed()))
+            });
+            assert!(held_at_half, "lost before its TTL");
+            let told_after = told_after.expect("not told three TTLs after the lease was taken");
+            // Its TTL less the thousandth kept for the clocks' drift.
+            assert!(told_after >= KEPT_TTL - KEPT_TTL / 1000, "told {told_after:?} after");
+            assert!(told_after <= KEPT_TTL + Duration::from_millis(100), "told {told_after:?} after");
+            lease.ensure_held()?;
+            Ok::<_, Error>(())
+        });
+        assert!(matches!(&lost, Err(Error::NotLeaseOwner { name, token: 1 }) if name == "report"), "{lost:?}");
+    }
+
+    /// Runs `f` while a transaction on `conn` keeps the lease table's rows
+    /// from being written: it has updated them (on SQLite, it holds the
+    /// database's write lock).
+    fn hang_renewals<T>(conn: &mut Conn, f: impl FnOnce() -> T) -> T {
+        conn.batch_execute(if BACKEND == "sqlite" { "BEGIN IMMEDIATE" } else { "BEGIN" }).unwrap();
+        conn.batch_execute("UPDATE diesel_claim_leases SET token = token").unwrap();
+        let done = f();
+        conn.batch_execute("ROLLBACK").unwrap();
+        done
     }
 
     /// `with_lease`: skipped when held, releases after an error and after a
@@ -727,6 +770,67 @@ mod pg_only {
         let pool = pg_pool(&db.url, size);
         create_schema(&mut pool.get().unwrap(), POSTGRES_SCHEMA);
         (db, pool)
+    }
+
+    /// The TTL of the kept-alive lease below.
+    const STALLED_TTL: Duration = Duration::from_millis(600);
+
+    /// A renewal that does not come back (its statement sleeps, as one on a
+    /// dead link waits): the closure is told the lease is lost at its TTL,
+    /// and once it ends the call returns within the bound its documentation
+    /// gives (a third of the TTL), releasing on `conn`, while the renewal
+    /// finishes later on its own and cannot revive the lease.
+    #[test]
+    fn a_kept_lease_call_returns_while_a_renewal_is_stuck() {
+        let (_db, pool) = test_db(3);
+        let (mut conn, mut other) = (pool.get().unwrap(), pool.get().unwrap());
+        // Statements changing leases sleep 2 s on the renewer's session only.
+        conn.batch_execute(
+            "CREATE FUNCTION stall_renewals() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                 IF current_setting('application_name') = 'stalled renewer' THEN PERFORM pg_sleep(2); END IF;
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER stall_renewals BEFORE UPDATE ON diesel_claim_leases
+                 FOR EACH STATEMENT EXECUTE FUNCTION stall_renewals();",
+        )
+        .unwrap();
+        let mut renewer = pool.get().unwrap();
+        renewer
+            .batch_execute("SET application_name = 'stalled renewer'")
+            .unwrap();
+        let taking = Instant::now();
+        let (mut told_after, mut ended) = (None, None);
+        let outcome =
+            with_lease_kept_alive(&mut *conn, renewer, "report", STALLED_TTL, |_, lease| {
+                while !lease.is_lost() && taking.elapsed() < 3 * STALLED_TTL {
+                    thread::sleep(Duration::from_millis(2));
+                }
+                told_after = Some(taking.elapsed());
+                ended = Some(Instant::now());
+                Ok::<_, Error>(())
+            });
+        let returned_after = ended.unwrap().elapsed();
+        // Released, or found expired already: the database's TTL ends a
+        // little after the local one.
+        assert!(
+            matches!(outcome, Ok(Some(())) | Err(Error::NotLeaseOwner { .. })),
+            "{outcome:?}"
+        );
+        let told_after = told_after.unwrap();
+        assert!(
+            told_after <= STALLED_TTL + Duration::from_millis(100),
+            "told {told_after:?} after"
+        );
+        assert!(
+            returned_after <= STALLED_TTL / 3 + Duration::from_millis(150),
+            "returned {returned_after:?} after"
+        );
+        // Released: free at once; the stuck renewal, refused, leaves it so.
+        let next = Lease::acquire(&mut *other, "report", LONG)
+            .unwrap()
+            .expect("released");
+        thread::sleep(Duration::from_secs(2));
+        next.renew(&mut *other, LONG).unwrap();
     }
 
     #[test]

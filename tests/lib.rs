@@ -18,8 +18,13 @@ mod jobs;
 // Programs that must not compile; they use PostgreSQL and SQLite.
 #[cfg(all(feature = "postgres", feature = "sqlite"))]
 mod compile_fail;
+// Sessions the server ends under a claim, and pools that give no connection.
+mod errors;
 mod lease;
 mod lock;
+// The counters and histograms of the `metrics` feature.
+#[cfg(feature = "metrics")]
+mod metrics;
 mod migrations;
 // Partitioned tables: PostgreSQL and MariaDB.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -837,8 +837,12 @@ on_every_backend! {
             }
         });
         eprintln!("deadlock + retry: {:?}", started.elapsed());
-        assert_eq!(deadlocks.into_inner(), 1);
-        assert_eq!(attempts.into_inner(), 3);
+        // A retry can meet the other side again before that side has taken
+        // the lock the deadlock freed (a loaded machine): each deadlock costs
+        // exactly one more attempt.
+        let deadlocks = deadlocks.into_inner();
+        assert!(deadlocks >= 1);
+        assert_eq!(attempts.into_inner(), 2 + deadlocks);
         assert_eq!(balances(&mut pool.get().unwrap()), vec![115, 85]);
     }
 

@@ -319,7 +319,9 @@ on_every_backend! {
             })
             .unwrap();
         let late = late.expect("the closure ran");
-        assert!(matches!(&late, Err(Error::ClaimLost { table }) if table.contains("invoices")), "{late:?}");
+        // The table as `table!` names it, and the row's key.
+        assert!(matches!(&late, Err(Error::ClaimLost { table, key }) if table == "invoices" && key == "1"), "{late:?}");
+        assert!(late.unwrap_err().to_string().starts_with("claim lost on invoices row 1:"));
         assert_eq!(times_sent(&mut stalled, 1), 1, "the late write landed");
         assert_eq!(invoice_figures(&mut stalled), (0, 0, 0));
     }

@@ -269,8 +269,13 @@ on_every_backend! {
         let warnings: Vec<&EventSeen> =
             seen.events.iter().filter(|event| event.level == Level::WARN).collect();
         assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert_eq!(warnings[0].fields["table"], "orders");
+        assert_eq!(warnings[0].fields["keys"], "[2]");
         assert_eq!(warnings[0].fields["rows"], "1");
         assert_eq!(warnings[0].span, Some("batch"));
+        // `each` cannot show an error type that may have no `Display`: the
+        // caller has it (`each_outcome`).
+        assert!(!warnings[0].fields.contains_key("error"), "{warnings:#?}");
         let rolled_back = seen
             .spans("batch")
             .into_iter()
@@ -315,10 +320,10 @@ on_every_backend! {
         assert_eq!(released.fields["outcome"], "released");
     }
 
-    /// A worker is one span at info level, with its totals; the claims it
-    /// runs over and over are spans inside it, at debug level.
+    /// A worker is one span at info level, with its table and totals; the
+    /// claims it runs over and over are spans inside it, at trace level.
     #[test]
-    fn a_worker_is_an_info_span_around_debug_claims() {
+    fn a_worker_is_an_info_span_around_trace_claims() {
         let (_db, pool) = test_db(1);
         let mut conn = pool.get().unwrap();
         insert_pending(&mut conn, 3);
@@ -340,13 +345,152 @@ on_every_backend! {
         assert_eq!(report.processed, 3);
         let worker = seen.the_span("worker");
         assert_eq!(worker.level, Level::INFO);
+        assert_eq!(worker.fields["table"], "orders");
         assert_eq!(worker.fields["processed"], "3");
         let claims = seen.spans("claim");
         assert!(!claims.is_empty());
         assert!(
-            claims.iter().all(|claim| claim.level == Level::DEBUG && claim.parent == Some("worker")),
+            claims.iter().all(|claim| claim.level == Level::TRACE && claim.parent == Some("worker")),
             "{claims:#?}"
         );
+        let batches = seen.spans("batch");
+        assert!(batches.iter().all(|batch| batch.level == Level::TRACE), "{batches:#?}");
+    }
+
+    /// A worker says when it starts and stops, shows a failed row's table,
+    /// key and error, and reports its progress at info level every
+    /// `progress_interval`.
+    #[test]
+    fn a_worker_reports_its_failures_with_their_errors_and_its_progress() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let stop = diesel_claim::StopHandle::new();
+        let stopper = stop.clone();
+        let (report, seen) = traced(|| {
+            std::thread::scope(|scope| {
+                scope.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(300));
+                    stopper.stop();
+                });
+                pending()
+                    .build_claim()
+                    .keep_going()
+                    .worker(&stop)
+                    .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
+                    .progress_interval(Duration::from_millis(40))
+                    .run(&mut conn, |conn, order: Order| {
+                        if order.id == 2 {
+                            return Err(Error::InvalidArgument("order 2 is bad".to_owned()));
+                        }
+                        Ok::<_, Error>(mark_sent(conn, &order)?)
+                    })
+                    .unwrap()
+            })
+        });
+        assert_eq!((report.processed, report.failed), (2, 1));
+
+        let named = |message: &str| -> Vec<&EventSeen> {
+            seen.events.iter().filter(|event| event.message() == message).collect()
+        };
+        let failed = named("a closure failed: its rows are rolled back and passed over");
+        assert_eq!(failed.len(), 1, "{:#?}", seen.events);
+        assert_eq!(failed[0].level, Level::WARN);
+        assert_eq!(failed[0].fields["table"], "orders");
+        assert_eq!(failed[0].fields["keys"], "[2]");
+        assert_eq!(failed[0].fields["error"], "invalid argument: order 2 is bad");
+
+        let started = named("a worker starts");
+        assert_eq!(started.len(), 1, "{:#?}", seen.events);
+        assert_eq!((started[0].level, started[0].fields["table"].as_str()), (Level::INFO, "orders"));
+        assert_eq!(started[0].fields["progress_every"], "40ms");
+        let stopped = named("a worker stops");
+        assert_eq!(stopped.len(), 1, "{:#?}", seen.events);
+        assert_eq!(stopped[0].level, Level::INFO);
+        assert_eq!(stopped[0].fields["table"], "orders");
+        assert_eq!(stopped[0].fields["why"], "stopped");
+        assert_eq!((stopped[0].fields["processed"].as_str(), stopped[0].fields["failed"].as_str()), ("2", "1"));
+
+        // Every 40 ms or so over 300 ms; the rows were done in the first.
+        let progress = named("worker progress");
+        assert!(progress.len() >= 2, "{:#?}", seen.events);
+        let mut processed = 0;
+        let mut failed = 0;
+        for line in &progress {
+            assert_eq!(line.level, Level::INFO);
+            assert_eq!(line.fields["table"], "orders");
+            assert!(line.fields.contains_key("idle") && line.fields.contains_key("over"), "{line:#?}");
+            processed += line.fields["processed"].parse::<u64>().unwrap();
+            failed += line.fields["failed"].parse::<u64>().unwrap();
+        }
+        assert_eq!((processed, failed), (2, 1), "{progress:#?}");
+        // Its last lines find it idle: the rows took a few milliseconds.
+        assert!(progress.last().unwrap().fields["idle"] != "0ns", "{progress:#?}");
+    }
+
+    /// A worker whose closure fails without `keep_going` stops, and says
+    /// why: the table, the row's key, the error.
+    #[test]
+    fn a_worker_stopped_by_an_error_says_so() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 1);
+        let stop = diesel_claim::StopHandle::new();
+        let (ended, seen) = traced(|| {
+            pending()
+                .build_claim()
+                .worker(&stop)
+                .run(&mut conn, |_, _: Order| Err(Error::InvalidArgument("no mail server".to_owned())))
+        });
+        assert!(matches!(ended, Err(Error::InvalidArgument(_))), "{ended:?}");
+        let stopped: Vec<&EventSeen> =
+            seen.events.iter().filter(|event| event.message() == "a worker stops on an error").collect();
+        assert_eq!(stopped.len(), 1, "{:#?}", seen.events);
+        assert_eq!(stopped[0].level, Level::WARN);
+        assert_eq!(stopped[0].fields["table"], "orders");
+        assert_eq!(stopped[0].fields["keys"], "[1]");
+        assert_eq!(stopped[0].fields["error"], "invalid argument: no mail server");
+    }
+
+    /// An idle worker's polls leave nothing above trace level: its span,
+    /// and its start and stop, are all a debug subscriber sees.
+    #[test]
+    fn an_idle_worker_is_silent_at_debug() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let stop = diesel_claim::StopHandle::new();
+        let stopper = stop.clone();
+        let (report, seen) = traced(|| {
+            std::thread::scope(|scope| {
+                scope.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    stopper.stop();
+                });
+                pending()
+                    .build_claim()
+                    .worker(&stop)
+                    .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
+                    .run(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, &order)?))
+                    .unwrap()
+            })
+        });
+        assert_eq!(report.processed, 0);
+        // It did poll, many times, at trace level.
+        assert!(seen.spans("claim").len() >= 5, "{}", seen.spans("claim").len());
+        let loud: Vec<&str> = seen
+            .spans
+            .iter()
+            .filter(|span| span.level != Level::TRACE)
+            .map(|span| span.name)
+            .collect();
+        assert_eq!(loud, ["worker"]);
+        let loud: Vec<&str> = seen
+            .events
+            .iter()
+            .filter(|event| event.level != Level::TRACE)
+            .map(EventSeen::message)
+            .collect();
+        assert_eq!(loud, ["a worker starts", "a worker stops"]);
     }
 
     /// A row lock is a span naming its table on every backend, with the rows

@@ -154,6 +154,11 @@ pub struct Options {
     /// Print every statement the drains send (with few --rows)
     #[arg(long)]
     pub trace: bool,
+    /// Install a tracing subscriber (diesel_claim=info, spans printed as they
+    /// close, to nowhere) and a metrics recorder first, as a service that reads
+    /// them does (needs the tracing and metrics features)
+    #[arg(long)]
+    pub telemetry: bool,
     /// Ignored: `cargo bench` passes it to every bench target.
     #[arg(long, hide = true)]
     bench: bool,

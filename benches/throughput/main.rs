@@ -4,7 +4,8 @@
 //! cargo bench --bench throughput --all-features -- [--quick] [--rows N] \
 //!     [--workers 1,2,4,8] [--backend postgres|sqlite|mysql|all] [--only MODE,...] \
 //!     [--batches 10,100,1000] [--index-effect] [--memory] [--svg PATH] [--repeat R] \
-//!     [--trace] [--mysql-isolation read-committed|repeatable-read] [--sqlite-analyze]
+//!     [--trace] [--mysql-isolation read-committed|repeatable-read] [--sqlite-analyze] \
+//!     [--telemetry]
 //! ```
 //!
 //! (`-- --help` describes them.)
@@ -30,7 +31,9 @@
 //! the partial index), `memory` (peak RSS, in child processes), `pickup` (the
 //! worker loop's pickup latency), `jobs` (a job runner's workload, JR and
 //! JS), `report`
-//! (medians, tables and bars) and `svg` (the plot).
+//! (medians, tables and bars), `svg` (the plot) and `telemetry` (a
+//! subscriber and a recorder, to measure what the crate's events and
+//! metrics cost).
 
 // Throwaway databases, shared with the tests and examples.
 extern crate diesel_claim_testkit as testkit;
@@ -49,6 +52,7 @@ mod pickup;
 mod report;
 mod schema;
 mod svg;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -90,6 +94,9 @@ fn memory_child(child: MemoryChild) -> Result<(), String> {
 /// Runs everything asked for, prints the report, and fails on any
 /// correctness failure.
 fn bench(options: &Options) -> Result<(), String> {
+    if options.telemetry {
+        telemetry::install()?;
+    }
     db::set_mysql_isolation(options.mysql_isolation);
     db::set_sqlite_analyze(options.sqlite_analyze);
     let mut results = Results::default();

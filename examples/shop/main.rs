@@ -182,7 +182,7 @@ impl Progress {
 
     pub fn tick(&self) {
         let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        if count % self.every == 0 {
+        if count.is_multiple_of(self.every) {
             self.clock.log(format_args!("{count} {}", self.what));
         }
     }

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::time::Instant;
 
 use diesel::query_builder::Query;
 use diesel_async::AsyncConnection;
@@ -16,6 +17,7 @@ use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::Async;
 use crate::claim::run::panicked;
+use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error};
@@ -235,7 +237,9 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
         claim.exclude(excluded.into_iter().map(Position::of_key));
-        let span = claim.span(&T::table_name());
+        let table = T::table_name();
+        let span = claim.span(&table);
+        let began = Instant::now();
         let mut driver = Driver {
             claim: &mut claim,
             query: &self.query,
@@ -244,10 +248,13 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             options: &self.options,
             failed: Vec::new(),
             transient: false,
+            metrics: ClaimMetrics::new(&table),
         };
         let stopped = driver.run(conn, f).instrument(span.clone()).await.err();
-        let (failed, transient) = (driver.failed, driver.transient);
-        ClaimOutcome::ended(claim.report(), failed, stopped, transient, &span)
+        let (failed, transient, mut metrics) = (driver.failed, driver.transient, driver.metrics);
+        let report = claim.report();
+        metrics.claim_ended(began, report.counts(), claim.in_worker());
+        ClaimOutcome::ended(report, failed, stopped, transient, &span)
     }
 }
 

@@ -15,6 +15,7 @@ use super::transaction::{locking_transaction, roll_back_to, transaction_depth};
 use crate::claim::engine::{Claim, Step, Taking};
 use crate::claim::run::{calls, Failing, NextBatch};
 use crate::claim::{failures_in_savepoints, Options};
+use crate::metrics::ClaimMetrics;
 use crate::sql::{KeyRange, Position};
 use crate::trace::{self, Instrument};
 use crate::transaction::{locking_read, transaction_outcome, MOVED_ROW_RETRIES};
@@ -31,12 +32,13 @@ pub(super) struct Driver<'d, Q, T, H, K, E> {
     pub(super) failed: Vec<RowFailure<K, E>>,
     /// See the blocking driver's.
     pub(super) transient: bool,
+    pub(super) metrics: ClaimMetrics,
 }
 
 impl<'a, Q, T, H, K, E> Driver<'_, Q, T, H, K, E>
 where
     Q: Sync,
-    K: Clone + Eq + Hash + Send + Sync,
+    K: Clone + Eq + Hash + std::fmt::Debug + Send + Sync,
     E: From<Error> + Send,
 {
     /// Runs the claim's steps until it is done; an error ends it.
@@ -54,15 +56,18 @@ where
         F: Closure<C, I, E>,
     {
         while let Some((range, limit)) = self.next_batch(conn).await.map_err(|e| self.outside(e))? {
-            let span =
-                trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
-            if self.claim.taking == Taking::MarkAndCommit {
-                self.hand_committed(conn, f, range, limit, &span).await?;
+            let span = self.claim.batch_span(limit);
+            let began = Instant::now();
+            let batch = if self.claim.taking == Taking::MarkAndCommit {
+                self.hand_committed(conn, f, range, limit, &span).await
             } else {
                 self.take_and_hand(conn, f, range, limit, &span)
                     .instrument(span.clone())
-                    .await?;
-            }
+                    .await
+            };
+            self.metrics
+                .batch_ended(began, self.claim.report().counts());
+            batch?;
         }
         Ok(())
     }
@@ -375,13 +380,16 @@ where
             .taken(rows, limit, |row| Position::of_key(T::taken_key(row)))
     }
 
-    /// Counts a failure the call goes on past, and says so.
+    /// Counts a failure the call goes on past, and says so (a worker says so
+    /// itself, with the error, which it can show).
     fn passed_over<C, I>(&mut self, keys: &[K])
     where
         T: Takes<'a, Q, C, I, Key = K>,
         C: AsyncConnection,
     {
-        trace::passed_over(&T::table_name(), keys.len());
+        if !self.claim.in_worker() {
+            trace::passed_over(&T::table_name(), keys, None);
+        }
         self.claim
             .failed(keys.iter().cloned().map(Position::of_key).collect());
     }

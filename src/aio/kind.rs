@@ -41,7 +41,7 @@ pub trait Takes<'a, Q, C: AsyncConnection, I>: Kind + Send + Sync {
     type Row: Send;
     /// The claimed table's primary-key value.
     #[doc(hidden)]
-    type Key: Clone + Eq + Hash + Send + Sync;
+    type Key: Clone + Eq + Hash + std::fmt::Debug + Send + Sync;
     /// What the taking statement returns per row.
     #[doc(hidden)]
     type Taken: Send;
@@ -184,6 +184,8 @@ impl<'a, Q, C: AsyncConnection, R> Finish<'a, Q, C, R> for Keep {
     }
 }
 
+// A statement Diesel cannot build is told as what `then_delete` does.
+#[diagnostic::do_not_recommend]
 impl<'a, Q, C, R> Finish<'a, Q, C, R> for Delete
 where
     C: AsyncConnection,
@@ -210,6 +212,9 @@ where
     }
 }
 
+// Changes for another table, or a statement Diesel cannot build from
+// them, are told as what `then_update` takes.
+#[diagnostic::do_not_recommend]
 impl<'a, Q, C, R, V> Finish<'a, Q, C, R> for Set<V>
 where
     C: AsyncConnection,
@@ -293,7 +298,7 @@ where
     C::Backend: AsyncBackend,
     Rc: AsyncConnection<Backend = C::Backend> + Sync,
     R: Send,
-    K: Clone + Eq + Hash + Send + Sync,
+    K: Clone + Eq + Hash + std::fmt::Debug + Send + Sync,
 {
     hands_rows_as_they_are!(K);
 
@@ -530,6 +535,9 @@ impl<C, I, Row, E: Send> FailureHook<C, I, Row, E> for NoHook {
     }
 }
 
+// A hook of another shape, or rows that are not `Clone`, are told as what
+// a failure hook is.
+#[diagnostic::do_not_recommend]
 impl<C, I, Row, E, F> FailureHook<C, I, Row, E> for OnFailure<F>
 where
     I: Clone,

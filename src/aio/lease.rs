@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use diesel_async::AsyncConnection;
 use futures_util::future::{self, BoxFuture, Either};
 use futures_util::FutureExt;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 use super::backend::AsyncBackend;
 use super::closure::AsyncFnOnce2;
@@ -160,10 +160,17 @@ where
 
 /// Awaits `f` while holding the lease on `name`, renewed every third of its
 /// `ttl` on `renewer` for as long as `f` runs: see
-/// [`crate::with_lease_kept_alive`]. The renewing runs beside `f` in the same
-/// task, and stops between two renewals when `f` returns or panics; if the
-/// future is dropped, both stop and the lease is left to expire at its TTL.
-/// `f` is an `async` closure, `async |conn, lease| { … }`.
+/// [`crate::with_lease_kept_alive`], whose rule for a lost lease (its TTL
+/// passed on the local clock since the start of the last renewal that
+/// worked, whatever the renewal under way is doing) holds here too. The
+/// renewing runs beside `f` in the same task. When `f` returns or panics, a
+/// renewal under way gets a third of the TTL or a second, whichever is
+/// shorter, to finish; one still running then (a dead link) is dropped, as
+/// any cancelled future is, and `renewer` may be left in the middle of its
+/// statement: do not use it again for anything but dropping. The lease is
+/// then released on `conn`. If the call's future is dropped, both stop and
+/// the lease is left to expire at its TTL. `f` is an `async` closure,
+/// `async |conn, lease| { … }`.
 pub fn with_lease_kept_alive<'a, C, R, T, E, F>(
     conn: &'a mut C,
     renewer: &'a mut R,
@@ -186,43 +193,64 @@ where
     let span = lease_span!(name, ttl);
     let entered = span.clone();
     async move {
+        let acquiring = Instant::now();
         let Some(lease) = Lease::acquire(conn, name, ttl).await? else {
             span.record("outcome", "held by another");
             return Ok(None);
         };
         span.record("token", lease.token());
-        let kept = KeptLease::new(lease.0);
-        let stop = Notify::new();
+        let kept = KeptLease::new(lease.0, ttl, acquiring);
+        let (stop, stopped) = watch::channel(false);
         let work = async {
             let work: BoxFuture<'_, _> = Box::pin(f(&mut *conn, &kept));
             let outcome = AssertUnwindSafe(work).catch_unwind().await;
-            stop.notify_one();
+            stop.send_replace(true);
             outcome
         };
-        let (outcome, ()) = future::join(work, keep_alive(renewer, &kept, ttl, &stop)).await;
-        let released = Lease(kept.into_lease()).release(conn).await;
+        let (outcome, ()) = future::join(work, keep_alive(renewer, &kept, stopped)).await;
+        let released = Lease(kept.lease().clone()).release(conn).await;
         lease_outcome(outcome, released, &span)
     }
     .instrument(entered)
 }
 
-/// Renews `kept` on `renewer` every third of `ttl` until `stop` is notified
-/// or the lease is lost.
-async fn keep_alive<R>(renewer: &mut R, kept: &KeptLease, ttl: Duration, stop: &Notify)
+/// Renews `kept` on `renewer` every third of its TTL until `stopped` turns
+/// true or the lease is lost; a renewal under way when it turns true gets
+/// [`KeptLease::grace`] to finish.
+async fn keep_alive<R>(renewer: &mut R, kept: &KeptLease, mut stopped: watch::Receiver<bool>)
 where
     R: AsyncConnection,
     R::Backend: AsyncBackend,
 {
-    let mut renewed_at = Instant::now();
+    let ttl = kept.ttl();
     loop {
         let pause = pin!(tokio::time::sleep(KeptLease::period(ttl)));
-        if let Either::Right(_) = future::select(pause, pin!(stop.notified())).await {
+        if let Either::Right(_) = future::select(pause, pin!(until_true(&mut stopped))).await {
+            return;
+        }
+        if kept.is_lost() {
             return;
         }
         let started = Instant::now();
-        let renewed = renew(kept.lease(), renewer, ttl).await;
-        if !kept.renewed(renewed, started, &mut renewed_at, ttl) {
+        let renewal = pin!(renew(kept.lease(), renewer, ttl));
+        let cut_short = pin!(async {
+            until_true(&mut stopped).await;
+            tokio::time::sleep(KeptLease::grace(ttl)).await;
+        });
+        let renewed = match future::select(renewal, cut_short).await {
+            Either::Left((renewed, _)) => renewed,
+            Either::Right(_) => {
+                trace::renewal_abandoned(kept.name(), kept.token());
+                return;
+            }
+        };
+        if !kept.renewed(renewed, started) {
             return;
         }
     }
+}
+
+/// Waits until `flag` is true (or its sender is gone).
+async fn until_true(flag: &mut watch::Receiver<bool>) {
+    let _ = flag.wait_for(|&set| set).await;
 }

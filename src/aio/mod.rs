@@ -91,7 +91,8 @@
 //! - a closure that returns a boxed future, `|conn, row| async move { … }.scope_boxed()`
 //!   (diesel-async's form before 0.9; [`ScopedFutureExt`](scoped_futures::ScopedFutureExt)
 //!   is in the prelude), passed through [`scoped`], or a function that returns
-//!   one, by name.
+//!   one, by name. Inline, without [`scoped`], the compiler refuses it, saying
+//!   "implementation of `AsyncFnMut` is not general enough".
 //!
 //! **The limit**: a closure called more than once cannot return a future that
 //! borrows the closure's own state, as an `async move` closure that uses what it
@@ -165,6 +166,7 @@ mod drive;
 mod kind;
 mod lease;
 mod lock;
+#[cfg(feature = "migrations")]
 mod migrations;
 #[cfg(any(feature = "bb8", feature = "deadpool"))]
 mod pooled;
@@ -182,9 +184,10 @@ pub use closure::{scoped, AsyncFnMut1, AsyncFnMut2, AsyncFnMut3, AsyncFnOnce2};
 pub use kind::{FailureHook, Finish, Takes};
 pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
+#[cfg(feature = "migrations")]
 pub use migrations::run_migrations;
 #[cfg(any(feature = "bb8", feature = "deadpool"))]
-pub use pooled::{PoolFailure, WorkerPool};
+pub use pooled::WorkerPool;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use timed::StampedRow;
 pub use versioned::{retry, VersionedDsl};

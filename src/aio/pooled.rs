@@ -2,6 +2,7 @@
 //! `run_pooled`, its claim loops futures of one future, its listener on a
 //! connection the pool makes outside its own count.
 
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -19,13 +20,10 @@ use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
-use crate::claim::worker::on_a_pool::{lock, reconnecting, summed, Reconnect, Shared};
+use crate::claim::worker::on_a_pool::{lock, summed, Reconnect, Shared};
 use crate::claim::worker::{Backoff, Polling, Ran};
-use crate::trace::Instrument;
-use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error};
-
-/// Why a pool gave no connection, for the worker's events.
-pub type PoolFailure = Box<dyn std::error::Error + Send + Sync>;
+use crate::trace::{Instrument, WorkerTrace};
+use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure};
 
 /// A pool an async worker runs on: diesel-async's bb8 pool (feature `bb8`)
 /// and deadpool pool (feature `deadpool`). Sealed.
@@ -38,14 +36,15 @@ pub trait WorkerPool: Sync + private::Sealed {
     where
         Self: 'p;
 
-    /// Checks a connection out.
+    /// Checks a connection out; [`Error::Checkout`] when the pool gives none.
     #[doc(hidden)]
-    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, PoolFailure>> + Send;
+    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, Error>> + Send;
 
     /// A new connection of the pool's kind that is not counted in the pool:
-    /// the listener's, held for as long as the worker runs.
+    /// the listener's, held for as long as the worker runs;
+    /// [`Error::Checkout`] when it cannot be made.
     #[doc(hidden)]
-    fn connect(&self) -> impl Future<Output = Result<Self::Connection, PoolFailure>> + Send;
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Error>> + Send;
 }
 
 mod private {
@@ -60,19 +59,19 @@ impl<M> WorkerPool for bb8::Pool<M>
 where
     M: bb8::ManageConnection,
     M::Connection: WaitForRows,
-    M::Error: std::error::Error,
+    M::Error: std::error::Error + Sync,
 {
     type Connection = M::Connection;
     type Pooled<'p> = bb8::PooledConnection<'p, M>;
 
-    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, PoolFailure>> + Send {
-        async move { self.get().await.map_err(|error| error.to_string().into()) }
+    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, Error>> + Send {
+        async move { Ok(self.get().await?) }
     }
 
-    fn connect(&self) -> impl Future<Output = Result<Self::Connection, PoolFailure>> + Send {
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Error>> + Send {
         async move {
             let connected = self.dedicated_connection().await;
-            connected.map_err(|error| error.to_string().into())
+            connected.map_err(|error| Error::Checkout(Box::new(error)))
         }
     }
 }
@@ -85,19 +84,19 @@ impl<M> WorkerPool for deadpool::managed::Pool<M>
 where
     M: deadpool::managed::Manager + 'static,
     M::Type: WaitForRows,
-    M::Error: std::fmt::Display,
+    M::Error: std::error::Error + Send + Sync,
 {
     type Connection = M::Type;
     type Pooled<'p> = deadpool::managed::Object<M>;
 
-    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, PoolFailure>> + Send {
-        async move { self.get().await.map_err(|error| error.to_string().into()) }
+    fn check_out(&self) -> impl Future<Output = Result<Self::Pooled<'_>, Error>> + Send {
+        async move { Ok(self.get().await?) }
     }
 
-    fn connect(&self) -> impl Future<Output = Result<Self::Connection, PoolFailure>> + Send {
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Error>> + Send {
         async move {
             let connected = self.manager().create().await;
-            connected.map_err(|error| error.to_string().into())
+            connected.map_err(|error| Error::Checkout(Box::new(error)))
         }
     }
 }
@@ -136,14 +135,16 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + Clone
             + Send
             + 'a,
-        E: From<Error> + Send + 'a,
+        E: From<Error> + Display + Send + 'a,
     {
         async move {
             let ClaimWorker { claim, polling } = self;
+            let table = T::table_name();
+            let span = polling.span(&table);
             polling.check(true)?;
+            let events = span.in_scope(|| polling.events(table));
             let shared = Shared::new(&polling);
             let backoff = Mutex::new(Backoff::new(polling.backoff));
-            let span = polling.span();
             // Cloned up front: the loops' futures hold no reference to the
             // originals, which need not be `Sync`.
             let clones: Vec<_> = (0..polling.concurrency)
@@ -151,14 +152,14 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
                 .collect();
             drop((claim, f));
             let loops = clones.into_iter().map(|(mut claim, f)| {
-                let (shared, polling, backoff) = (&shared, &polling, &backoff);
+                let (shared, polling, backoff, events) = (&shared, &polling, &backoff, &events);
                 async move {
                     let mut runs = Runs {
                         claim: &mut claim,
                         f,
                         types: PhantomData,
                     };
-                    claim_loop(pool, polling, shared, backoff, &mut runs).await
+                    claim_loop(pool, polling, shared, backoff, events, &mut runs).await
                 }
             });
             let loops = async {
@@ -169,14 +170,15 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             };
             let listener = async {
                 if let Some(channel) = &polling.channel {
-                    listen(pool, channel, &shared).await;
+                    listen(pool, channel, &shared, &events).await;
                 }
             };
             let ((), ended) = future::join(listener, loops).instrument(span.clone()).await;
-            let total = summed(ended)?;
-            span.record("processed", total.processed)
-                .record("failed", total.failed);
-            Ok(total)
+            let ended = summed(&polling, ended);
+            span.in_scope(|| Polling::ended(&span, &events, &ended));
+            ended
+                .map(|(total, _)| total)
+                .map_err(|failure| failure.error)
         }
     }
 }
@@ -201,12 +203,13 @@ async fn claim_loop<P, K, E>(
     polling: &Polling,
     shared: &Shared,
     backoff: &Mutex<Backoff<K>>,
+    events: &WorkerTrace,
     once: &mut (dyn ClaimOnce<P::Connection, Key = K, Error = E> + '_),
-) -> Result<ClaimReport, E>
+) -> Result<ClaimReport, RowFailure<K, E>>
 where
     P: WorkerPool,
-    K: Clone + Eq + Hash + Send,
-    E: From<Error>,
+    K: Clone + Eq + Hash + Debug + Send,
+    E: From<Error> + Display,
 {
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;
@@ -223,7 +226,8 @@ where
             Ok(conn) => conn,
             Err(error) => {
                 let pause = reconnect.pause();
-                reconnecting("a worker could not check out a connection", &error, pause);
+                let what = "a worker could not check out a connection";
+                events.reconnecting(what, &error, pause);
                 sleep_until(shared, Instant::now() + pause, shared.woken()).await;
                 continue;
             }
@@ -235,30 +239,31 @@ where
             && !outcome.transient
             && conn.batch_execute("SELECT 1").await.is_err();
         drop(conn);
-        let recorded = lock(backoff).record(&mut total, outcome);
+        let recorded = lock(backoff).record(&mut total, outcome, events);
         let Ran { processed, took } = match recorded {
             Ok(ran) => ran,
-            Err(_) if lost => {
+            Err(failure) if lost => {
                 let pause = reconnect.pause();
-                reconnecting(
-                    "a worker's claim lost its connection, and its rows were rolled back",
-                    &"the connection no longer answers",
-                    pause,
-                );
+                let what = "a worker's claim lost its connection, and its rows were rolled back";
+                events.reconnecting(what, &failure.error, pause);
                 sleep_until(shared, Instant::now() + pause, shared.woken()).await;
                 continue;
             }
-            Err(error) => {
+            Err(failure) => {
                 shared.halt.stop();
-                return Err(error);
+                return Err(failure);
             }
         };
-        reconnect.mended();
+        if let Some(failures) = reconnect.mended() {
+            events.reconnected(failures);
+        }
         if polling.until_empty && !took {
             break;
         }
         if let Some(wait) = polling.next_pause(processed, &mut pause) {
-            sleep_until(shared, Instant::now() + wait, seen).await;
+            let waiting = Instant::now();
+            sleep_until(shared, waiting + wait, seen).await;
+            events.idled(waiting.elapsed());
             if shared.woken() != seen {
                 pause = polling.min_poll;
             }
@@ -274,7 +279,7 @@ fn far_future() -> Instant {
 
 /// The listener: a connection of its own that listens on `channel` and
 /// wakes the loops, made again when it fails, until the worker stops.
-async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared) {
+async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared, events: &WorkerTrace) {
     let mut reconnect = Reconnect::new();
     while !shared.stopping() {
         let listened = match pool.connect().await {
@@ -282,7 +287,7 @@ async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared) {
                 Ok(()) => {
                     // Rows may have come while nobody listened.
                     shared.wake();
-                    reconnect.mended();
+                    events.listening(channel, reconnect.mended().unwrap_or(0));
                     wait_for_notifications(&mut conn, shared).await
                 }
                 Err(error) => Err(error.to_string()),
@@ -292,7 +297,7 @@ async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared) {
         if let Err(error) = listened {
             let pause = reconnect.pause();
             let what = format!("a worker's listener on {channel:?} lost its connection");
-            reconnecting(&what, &error, pause);
+            events.reconnecting(&what, &error, pause);
             sleep_until(shared, Instant::now() + pause, shared.woken()).await;
         }
     }

@@ -7,7 +7,7 @@ use std::future::Future;
 use diesel::associations::HasTable;
 use diesel::dsl;
 use diesel::prelude::*;
-use diesel::query_builder::QueryFragment;
+use diesel::query_builder::{AsQuery, QueryFragment};
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
@@ -18,8 +18,9 @@ use crate::claim::query::{
     MarkStatement, PrimaryKey, ReadByKeys, ReadStampedByKeys, StampByKeys, StampStatement,
 };
 use crate::locking::LockClause;
+use crate::reusable::Reusable;
 use crate::sql::stamp::{NewStamp, StampMicros, StampType};
-use crate::sql::{KeyRange, Locked, Position};
+use crate::sql::{KeyRange, Locked, OrderTerms, Position, QueryOrder};
 use crate::Error;
 
 /// A query the async [`claim_each`](super::ClaimDsl::claim_each) can claim rows of type
@@ -57,12 +58,12 @@ pub trait ClaimQuery<'q, C: AsyncConnection, R>:
 
 impl<'q, Q, C, R> ClaimQuery<'q, C, R> for Q
 where
+    Q: Reusable<Query: AsQuery<Query: QueryOrder<Terms: OrderTerms>>>,
     C: AsyncConnection,
     C::Backend: AsyncBackend,
     Q: ClaimStatements<C::Backend, R>,
-    Q::Keys: LoadQuery<'q, C, Q::Loaded> + 'q,
+    C: Loads<'q, Q::Keys, Q::Loaded> + Loads<'q, Locked<Q::Rows>, R>,
     Q::Loaded: Send + 'static,
-    Locked<Q::Rows>: LoadQuery<'q, C, R> + 'q,
     Q::Key: Send + Sync + 'static,
     R: Send + 'static,
 {
@@ -72,7 +73,7 @@ where
         range: KeyRange<Position<Q::Key>>,
         limit: i64,
     ) -> impl Future<Output = QueryResult<Vec<Position<Q::Key>>>> + Send {
-        let loading = diesel_async::RunQueryDsl::load(self.keys_query(range, limit), conn);
+        let loading = C::load_rows(self.keys_query(range, limit), conn);
         async move {
             let loaded: Vec<Q::Loaded> = loading.await?;
             Ok(loaded.into_iter().map(Q::position).collect())
@@ -86,7 +87,27 @@ where
         limit: i64,
         lock: &LockClause,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send {
-        diesel_async::RunQueryDsl::load(self.rows_query(range, limit, lock), conn)
+        C::load_rows(self.rows_query(range, limit, lock), conn)
+    }
+}
+
+/// diesel-async's [`LoadQuery`], said of the connection: `T` loads rows `U`
+/// on `Self`, as the blocking `Loads` says it (the compiler checks it once it
+/// knows the connection, and so names a query the claim refuses, rather than
+/// losing itself in Diesel's impls).
+pub trait Loads<'q, T, U>: Sized {
+    /// Runs `query` on `conn`.
+    fn load_rows(query: T, conn: &mut Self) -> impl Future<Output = QueryResult<Vec<U>>> + Send;
+}
+
+impl<'q, C, T, U> Loads<'q, T, U> for C
+where
+    C: AsyncConnection,
+    T: LoadQuery<'q, C, U> + 'q,
+    U: Send,
+{
+    fn load_rows(query: T, conn: &mut C) -> impl Future<Output = QueryResult<Vec<U>>> + Send {
+        diesel_async::RunQueryDsl::load(query, conn)
     }
 }
 

@@ -2,10 +2,11 @@
 //! [`ClaimWorker`]'s twin, waiting with tokio timers and, on PostgreSQL,
 //! diesel-async's notification stream.
 
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
 use std::marker::PhantomData;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel_async::AsyncConnection;
 use futures_util::future::BoxFuture;
@@ -17,9 +18,9 @@ use super::kind::{FailureHook, Takes};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
-use crate::claim::worker::{Backoff, Polling, Ran};
+use crate::claim::worker::{Backoff, Polling, Ran, NOTHING_PENDING, STOPPED};
 use crate::trace::Instrument;
-use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, StopHandle};
+use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, RowFailure, StopHandle};
 
 /// How often a waiting worker looks at its stop handle.
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
@@ -36,9 +37,9 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     }
 
     /// Runs the worker until stopped, awaiting `f` for every claimed row:
-    /// see the blocking [`ClaimWorker`]. Idle, it waits with tokio timers;
-    /// listening (PostgreSQL), it wakes when diesel-async receives the
-    /// notification.
+    /// see the blocking [`ClaimWorker`] (its error type shows itself, for
+    /// the worker's events). Idle, it waits with tokio timers; listening
+    /// (PostgreSQL), it wakes when diesel-async receives the notification.
     pub fn run<'a, C, I, E, F>(
         self,
         conn: &'a mut C,
@@ -55,7 +56,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + AsyncFnMut2<&'c mut C, I, Result<(), E>, Fut: Send>
             + Send
             + 'a,
-        E: From<Error> + Send + 'a,
+        E: From<Error> + Display + Send + 'a,
     {
         async move {
             let ClaimWorker { mut claim, polling } = self;
@@ -72,8 +73,11 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
 /// One claim of a worker's loop, run over and over on a connection `C`,
 /// leaving out the rows the worker backs off from.
 pub(super) trait ClaimOnce<C>: Send {
-    type Key: Clone + Eq + Hash + Send;
+    type Key: Clone + Eq + Hash + Debug + Send;
     type Error;
+
+    /// The claimed table, for the worker's events.
+    fn table(&self) -> String;
 
     fn claim_once<'c>(
         &'c mut self,
@@ -108,6 +112,10 @@ where
     type Key = T::Key;
     type Error = E;
 
+    fn table(&self) -> String {
+        T::table_name()
+    }
+
     fn claim_once<'c>(
         &'c mut self,
         conn: &'c mut C,
@@ -127,39 +135,44 @@ async fn serve<C, K, E>(
 ) -> Result<ClaimReport, E>
 where
     C: WaitForRows,
-    K: Clone + Eq + Hash + Send,
-    E: From<Error>,
+    K: Clone + Eq + Hash + Debug + Send,
+    E: From<Error> + Display,
 {
-    let span = polling.span();
+    let table = once.table();
+    let span = polling.span(&table);
     let totals = span.clone();
     let worked = async {
         polling.check(false)?;
-        if let Some(channel) = &polling.channel {
-            conn.listen(channel).await?;
-        }
-        let mut total = ClaimReport::default();
-        let mut pause = polling.min_poll;
-        let mut backoff = Backoff::new(polling.backoff);
-        let worked = loop {
-            if polling.stop.is_stopped() {
-                break Ok(total);
+        let events = polling.events(table);
+        let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
+        let worked: Result<(ClaimReport, &str), RowFailure<K, E>> = async {
+            if let Some(channel) = &polling.channel {
+                conn.listen(channel).await.map_err(outside)?;
             }
-            let outcome = once.claim_once(conn, backoff.excluded()).await;
-            let Ran { processed, took } = match backoff.record(&mut total, outcome) {
-                Ok(ran) => ran,
-                Err(error) => break Err(error),
-            };
-            if polling.until_empty && !took {
-                break Ok(total);
-            }
-            if let Some(wait) = polling.next_pause(processed, &mut pause) {
-                match conn.wait_for_rows(wait, &polling.stop).await {
-                    Ok(true) => pause = polling.min_poll,
-                    Ok(false) => {}
-                    Err(error) => break Err(error.into()),
+            let mut total = ClaimReport::default();
+            let mut pause = polling.min_poll;
+            let mut backoff = Backoff::new(polling.backoff);
+            loop {
+                if polling.stop.is_stopped() {
+                    return Ok((total, STOPPED));
+                }
+                let outcome = once.claim_once(conn, backoff.excluded()).await;
+                let Ran { processed, took } = backoff.record(&mut total, outcome, &events)?;
+                if polling.until_empty && !took {
+                    return Ok((total, NOTHING_PENDING));
+                }
+                if let Some(wait) = polling.next_pause(processed, &mut pause) {
+                    let waiting = Instant::now();
+                    let woken = conn.wait_for_rows(wait, &polling.stop).await;
+                    events.idled(waiting.elapsed());
+                    if woken.map_err(outside)? {
+                        pause = polling.min_poll;
+                    }
                 }
             }
-        };
+        }
+        .await;
+        Polling::ended(&totals, &events, &worked);
         if let Some(channel) = &polling.channel {
             // A pooled connection goes back to the pool without it.
             let unlistened = conn.unlisten(channel).await;
@@ -168,14 +181,11 @@ where
             }
         }
         worked
+            .map(|(total, _)| total)
+            .map_err(|failure| failure.error)
     }
     .instrument(span)
     .await;
-    if let Ok(total) = &worked {
-        totals
-            .record("processed", total.processed)
-            .record("failed", total.failed);
-    }
     worked
 }
 

@@ -56,6 +56,7 @@ pub(crate) mod strategy {
         const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str);
 
         /// The crate's embedded migrations for this backend.
+        #[cfg(feature = "migrations")]
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations;
 
         /// Appends the locking clause (after the query's own `LIMIT`).
@@ -74,6 +75,7 @@ pub(crate) mod strategy {
 
         /// Applies the crate's pending migrations, recorded in its own history
         /// (`history.rs`).
+        #[cfg(feature = "migrations")]
         fn run_migrations<C>(conn: &mut C) -> Result<(), crate::Error>
         where
             C: LoadConnection<Backend = Self> + 'static;
@@ -174,10 +176,13 @@ where
     .optional()
 }
 
-#[cfg(any(
-    feature = "postgres_backend",
-    feature = "sqlite",
-    feature = "mysql_backend"
+#[cfg(all(
+    feature = "migrations",
+    any(
+        feature = "postgres_backend",
+        feature = "sqlite",
+        feature = "mysql_backend"
+    )
 ))]
 mod history;
 

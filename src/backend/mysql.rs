@@ -33,6 +33,7 @@ impl Strategy for Mysql {
     const ROW_VALUE_INDEXES: bool = false;
     const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
 
+    #[cfg(feature = "migrations")]
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/mysql");
 
@@ -67,6 +68,7 @@ impl Strategy for Mysql {
         C::TransactionManager::begin_transaction(conn)
     }
 
+    #[cfg(feature = "migrations")]
     fn run_migrations<C>(conn: &mut C) -> Result<(), crate::Error>
     where
         C: LoadConnection<Backend = Self> + 'static,

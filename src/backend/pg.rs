@@ -34,6 +34,7 @@ impl Strategy for Pg {
     const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str) =
         (" = ANY(ARRAY(SELECT ROW(k.*) FROM (", ") AS k))");
 
+    #[cfg(feature = "migrations")]
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/postgres");
 
@@ -66,6 +67,7 @@ impl Strategy for Pg {
         C::TransactionManager::begin_transaction(conn)
     }
 
+    #[cfg(feature = "migrations")]
     fn run_migrations<C>(conn: &mut C) -> Result<(), crate::Error>
     where
         C: LoadConnection<Backend = Self> + 'static,

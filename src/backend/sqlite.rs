@@ -30,6 +30,7 @@ impl Strategy for Sqlite {
     const ROW_VALUE_INDEXES: bool = true;
     const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str) = (" IN (", ")");
 
+    #[cfg(feature = "migrations")]
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/sqlite");
 
@@ -71,6 +72,7 @@ impl Strategy for Sqlite {
         }
     }
 
+    #[cfg(feature = "migrations")]
     fn run_migrations<C>(conn: &mut C) -> Result<(), crate::Error>
     where
         C: LoadConnection<Backend = Self> + 'static,

@@ -90,7 +90,8 @@ pub(crate) struct Plan {
     pub(crate) keep_going: bool,
     /// Once triggered, the claim ends before its next statement.
     pub(crate) stop: Option<StopHandle>,
-    /// A worker runs the claim over and over: its span is at debug level.
+    /// A worker runs the claim over and over: its spans are at trace level,
+    /// and the worker reports its rows' failures itself, with their errors.
     pub(crate) in_worker: bool,
     /// Each take re-runs the query from its head, with no candidates read
     /// first.
@@ -321,12 +322,34 @@ impl<K> Claim<K> {
             };
         }
         // A worker's runs are many, most of them empty while it is idle: the
-        // worker's own span is the one at info level.
+        // worker's own span is the one at info level, and its progress line
+        // tells what the runs did.
         if self.in_worker {
-            claim_span!(debug_span)
+            claim_span!(trace_span)
         } else {
             claim_span!(info_span)
         }
+    }
+
+    /// The span of one batch of up to `limit` rows, inside the claim's; a
+    /// worker's are at trace level, as its claims are.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    pub(crate) fn batch_span(&self, limit: i64) -> Span {
+        macro_rules! batch_span {
+            ($level:ident) => {
+                trace::$level!("batch", limit, taken = trace::Empty, outcome = trace::Empty)
+            };
+        }
+        if self.in_worker {
+            batch_span!(trace_span)
+        } else {
+            batch_span!(debug_span)
+        }
+    }
+
+    /// The claim is a worker's run (see [`Plan::in_worker`]).
+    pub(crate) fn in_worker(&self) -> bool {
+        self.in_worker
     }
 }
 

@@ -155,7 +155,7 @@ pub trait Takes<'q, Q, C: Connection, I>: Kind {
     type Row;
     /// The claimed table's primary-key value.
     #[doc(hidden)]
-    type Key: Clone + Eq + Hash;
+    type Key: Clone + Eq + Hash + fmt::Debug;
     /// What the taking statement returns per row.
     #[doc(hidden)]
     type Taken;
@@ -255,7 +255,8 @@ pub trait Takes<'q, Q, C: Connection, I>: Kind {
 /// page).
 #[diagnostic::on_unimplemented(
     message = "the rows of `{Q}` cannot be written once done with `{Self}`",
-    note = "`then_delete` deletes rows of the claimed table by key; `then_update(changes)`             takes an `AsChangeset` for that table"
+    note = "`then_delete` deletes rows of the claimed table by key; `then_update(changes)` \
+            takes an `AsChangeset` for that table"
 )]
 pub trait Finish<'q, Q, C: Connection, R> {
     /// Whether there is a statement to run.
@@ -288,6 +289,8 @@ impl<'q, Q, C: Connection, R> Finish<'q, Q, C, R> for Keep {
     }
 }
 
+// A statement Diesel cannot build is told as what `then_delete` does.
+#[diagnostic::do_not_recommend]
 impl<'q, Q, C, R> Finish<'q, Q, C, R> for Delete
 where
     C: Connection,
@@ -310,6 +313,9 @@ where
     }
 }
 
+// Changes for another table, or a statement Diesel cannot build from
+// them, are told as what `then_update` takes.
+#[diagnostic::do_not_recommend]
 impl<'q, Q, C, R, V> Finish<'q, Q, C, R> for Set<V>
 where
     C: Connection,
@@ -604,6 +610,9 @@ impl<C, I, Row, E> FailureHook<C, I, Row, E> for NoHook {
     }
 }
 
+// A hook of another shape, or rows that are not `Clone`, are told as what
+// a failure hook is.
+#[diagnostic::do_not_recommend]
 impl<C, I, Row, E, F> FailureHook<C, I, Row, E> for OnFailure<F>
 where
     I: Clone,

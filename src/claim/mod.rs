@@ -447,7 +447,7 @@ impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
     /// `MultiXact` as its deleter, whose dead versions index scans cannot
     /// mark dead, and takes from the head of the queue slow down as deleted
     /// jobs pile up until vacuum (0.19 to 0.46 × the jobs per second with
-    /// 4,000 queued, in the repository's `BENCHMARKS.md`). The crate's `DELETE` runs in the
+    /// 4,000 queued, in [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)). The crate's `DELETE` runs in the
     /// transaction that locked the rows.
     pub fn then_delete(self) -> ClaimBuilder<Q, M, Select<Delete>, H> {
         self.with_kind(|query| query, Select(Delete))

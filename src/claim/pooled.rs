@@ -2,6 +2,7 @@
 //! each claim and return it while idle, a listener on a connection of its
 //! own, and both going on through lost connections and server restarts.
 
+use std::fmt::{Debug, Display};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -11,10 +12,11 @@ use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
-use super::worker::on_a_pool::{lock, reconnecting, summed, Reconnect, Shared};
+use super::worker::on_a_pool::{lock, summed, Reconnect, Shared};
 use super::worker::{Backoff, Polling, Ran};
-use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, WaitForRows};
+use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
+use crate::trace::WorkerTrace;
 use crate::{Blocking, Error};
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
@@ -62,32 +64,34 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         C: WaitForRows + R2D2Connection + Send + 'static,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, I) -> Result<(), E> + Clone + Send,
-        E: From<Error> + Send,
+        E: From<Error> + Display + Send,
     {
         let ClaimWorker { claim, polling } = self;
         let shared = Shared::new(&polling);
         // One backoff for all the loops: a row that failed in one is not
         // retried by another sooner.
         let backoff = Mutex::new(Backoff::new(polling.backoff));
-        let span = polling.span();
+        let table = T::table_name();
+        let span = polling.span(&table);
         let _entered = span.enter();
         polling.check(true)?;
+        let events = polling.events(table);
         let ended = std::thread::scope(|scope| {
             if let Some(channel) = &polling.channel {
-                let (shared, span) = (&shared, span.clone());
-                scope.spawn(move || span.in_scope(|| listen(pool, channel, shared)));
+                let (shared, events, span) = (&shared, &events, span.clone());
+                scope.spawn(move || span.in_scope(|| listen(pool, channel, shared, events)));
             }
             let loops: Vec<_> = (0..polling.concurrency)
                 .map(|_| {
                     let (mut claim, mut f) = (claim.clone(), PerRow(f.clone()));
                     let (shared, polling, span) = (&shared, &polling, span.clone());
-                    let backoff = &backoff;
+                    let (backoff, events) = (&backoff, &events);
                     scope.spawn(move || {
                         let _halts = HaltOnPanic(shared);
                         span.in_scope(|| {
-                            claim_loop(pool, polling, shared, backoff, |conn, excluded| {
-                                claim.run_once(conn, &mut f, excluded)
-                            })
+                            let once =
+                                |conn: &mut C, excluded| claim.run_once(conn, &mut f, excluded);
+                            claim_loop(pool, polling, shared, backoff, events, once)
                         })
                     })
                 })
@@ -104,10 +108,11 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
             shared.halt.stop();
             ended
         });
-        let total = summed(ended)?;
-        span.record("processed", total.processed)
-            .record("failed", total.failed);
-        Ok(total)
+        let ended = summed(&polling, ended);
+        Polling::ended(&span, &events, &ended);
+        ended
+            .map(|(total, _)| total)
+            .map_err(|failure| failure.error)
     }
 }
 
@@ -140,22 +145,24 @@ fn claim_loop<C, K, E>(
     polling: &Polling,
     shared: &Shared,
     backoff: &Mutex<Backoff<K>>,
+    events: &WorkerTrace,
     mut claim_once: impl FnMut(&mut C, Vec<K>) -> ClaimOutcome<K, E>,
-) -> Result<ClaimReport, E>
+) -> Result<ClaimReport, RowFailure<K, E>>
 where
     C: R2D2Connection + Send + 'static,
-    K: Clone + Eq + Hash + Send,
-    E: From<Error>,
+    K: Clone + Eq + Hash + Debug + Send,
+    E: From<Error> + Display,
 {
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;
     let mut reconnect = Reconnect::new();
     while !shared.stopping() {
-        let mut conn = match pool.get() {
+        let mut conn = match pool.get().map_err(Error::from) {
             Ok(conn) => conn,
             Err(error) => {
                 let pause = reconnect.pause();
-                reconnecting("a worker could not check out a connection", &error, pause);
+                let what = "a worker could not check out a connection";
+                events.reconnecting(what, &error, pause);
                 sleep(shared, pause);
                 continue;
             }
@@ -167,33 +174,34 @@ where
             && !outcome.transient
             && conn.batch_execute("SELECT 1").is_err();
         drop(conn);
-        let ran = match lock(backoff).record(&mut total, outcome) {
+        let ran = match lock(backoff).record(&mut total, outcome, events) {
             Ok(ran) => ran,
-            Err(_) if lost => {
+            Err(failure) if lost => {
                 let pause = reconnect.pause();
-                reconnecting(
-                    "a worker's claim lost its connection, and its rows were rolled back",
-                    &"the connection no longer answers",
-                    pause,
-                );
+                let what = "a worker's claim lost its connection, and its rows were rolled back";
+                events.reconnecting(what, &failure.error, pause);
                 sleep(shared, pause);
                 continue;
             }
-            Err(error) => {
+            Err(failure) => {
                 shared.halt.stop();
-                return Err(error);
+                return Err(failure);
             }
         };
-        reconnect.mended();
+        if let Some(failures) = reconnect.mended() {
+            events.reconnected(failures);
+        }
         let Ran { processed, took } = ran;
         if polling.until_empty && !took {
             break;
         }
         if let Some(wait) = polling.next_pause(processed, &mut pause) {
-            let deadline = Instant::now() + wait;
+            let waiting = Instant::now();
+            let deadline = waiting + wait;
             while let Some(step) = shared.next_step(deadline, seen, LOOK_EVERY) {
                 std::thread::sleep(step);
             }
+            events.idled(waiting.elapsed());
             if shared.woken() != seen {
                 pause = polling.min_poll;
             }
@@ -204,8 +212,12 @@ where
 
 /// The listener: a connection of the pool that listens on `channel` and
 /// wakes the loops, taken again when it fails, until the worker stops.
-fn listen<C>(pool: &Pool<ConnectionManager<C>>, channel: &str, shared: &Shared)
-where
+fn listen<C>(
+    pool: &Pool<ConnectionManager<C>>,
+    channel: &str,
+    shared: &Shared,
+    events: &WorkerTrace,
+) where
     C: WaitForRows + R2D2Connection + Send + 'static,
 {
     let mut reconnect = Reconnect::new();
@@ -216,18 +228,18 @@ where
                 .and_then(|()| {
                     // Rows may have come while nobody listened.
                     shared.wake();
-                    reconnect.mended();
+                    events.listening(channel, reconnect.mended().unwrap_or(0));
                     wait_for_notifications(&mut conn, shared)?;
                     // Back to the pool without it.
                     conn.unlisten(channel)
                 })
                 .map_err(|error| error.to_string()),
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(Error::from(error).to_string()),
         };
         if let Err(error) = listened {
             let pause = reconnect.pause();
             let what = format!("a worker's listener on {channel:?} lost its connection");
-            reconnecting(&what, &error, pause);
+            events.reconnecting(&what, &error, pause);
             sleep(shared, pause);
         }
     }

@@ -30,9 +30,17 @@ use crate::Error;
 /// type `R` on the backend `DB`. They do not depend on the connection, so one
 /// implementation serves the blocking [`ClaimQuery`] and the async
 /// `aio::ClaimQuery` alike.
-pub trait ClaimStatements<DB, R> {
+// Told as `ClaimQuery` is, where the compiler stops here (see the impl).
+#[diagnostic::on_unimplemented(
+    message = "rows of type `{R}` cannot be claimed from `{Self}`",
+    label = "rows of type `{R}` cannot be claimed from this query",
+    note = "the row type must `#[derive(Identifiable)]` (a primary key of one to three columns) and \
+            be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
+            query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
+)]
+pub trait ClaimStatements<DB, R>: Reusable {
     /// The claimed table's primary-key value.
-    type Key: Clone + Eq + Hash;
+    type Key: Clone + Eq + Hash + std::fmt::Debug;
     /// The claimed table's primary key, wrapped for the key predicates.
     type KeyColumns: Copy;
     /// The query reading positions (see [`Position`]).
@@ -95,6 +103,7 @@ pub trait ClaimStatements<DB, R> {
 /// The methods are the crate's own; callers only name the trait in bounds.
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
+    label = "rows of type `{R}` cannot be claimed from this query",
     note = "the row type must `#[derive(Identifiable)]` (a primary key of one to three columns) and \
             be loadable from the query; with a join, `.select(YourRow::as_select())`; a boxed \
             query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
@@ -211,6 +220,10 @@ type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
 type Key<R> = <Shape<R> as KeyShape<R>>::Key;
 type Wrapped<R> = <Shape<R> as KeyShape<R>>::Columns;
 
+// A failure in here is told as the `ClaimQuery` the caller asked for, whose
+// message names what a claimed query and row need; the order, whose message
+// says more, is checked there first.
+#[diagnostic::do_not_recommend]
 impl<Q, DB, R, Pk, O> ClaimStatements<DB, R> for Q
 where
     Q: Reusable,
@@ -325,11 +338,11 @@ impl<Q: Reusable, R, O> InPositions<R, O> for Q {}
 
 impl<'q, Q, C, R> ClaimQuery<'q, C, R> for Q
 where
+    Q: Reusable<Query: AsQuery<Query: QueryOrder<Terms: OrderTerms>>>,
     C: Connection,
     C::Backend: ClaimBackend,
     Q: ClaimStatements<C::Backend, R>,
-    Q::Keys: LoadQuery<'q, C, Q::Loaded>,
-    Locked<Q::Rows>: LoadQuery<'q, C, R>,
+    C: Loads<'q, Q::Keys, Q::Loaded> + Loads<'q, Locked<Q::Rows>, R>,
 {
     fn keys(
         &self,
@@ -337,7 +350,7 @@ where
         range: KeyRange<Position<Q::Key>>,
         limit: i64,
     ) -> QueryResult<Vec<Position<Q::Key>>> {
-        let loaded: Vec<Q::Loaded> = self.keys_query(range, limit).load(conn)?;
+        let loaded: Vec<Q::Loaded> = C::load_rows(self.keys_query(range, limit), conn)?;
         Ok(loaded.into_iter().map(Q::position).collect())
     }
 
@@ -348,7 +361,26 @@ where
         limit: i64,
         lock: &LockClause,
     ) -> QueryResult<Vec<R>> {
-        self.rows_query(range, limit, lock).load(conn)
+        C::load_rows(self.rows_query(range, limit, lock), conn)
+    }
+}
+
+/// Diesel's [`LoadQuery`], said of the connection: `T` loads rows `U` on
+/// `Self`. The claim's own bounds name the connection first, so that the
+/// compiler checks them once it knows the connection: checked before, with a
+/// query the claim refuses, they lose the compiler in Diesel's impls
+/// ("overflow evaluating the requirement") instead of naming what is wrong.
+pub trait Loads<'q, T, U>: Sized {
+    /// Runs `query` on `conn`.
+    fn load_rows(query: T, conn: &mut Self) -> QueryResult<Vec<U>>;
+}
+
+impl<'q, C, T, U> Loads<'q, T, U> for C
+where
+    T: LoadQuery<'q, C, U>,
+{
+    fn load_rows(query: T, conn: &mut C) -> QueryResult<Vec<U>> {
+        query.load(conn)
     }
 }
 

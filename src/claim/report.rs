@@ -1,5 +1,6 @@
 //! What a claim call reports: the engine counts, both drivers return it.
 
+use crate::metrics::Counts;
 use crate::trace::Span;
 
 /// What one call of [`claim_each`](crate::ClaimDsl::claim_each) did.
@@ -48,6 +49,16 @@ impl ClaimReport {
         self.failed += other.failed;
         self.not_reached += other.not_reached;
         self.passes += other.passes;
+    }
+
+    /// The counts the claim's metrics take.
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            processed: self.processed,
+            failed: self.failed,
+            gone: self.gone,
+            locked: self.locked,
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use super::{failures_in_savepoints, ClaimBuilder, Options};
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
 use crate::locking::LockClause;
+use crate::metrics::ClaimMetrics;
 use crate::sql::{KeyRange, Position};
 use crate::trace;
 use crate::transaction::{
@@ -124,7 +125,9 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
         claim.exclude(excluded.into_iter().map(Position::of_key));
-        let span = claim.span(&T::table_name());
+        let table = T::table_name();
+        let span = claim.span(&table);
+        let began = Instant::now();
         let mut driver = Driver {
             claim: &mut claim,
             query: &self.query,
@@ -133,10 +136,13 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             options: &self.options,
             failed: Vec::new(),
             transient: false,
+            metrics: ClaimMetrics::new(&table),
         };
         let stopped = span.in_scope(|| driver.run(conn, f)).err();
-        let (failed, transient) = (driver.failed, driver.transient);
-        ClaimOutcome::ended(claim.report(), failed, stopped, transient, &span)
+        let (failed, transient, mut metrics) = (driver.failed, driver.transient, driver.metrics);
+        let report = claim.report();
+        metrics.claim_ended(began, report.counts(), claim.in_worker());
+        ClaimOutcome::ended(report, failed, stopped, transient, &span)
     }
 }
 
@@ -200,6 +206,7 @@ struct Driver<'d, Q, T, H, K, E> {
     /// The error that ended the run is one of the crate's statements', and
     /// running again mends it (see [`ClaimOutcome::transient`]).
     transient: bool,
+    metrics: ClaimMetrics,
 }
 
 /// How a batch whose closure failed ends the transaction it ran in.
@@ -227,14 +234,17 @@ where
         F: Closure<C, I, E>,
     {
         while let Some((range, limit)) = self.next_batch(conn).map_err(|e| self.outside(e))? {
-            let span =
-                trace::debug_span!("batch", limit, taken = trace::Empty, outcome = trace::Empty);
+            let span = self.claim.batch_span(limit);
             let _entered = span.enter();
-            if self.claim.taking == Taking::MarkAndCommit {
-                self.hand_committed(conn, f, range, limit, &span)?;
+            let began = Instant::now();
+            let batch = if self.claim.taking == Taking::MarkAndCommit {
+                self.hand_committed(conn, f, range, limit, &span)
             } else {
-                self.take_and_hand(conn, f, range, limit, &span)?;
-            }
+                self.take_and_hand(conn, f, range, limit, &span)
+            };
+            self.metrics
+                .batch_ended(began, self.claim.report().counts());
+            batch?;
         }
         Ok(())
     }
@@ -295,6 +305,7 @@ where
             options,
             failed,
             transient,
+            metrics: _,
         } = self;
         let catch = options.keep_going || H::SET;
         let savepoints = failures_in_savepoints(options, claim.taking, H::SET, F::PER_ROW);
@@ -460,13 +471,16 @@ where
     }
 }
 
-/// Counts a failure the call goes on past, and says so.
+/// Counts a failure the call goes on past, and says so (a worker says so
+/// itself, with the error, which it can show).
 fn failure_passed_over<'q, T, Q, C, I>(claim: &mut Claim<Position<T::Key>>, keys: &[T::Key])
 where
     T: Takes<'q, Q, C, I>,
     C: Connection,
 {
-    trace::passed_over(&T::table_name(), keys.len());
+    if !claim.in_worker() {
+        trace::passed_over(&T::table_name(), keys, None);
+    }
     claim.failed(keys.iter().cloned().map(Position::of_key).collect());
 }
 

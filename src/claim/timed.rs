@@ -23,7 +23,8 @@ use crate::backend::ClaimBackend;
 use crate::reusable::Reusable;
 use crate::sql::rendered;
 use crate::sql::stamp::{
-    CountRows, NewStamp, StampMicros, StampPassed, StampType, StillStamped, ThenUnstamp,
+    CountRows, NewStamp, StampColumn, StampMicros, StampPassed, StampType, StillStamped,
+    ThenUnstamp,
 };
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Returning, SelectWhere, Update};
 use crate::{Blocking, Error};
@@ -37,8 +38,10 @@ pub struct Unclaimed<Q, Col> {
     column: Col,
 }
 
+#[diagnostic::do_not_recommend]
 impl<Q, Col> Reusable for Unclaimed<Q, Col>
 where
+    Col: StampColumn<Q>,
     Q: Reusable,
     Q::Query: FilterDsl<StampPassed<Col>>,
     Col: Copy,
@@ -112,7 +115,7 @@ impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
     /// runs in a transaction that first clears the stamp, if the row still
     /// carries it, so that the hook decides when the row runs again. Not
     /// available with [`nowait`](Self::nowait).
-    pub fn visibility_timeout<Col: Copy>(
+    pub fn visibility_timeout<Col: StampColumn<Q>>(
         self,
         column: Col,
         ttl: Duration,
@@ -415,8 +418,11 @@ where
         DB: ClaimBackend,
         FromClause<R>: QueryFragment<DB>,
     {
-        match rendered::render::<DB>(&R::table().from_clause()) {
-            Ok(table) => Error::ClaimLost { table },
+        match rendered::table_name::<_, DB>(&R::table()) {
+            Ok(table) => Error::ClaimLost {
+                table,
+                key: format!("{:?}", Shape::<R>::key(&self.row)),
+            },
             Err(error) => Error::from(error),
         }
     }

@@ -3,6 +3,7 @@
 //! retrying a failing row at once.
 
 use std::collections::HashMap;
+use std::fmt::{Debug, Display};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,9 +12,9 @@ use std::time::{Duration, Instant};
 use super::engine::MAX_EXCLUDED;
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
-use super::{ClaimBuilder, ClaimOutcome, ClaimReport, WaitForRows};
+use super::{ClaimBuilder, ClaimOutcome, ClaimReport, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
-use crate::trace::{self, Span};
+use crate::trace::{self, Span, WorkerTrace};
 use crate::{Blocking, Error};
 
 /// Asks claims and workers to stop: cloneable, shared between threads, and
@@ -73,6 +74,11 @@ impl From<Arc<AtomicBool>> for StopHandle {
 /// everything the worker did. A closure's error ends it too, unless the claim
 /// [keeps going](ClaimBuilder::keep_going) or has a failure hook.
 ///
+/// The closure's error type shows itself (`Display`): with the `tracing`
+/// feature, a worker's events say what failed, as it passes the errors over
+/// (see the [guide](crate::guide#tracing), and
+/// [`progress_interval`](Self::progress_interval) for its progress line).
+///
 /// ```
 /// # include!("../doctest_setup.rs");
 /// use std::time::Duration;
@@ -119,7 +125,12 @@ pub(crate) struct Polling {
     pub(crate) until_empty: bool,
     /// The claim loops of a worker on a pool.
     pub(crate) concurrency: usize,
+    /// How often the worker reports its progress (with `tracing`).
+    pub(crate) progress_every: Duration,
 }
+
+/// How often a worker reports its progress, by default.
+const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 
 impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     pub(crate) fn new(claim: ClaimBuilder<Q, M, T, H>, stop: StopHandle) -> Self {
@@ -133,6 +144,7 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
                 backoff: (Duration::from_secs(1), Duration::from_secs(300)),
                 until_empty: false,
                 concurrency: 1,
+                progress_every: PROGRESS_EVERY,
             },
         }
     }
@@ -197,6 +209,18 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
         self.polling.concurrency = loops;
         self
     }
+
+    /// How often the worker reports its progress (by default every 60 s):
+    /// with the `tracing` feature, an `info` event `worker progress` with
+    /// its table, the rows it processed and the rows that failed since the
+    /// last one, and how long it was idle in that time (waiting for rows;
+    /// on a pool, per claim loop). It is reported once the interval has
+    /// passed, when the worker's claim or wait in hand ends: at most
+    /// [`poll_interval`](Self::poll_interval)'s `max` late while idle.
+    pub fn progress_interval(mut self, every: Duration) -> Self {
+        self.polling.progress_every = every;
+        self
+    }
 }
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
@@ -209,11 +233,11 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         C: WaitForRows,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, I) -> Result<(), E>,
-        E: From<Error>,
+        E: From<Error> + Display,
     {
         let ClaimWorker { mut claim, polling } = self;
         let mut f = PerRow(f);
-        polling.serve(conn, |conn, excluded| {
+        polling.serve(conn, T::table_name(), |conn, excluded| {
             claim.run_once(conn, &mut f, excluded)
         })
     }
@@ -250,19 +274,51 @@ impl Polling {
                 "concurrency needs at least 1 claim loop, got 0".to_owned(),
             ));
         }
+        if self.progress_every.is_zero() {
+            return Err(Error::InvalidArgument(
+                "progress_interval needs an interval above zero".to_owned(),
+            ));
+        }
         Ok(())
     }
 
-    /// The span of the worker's loop, around its claims' spans.
-    pub(crate) fn span(&self) -> Span {
+    /// The span of the worker's loop on `table`, around its claims' spans.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    pub(crate) fn span(&self, table: &str) -> Span {
         trace::info_span!(
             "worker",
+            table,
             channel = self.channel.as_deref(),
             min_poll = ?self.min_poll,
             max_poll = ?self.max_poll,
             processed = trace::Empty,
             failed = trace::Empty,
         )
+    }
+
+    /// The events of the worker on `table`, once its options are checked:
+    /// it says that it starts.
+    pub(crate) fn events(&self, table: String) -> WorkerTrace {
+        let events = WorkerTrace::new(table, self.progress_every, self.concurrency);
+        let polls = (self.min_poll, self.max_poll);
+        events.started(self.channel.as_deref(), polls);
+        events
+    }
+
+    /// Says why the worker ended, and records its totals on its span.
+    pub(crate) fn ended<K: Debug, E: Display>(
+        span: &Span,
+        events: &WorkerTrace,
+        ended: &Result<(ClaimReport, &str), RowFailure<K, E>>,
+    ) {
+        match ended {
+            Ok((total, why)) => {
+                events.stopped(why, total.processed, total.failed);
+                span.record("processed", total.processed)
+                    .record("failed", total.failed);
+            }
+            Err(failure) => events.failed(&failure.keys, &failure.error),
+        }
     }
 
     /// The wait after a claim that processed `processed` rows: none after
@@ -284,38 +340,47 @@ impl Polling {
     pub(crate) fn serve<C, K, E>(
         &self,
         conn: &mut C,
+        table: String,
         mut claim_once: impl FnMut(&mut C, Vec<K>) -> ClaimOutcome<K, E>,
     ) -> Result<ClaimReport, E>
     where
         C: WaitForRows,
-        K: Clone + Eq + Hash,
-        E: From<Error>,
+        K: Clone + Eq + Hash + Debug,
+        E: From<Error> + Display,
     {
-        let span = self.span();
+        let span = self.span(&table);
         let _entered = span.enter();
         self.check(false)?;
-        if let Some(channel) = &self.channel {
-            conn.listen(channel)?;
-        }
-        let mut worked = || {
+        let events = self.events(table);
+        let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
+        let mut worked = || -> Result<(ClaimReport, &str), RowFailure<K, E>> {
+            if let Some(channel) = &self.channel {
+                conn.listen(channel).map_err(outside)?;
+            }
             let mut total = ClaimReport::default();
             let mut pause = self.min_poll;
             let mut backoff = Backoff::new(self.backoff);
-            while !self.stop.is_stopped() {
+            loop {
+                if self.stop.is_stopped() {
+                    return Ok((total, STOPPED));
+                }
                 let outcome = claim_once(conn, backoff.excluded());
-                let Ran { processed, took } = backoff.record(&mut total, outcome)?;
+                let Ran { processed, took } = backoff.record(&mut total, outcome, &events)?;
                 if self.until_empty && !took {
-                    break;
+                    return Ok((total, NOTHING_PENDING));
                 }
                 if let Some(wait) = self.next_pause(processed, &mut pause) {
-                    if conn.wait_for_rows(wait, &self.stop)? {
+                    let waiting = Instant::now();
+                    let woken = conn.wait_for_rows(wait, &self.stop);
+                    events.idled(waiting.elapsed());
+                    if woken.map_err(outside)? {
                         pause = self.min_poll;
                     }
                 }
             }
-            Ok(total)
         };
         let worked = worked();
+        Polling::ended(&span, &events, &worked);
         if let Some(channel) = &self.channel {
             // A pooled connection goes back to the pool without it.
             let unlistened = conn.unlisten(channel);
@@ -323,13 +388,17 @@ impl Polling {
                 unlistened?;
             }
         }
-        if let Ok(total) = &worked {
-            span.record("processed", total.processed)
-                .record("failed", total.failed);
-        }
         worked
+            .map(|(total, _)| total)
+            .map_err(|failure| failure.error)
     }
 }
+
+/// Why a worker ended: its stop handle was triggered.
+pub(crate) const STOPPED: &str = "stopped";
+
+/// Why a worker ended: `stop_when_empty`, and a claim found nothing.
+pub(crate) const NOTHING_PENDING: &str = "nothing pending";
 
 /// The rows a worker leaves out of its claims after their closures failed,
 /// each until its backoff has passed.
@@ -363,16 +432,23 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
     }
 
     /// Counts what a run did into `total`, and backs off from the rows that
-    /// failed in it: the rows it processed, or the failure that ended it (a
-    /// run ended by a deadlock or a serialization failure of the crate's own
-    /// statements, rolled back, is not the worker's end).
-    pub(crate) fn record<E>(
+    /// failed in it, saying so in the worker's `events`: the rows it
+    /// processed, or the failure that ended it (a run ended by a deadlock or
+    /// a serialization failure of the crate's own statements, rolled back, is
+    /// not the worker's end).
+    pub(crate) fn record<E: Display>(
         &mut self,
         total: &mut ClaimReport,
         outcome: ClaimOutcome<K, E>,
-    ) -> Result<Ran, E> {
+        events: &WorkerTrace,
+    ) -> Result<Ran, RowFailure<K, E>>
+    where
+        K: Debug,
+    {
         total.add(&outcome.report);
+        events.ran(outcome.report.processed, outcome.report.failed);
         for failure in &outcome.failed {
+            events.passed_over(&failure.keys, &failure.error);
             for key in &failure.keys {
                 self.failed(key.clone());
             }
@@ -383,11 +459,11 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
         };
         match outcome.stopped {
             // Rolled back, nothing lost: the next run takes the rows again.
-            Some(_) if outcome.transient => {
-                trace::passed_over_transient();
+            Some(failure) if outcome.transient => {
+                events.rolled_back(&failure.error);
                 Ok(Ran { took: true, ..ran })
             }
-            Some(failure) => Err(failure.error),
+            Some(failure) => Err(failure),
             None => Ok(ran),
         }
     }
@@ -500,46 +576,47 @@ pub(crate) mod on_a_pool {
     /// The pauses between attempts to get a working connection again.
     pub(crate) struct Reconnect {
         next: Duration,
+        /// The connections that failed since one last worked.
+        failures: u32,
     }
 
     impl Reconnect {
         pub(crate) fn new() -> Self {
             Reconnect {
                 next: RECONNECT_PAUSES.0,
+                failures: 0,
             }
         }
 
-        /// A connection worked: the next failure pauses briefly again.
-        pub(crate) fn mended(&mut self) {
+        /// A connection worked: the next failure pauses briefly again. The
+        /// connections that failed before it, if any did.
+        pub(crate) fn mended(&mut self) -> Option<u32> {
             self.next = RECONNECT_PAUSES.0;
+            let failures = std::mem::take(&mut self.failures);
+            (failures > 0).then_some(failures)
         }
 
         /// The pause before the next attempt, doubling the one after it.
         pub(crate) fn pause(&mut self) -> Duration {
+            self.failures = self.failures.saturating_add(1);
             let pause = self.next;
             self.next = (pause * 2).min(RECONNECT_PAUSES.1);
             pause
         }
     }
 
-    /// The report of a worker's loops, or the first error that ended one.
-    pub(crate) fn summed<E>(
-        ended: impl IntoIterator<Item = Result<ClaimReport, E>>,
-    ) -> Result<ClaimReport, E> {
+    /// The report of a worker's loops and why they ended, or the first
+    /// error that ended one.
+    pub(crate) fn summed<K, E>(
+        polling: &Polling,
+        ended: impl IntoIterator<Item = Result<ClaimReport, RowFailure<K, E>>>,
+    ) -> Result<(ClaimReport, &'static str), RowFailure<K, E>> {
         let mut total = ClaimReport::default();
         for ended in ended {
             total.add(&ended?);
         }
-        Ok(total)
-    }
-
-    /// A worker on a pool met a connection that failed (`what` failed);
-    /// it tries again on another after `pause`.
-    pub(crate) fn reconnecting(what: &str, error: &dyn std::fmt::Display, pause: Duration) {
-        #[cfg(feature = "tracing")]
-        tracing::warn!(%error, ?pause, "{what}: trying again on another connection");
-        #[cfg(not(feature = "tracing"))]
-        let _ = (what, error, pause);
+        let stopped = polling.stop.is_stopped() || !polling.until_empty;
+        Ok((total, if stopped { STOPPED } else { NOTHING_PENDING }))
     }
 
     /// The shared backoff, whatever a panicking loop left in it.
@@ -575,15 +652,18 @@ mod tests {
         let first = Duration::from_millis(40);
         let mut backoff = Backoff::new((first, first * 3));
         let mut total = ClaimReport::default();
-        backoff.record(&mut total, failing(&[1, 2])).unwrap();
+        let events = WorkerTrace::new("jobs".to_owned(), PROGRESS_EVERY, 1);
+        backoff
+            .record(&mut total, failing(&[1, 2]), &events)
+            .unwrap();
         let mut excluded = backoff.excluded();
         excluded.sort();
         assert_eq!(excluded, [1, 2]);
         std::thread::sleep(first + Duration::from_millis(10));
         assert!(backoff.excluded().is_empty());
         // The second failure doubles the backoff, the third caps it.
-        backoff.record(&mut total, failing(&[1])).unwrap();
-        backoff.record(&mut total, failing(&[1])).unwrap();
+        backoff.record(&mut total, failing(&[1]), &events).unwrap();
+        backoff.record(&mut total, failing(&[1]), &events).unwrap();
         let (failures, until) = backoff.rows[&1];
         assert_eq!(failures, 3);
         let left = until.saturating_duration_since(Instant::now());

@@ -63,7 +63,7 @@
 //! page waits for the next call. So drains of a backlog keep their pages, and
 //! workers, whose promise is the queue's order, take from the head (tell one
 //! [`in_pages`](crate::ClaimBuilder::in_pages) to drain a backlog by key). The
-//! repository's `BENCHMARKS.md` measures both.
+//! [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md) measures both.
 //!
 //! A call from the head keeps the key of each row it hands over, so that a
 //! row its closure leaves matching is passed over, not handed over again;
@@ -88,7 +88,7 @@
 //! transaction instead: the closure's work is rolled back to a savepoint
 //! taken before it ran, then the hook runs with the row (as the closure got
 //! it) and the error, the row still locked, and its writes commit with the
-//! row's release. In the repository's tests, eight workers ran jobs that
+//! row's release. In the crate's [tests](https://github.com/diesel-claim/diesel-claim/tree/main/tests), eight workers ran jobs that
 //! failed on every attempt: each run saw the attempts of the runs before it,
 //! 0, 1, 2, never one twice, and each job left the queue after its third.
 //!
@@ -133,7 +133,7 @@
 //!   queued jobs, workers that deleted their jobs in the closure ran at 0.19
 //!   to 0.46 × the hand-written loop (1 to 16 workers); with `then_delete`,
 //!   0.92 to 0.99 × per job and 1.11 to 1.19 × in batches of 10
-//!   (`BENCHMARKS.md`, "Job runners").
+//!   ([BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md), "Job runners").
 //!
 //! A worker also leaves a row whose closure failed out of its own takes for
 //! a while, [`failure_backoff`](crate::ClaimWorker::failure_backoff) (1 s,
@@ -167,7 +167,7 @@
 //! round trip); the polls stay, as the fallback for rows written without a
 //! notification. The benchmark measured the pickup (commit to closure) at a
 //! median of under a millisecond with `LISTEN`, and within the maximum poll
-//! interval without it (the repository's `BENCHMARKS.md`).
+//! interval without it ([BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)).
 //!
 //! [`StopHandle::stop`](crate::StopHandle::stop) is one atomic store: call it
 //! from a signal handler. The worker then finishes the row or batch in hand,
@@ -213,7 +213,7 @@
 //! Size the pool for the loops, the listener and the rest of the
 //! application: a closure that checks out a second connection while its
 //! claim holds one needs room for both (the claim's own connection, the
-//! closure's first argument, is the one to use). The repository's tests run
+//! closure's first argument, is the one to use). The crate's [tests](https://github.com/diesel-claim/diesel-claim/tree/main/tests) run
 //! eight loops on a pool of four beside a producer using the same pool, and
 //! end every session, or SIGKILL the server and start it again, under a
 //! draining worker: every job is done once.
@@ -274,12 +274,13 @@
 //! A connection does not outlive its session: when the server crashes or
 //! restarts, fails over, or ends the session, every call on that connection
 //! fails. A worker [on a pool](#on-a-pool) goes on, on new connections, once
-//! the server answers again. A worker on one connection returns the error:
-//! [`Error::Database`](crate::Error::Database) (PostgreSQL's
-//! `ClosedConnection`; MariaDB's "Lost connection to server during query" or
-//! "Server has gone away", of kind `Unknown`), or
-//! [`Error::BrokenConnection`](crate::Error::BrokenConnection) when the
-//! rollback after it failed too; never a report that says nothing is pending.
+//! the server answers again. A worker on one connection returns
+//! [`Error::BrokenConnection`](crate::Error::BrokenConnection), on every
+//! backend, blocking or async, whatever the client called the loss (libpq's
+//! "server closed the connection unexpectedly" or "SSL connection has been
+//! closed unexpectedly", MariaDB's "Lost connection to server during query"
+//! or "Server has gone away"); never a report that says nothing is pending.
+//! Drop that connection and use another.
 //!
 //! What a worker saw committed stays committed if the server keeps its
 //! durable defaults (PostgreSQL `synchronous_commit = on`, InnoDB
@@ -288,9 +289,9 @@
 //! commit the crash cut off may have happened without the worker hearing of
 //! it: the call ends with the error and does not count the row, though it was
 //! processed. Leases live in a table: a crash neither frees one nor lets its
-//! fencing tokens go back. The repository's torture suite SIGKILLs
+//! fencing tokens go back. The crate's torture suite SIGKILLs
 //! PostgreSQL and MariaDB servers under a drain, a bank, worker loops,
-//! visibility timeouts and leases (`RELIABILITY.md`, scenario 27).
+//! visibility timeouts and leases ([RELIABILITY.md](https://github.com/diesel-claim/diesel-claim/blob/main/RELIABILITY.md), scenario 27).
 //!
 //! # When the network drops
 //!
@@ -313,8 +314,8 @@
 //!   Diesel's MySQL connection takes no timeout, so the worker host's
 //!   `net.ipv4.tcp_retries2` and keepalive settings are what bounds a call.
 //!
-//! With these, the repository's torture suite cut a worker off while it held a
+//! With these, the crate's torture suite cut a worker off while it held a
 //! row: the server freed the row within seconds, another worker processed it
 //! once, and the cut worker's call failed with an error; a lease holder cut
 //! off past its TTL was replaced, and its fenced write refused once the link
-//! healed (`RELIABILITY.md`, scenario 28).
+//! healed ([RELIABILITY.md](https://github.com/diesel-claim/diesel-claim/blob/main/RELIABILITY.md), scenario 28).

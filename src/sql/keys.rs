@@ -185,8 +185,9 @@ row_key!(C0 K0 0, C1 K1 1, C2 K2 2);
 /// projection, which the compiler follows, where choosing among impls by
 /// their bounds would leave it undecided).
 pub trait KeyShape<R: HasTable> {
-    /// The key's value: `K`, or a tuple of the columns' values.
-    type Key: Clone + Eq + std::hash::Hash;
+    /// The key's value: `K`, or a tuple of the columns' values (`Debug`:
+    /// events show the keys of the rows they are about).
+    type Key: Clone + Eq + std::hash::Hash + std::fmt::Debug;
     /// [`One`] or [`Row`] of the table's primary key.
     type Columns: Copy;
 
@@ -235,7 +236,7 @@ where
     R: HasTable,
     PrimaryKey<R>: Copy,
     for<'a> &'a R: Identifiable<Id = &'a K>,
-    K: Clone + Eq + std::hash::Hash,
+    K: Clone + Eq + std::hash::Hash + std::fmt::Debug,
 {
     type Key = K;
     type Columns = One<PrimaryKey<R>>;
@@ -256,7 +257,7 @@ macro_rules! row_shape {
             R: HasTable,
             PrimaryKey<R>: Copy,
             for<'a> &'a R: Identifiable<Id = ($(&'a $value,)+)>,
-            $($value: Clone + Eq + std::hash::Hash,)+
+            $($value: Clone + Eq + std::hash::Hash + std::fmt::Debug,)+
         {
             type Key = ($($value,)+);
             type Columns = Row<PrimaryKey<R>>;

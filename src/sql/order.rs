@@ -150,6 +150,8 @@ impl<DB: Backend> WalkTerms<DB> for KeyOrder {
 
 macro_rules! directed_column {
     ($wrapper:ident, $method:ident, $descending:expr) => {
+        // A term that is not a column is told as the order it is in.
+        #[diagnostic::do_not_recommend]
         impl<C> OrderTerms for $wrapper<C>
         where
             C: Column + Default + Copy,

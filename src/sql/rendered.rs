@@ -26,6 +26,38 @@ where
     })
 }
 
+/// A table's name as `table!` writes it, for errors that name the table:
+/// its rendered `FROM` clause without the quotes (`"orders"` gives `orders`,
+/// `"shop"."orders"` gives `shop.orders`).
+pub fn table_name<T, DB>(table: &T) -> QueryResult<String>
+where
+    T: diesel::Table,
+    T::FromClause: QueryFragment<DB>,
+    DB: ClaimBackend,
+{
+    Ok(unquoted(&render::<DB>(&table.from_clause())?))
+}
+
+/// A dotted name without its identifiers' quotes (`"` or `` ` ``, doubled
+/// inside a quoted name).
+fn unquoted(name: &str) -> String {
+    let mut unquoted = String::with_capacity(name.len());
+    let mut open: Option<char> = None;
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        match open {
+            Some(quote) if c == quote && chars.peek() == Some(&quote) => {
+                chars.next();
+                unquoted.push(quote);
+            }
+            Some(quote) if c == quote => open = None,
+            None if c == '"' || c == '`' => open = Some(c),
+            _ => unquoted.push(c),
+        }
+    }
+    unquoted
+}
+
 /// The SQL `fragment` renders to on `DB`, binds left as placeholders: for
 /// checks made before any statement is sent.
 pub fn render<DB: ClaimBackend>(fragment: &impl QueryFragment<DB>) -> QueryResult<String> {
@@ -310,6 +342,15 @@ mod tests {
         assert_eq!(parenthesized("(a) AND (b)"), None);
         assert_eq!(parenthesized("((a) AND (b))"), Some("(a) AND (b)"));
         assert_eq!(parenthesized(r#"("(")"#), Some(r#""(""#));
+    }
+
+    #[test]
+    fn table_names_lose_their_quotes() {
+        assert_eq!(unquoted(r#""invoices""#), "invoices");
+        assert_eq!(unquoted(r#""shop"."invoices""#), "shop.invoices");
+        assert_eq!(unquoted("`shop`.`invoices`"), "shop.invoices");
+        assert_eq!(unquoted(r#""say ""hi""""#), r#"say "hi""#);
+        assert_eq!(unquoted("plain"), "plain");
     }
 
     use super::last_identifier;

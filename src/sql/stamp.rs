@@ -13,11 +13,15 @@
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
+use diesel::dsl;
 use diesel::expression::{is_aggregate, AppearsOnTable, Expression, ValidGrouping};
-use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::query_dsl::methods::FilterDsl;
 use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, Bool, HasSqlType};
+use diesel::sql_types::{BigInt, Bool, HasSqlType, Nullable, Timestamp};
 use diesel::{Column, QueryResult};
+
+use crate::reusable::Reusable;
 
 /// A column type a visibility-timeout claim can keep its stamp in, on the
 /// backend `DB`: a nullable timestamp (null: not claimed).
@@ -46,6 +50,45 @@ pub trait StampType<DB: Backend> {
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()>;
 }
+
+/// A column a visibility-timeout claim of the query `Q` can keep its stamp
+/// in: a nullable timestamp column of a table the query reads.
+///
+/// Checked where the column is given, before any of the claim's statements
+/// is put together: a column of another type or table would otherwise fail
+/// deep inside them.
+#[diagnostic::on_unimplemented(
+    message = "the visibility-timeout column must be a nullable timestamp column of the claimed \
+               table, and `{Self}` is not",
+    label = "not a nullable timestamp column of the claimed table",
+    note = "declare the column `Nullable<Timestamptz>` or `Nullable<Timestamp>` on PostgreSQL, \
+            `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite, in \
+            the table the claim takes its rows from"
+)]
+pub trait StampColumn<Q>: Column + Copy {}
+
+#[diagnostic::do_not_recommend]
+impl<Col, Q> StampColumn<Q> for Col
+where
+    Col: Column + Copy,
+    Col::SqlType: NullableTimestamp,
+    Q: Reusable,
+    Q::Query: FilterDsl<StampPassed<Col>>,
+    dsl::Filter<Q::Query, StampPassed<Col>>: Query,
+{
+}
+
+/// The SQL types a claim stamp can be kept in, on one backend or another
+/// ([`StampType`] says which backend takes which).
+pub trait NullableTimestamp {}
+
+impl NullableTimestamp for Nullable<Timestamp> {}
+
+#[cfg(feature = "postgres_backend")]
+impl NullableTimestamp for Nullable<diesel::sql_types::Timestamptz> {}
+
+#[cfg(feature = "mysql_backend")]
+impl NullableTimestamp for Nullable<diesel::sql_types::Datetime> {}
 
 #[cfg(feature = "postgres_backend")]
 mod pg {

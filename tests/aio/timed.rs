@@ -307,7 +307,9 @@ on_async_backends! {
             .await
             .unwrap();
         let late = late.lock().await.take().expect("the closure ran");
-        assert!(matches!(&late, Err(Error::ClaimLost { table }) if table.contains("invoices")), "{late:?}");
+        // The table as `table!` names it, and the row's key.
+        assert!(matches!(&late, Err(Error::ClaimLost { table, key }) if table == "invoices" && key == "1"), "{late:?}");
+        assert!(late.unwrap_err().to_string().starts_with("claim lost on invoices row 1:"));
         let times_sent: i32 = invoices::table.select(invoices::times_sent).first(&mut *stalled).await.unwrap();
         assert_eq!(times_sent, 1, "the late write landed");
         assert_eq!(invoice_figures(&mut stalled).await, (0, 0, 0));

@@ -1,6 +1,7 @@
 //! A boxed query cannot be cloned: the diagnostic points at `rebuild`.
 //~ cannot be claimed from `BoxedSelectStatement<
 //~ diesel_claim::rebuild(|| …)
+//~! ClaimStatements
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

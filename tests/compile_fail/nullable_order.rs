@@ -2,6 +2,7 @@
 //! saying why.
 //~ a claim cannot follow a nullable column
 //~ order the claim by NOT NULL columns
+//~! ClaimStatements
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -5,17 +5,23 @@
 //!   every test of the workspace on every backend, and the doc tests.
 //! - `cargo xtask check`: what CI checks besides the tests (`.ci/run` runs
 //!   both): formatting, clippy on every feature set, that the async-only
-//!   build has no C client library, the docs, the benchmark's quick mode, and
-//!   the worked examples on every backend.
+//!   build has no C client library, the docs, the package as a registry
+//!   user builds it (on the declared `rust-version`), the benchmark's quick
+//!   mode, and the worked examples on every backend.
 //!
 //! Both stop at the first step that fails, and exit with status 1.
+//!
+//! `cargo xtask harness --harness <checkout>` measures diesel-claim beside
+//! other job queues in the postgresql-job-queue-benchmarking harness (see
+//! [`harness`]).
 
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand};
 
+mod harness;
 mod setup;
 
 #[derive(Debug, Parser)]
@@ -36,6 +42,9 @@ enum Task {
     /// Formatting, lints, docs, the benchmark's quick mode and the worked
     /// examples on every backend
     Check,
+    /// Runs diesel-claim beside other job queues in the
+    /// postgresql-job-queue-benchmarking harness, each on a private PostgreSQL
+    Harness(harness::Args),
 }
 
 /// An error that ends the task: what failed, for the user to read.
@@ -46,6 +55,7 @@ fn main() -> ExitCode {
     let outcome = match cli.task {
         Task::Test { nextest } => setup::machine().and_then(|servers| test(&servers, &nextest)),
         Task::Check => setup::machine().and_then(|servers| check(&servers)),
+        Task::Harness(args) => harness::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,11 +100,12 @@ const FEATURE_SETS: &[&[&str]] = &[
     &["--features", "bb8,postgres_backend"],
     &["--features", "deadpool,mysql_backend,tracing"],
     &["--features", "tracing,anyhow,sqlite"],
+    &["--features", "metrics,sqlite"],
     &["--features", ASYNC_ONLY],
 ];
 
 /// Everything an async-only service can enable.
-const ASYNC_ONLY: &str = "async,postgres_backend,mysql_backend,tracing,anyhow";
+const ASYNC_ONLY: &str = "async,postgres_backend,mysql_backend,tracing,metrics,anyhow";
 
 /// What only Diesel's blocking connections need: libpq, libmysqlclient and
 /// the r2d2 pool, none of which an async-only build may depend on.
@@ -113,12 +124,26 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
         cargo(servers, args, &["--", "-D", "warnings"].map(String::from))?;
     }
     async_only_dependencies()?;
+    // The crate without its default `migrations`, which the tests'
+    // dev-dependencies turn on in every build above.
+    cargo(
+        servers,
+        [
+            "clippy",
+            "--lib",
+            "--no-default-features",
+            "--features",
+            "postgres,sqlite,mysql,async,bb8,deadpool",
+        ],
+        &["--", "-D", "warnings"].map(String::from),
+    )?;
     step(
         servers,
         Command::new(cargo_program())
             .args(["doc", "--no-deps", "--all-features"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    packaged(servers)?;
     // The benchmark's smoke test: every mode on every backend, checking only
     // that nothing is processed twice or left behind; timings never fail it.
     cargo(
@@ -161,6 +186,153 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
     }
     println!("\nall checks passed");
     Ok(())
+}
+
+/// The feature sets a registry user's build of the packaged crate is
+/// checked with: backends with the default `migrations`, the defaults
+/// alone, and an async-only service that keeps the lease table in its own
+/// migrations (no diesel_migrations).
+const PACKAGED_FEATURE_SETS: [&str; 3] = [
+    "diesel-claim/default,diesel-claim/postgres,diesel-claim/sqlite,diesel-claim/async",
+    "diesel-claim/default",
+    "diesel-claim/postgres_backend,diesel-claim/async",
+];
+
+/// Packages the crate as `cargo publish` would, then builds it from the
+/// `.crate` as a registry user's project does, with the workspace's
+/// `Cargo.lock` (so that nothing new resolves), on the toolchain of the
+/// declared `rust-version`: the package must carry all it needs, and that
+/// version must build it.
+fn packaged(servers: &setup::Servers) -> Result<(), Error> {
+    let root = workspace_root();
+    // The working tree as it is (CI's is a clean clone); cargo's own
+    // verification is the registry user's build below.
+    cargo(
+        servers,
+        [
+            "package",
+            "--package",
+            "diesel-claim",
+            "--allow-dirty",
+            "--no-verify",
+        ],
+        &[],
+    )?;
+    let version = package_field(&root, "version")?;
+    let crate_file = root.join(format!("target/package/diesel-claim-{version}.crate"));
+    let user = root.join("target/registry-user");
+    if user.exists() {
+        std::fs::remove_dir_all(&user)?;
+    }
+    std::fs::create_dir_all(user.join("src"))?;
+    step(
+        servers,
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&crate_file)
+            .arg("-C")
+            .arg(&user),
+    )?;
+    std::fs::write(
+        user.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"registry-user\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
+             publish = false\n\n[dependencies]\ndiesel-claim = {{ path = \"diesel-claim-{version}\", \
+             default-features = false }}\n\n[workspace]\n"
+        ),
+    )?;
+    std::fs::write(user.join("src/lib.rs"), "pub use diesel_claim::Error;\n")?;
+    std::fs::copy(root.join("Cargo.lock"), user.join("Cargo.lock"))?;
+    let toolchain = declared_toolchain(&root)?;
+    for features in PACKAGED_FEATURE_SETS {
+        step(
+            servers,
+            Command::new("rustup")
+                .args(["run", &toolchain, "cargo", "build", "--features", features])
+                .current_dir(&user)
+                // The workspace's build cache: the same locked dependencies.
+                .env("CARGO_TARGET_DIR", root.join("target")),
+        )?;
+    }
+    // Without `migrations`, nothing of diesel_migrations is built.
+    let without = PACKAGED_FEATURE_SETS[2];
+    let mut tree = Command::new(cargo_program());
+    tree.args([
+        "tree",
+        "--edges",
+        "normal",
+        "--prefix",
+        "none",
+        "--features",
+        without,
+    ])
+    .current_dir(&user);
+    println!("\n==> {}", shown(&tree));
+    let output = tree.output()?;
+    let listed = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() || !listed.contains("diesel-claim") {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!("{} failed ({}):\n{stderr}", shown(&tree), output.status).into());
+    }
+    if listed
+        .lines()
+        .any(|line| line.starts_with("diesel_migrations "))
+    {
+        return Err(format!("the package with {without} depends on diesel_migrations").into());
+    }
+    println!("the package builds from its .crate on Rust {toolchain}, without diesel_migrations");
+    Ok(())
+}
+
+/// The toolchain of the crate's declared `rust-version` (`1.95` is
+/// `1.95.0`), installed through rustup if this machine lacks it.
+fn declared_toolchain(root: &Path) -> Result<String, Error> {
+    let declared = package_field(root, "rust-version")?;
+    let toolchain = if declared.matches('.').count() == 1 {
+        format!("{declared}.0")
+    } else {
+        declared
+    };
+    let installed = Command::new("rustup")
+        .args(["run", &toolchain, "rustc", "--version"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        let mut install = Command::new("rustup");
+        install.args(["toolchain", "install", &toolchain, "--profile", "minimal"]);
+        println!("\n==> {}", shown(&install));
+        if !install.status().is_ok_and(|status| status.success()) {
+            return Err(format!(
+                "no Rust {toolchain} (the declared rust-version) to build the package on"
+            )
+            .into());
+        }
+    }
+    Ok(toolchain)
+}
+
+/// A string field of the crate's `[package]` table (`version = "0.1.0"`).
+fn package_field(root: &Path, field: &str) -> Result<String, Error> {
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml"))?;
+    let package = manifest
+        .lines()
+        .skip_while(|line| line.trim() != "[package]")
+        .skip(1)
+        .take_while(|line| !line.trim_start().starts_with('['));
+    for line in package {
+        if let Some((key, value)) = line.split_once('=') {
+            if key.trim() == field {
+                return Ok(value.trim().trim_matches('"').to_owned());
+            }
+        }
+    }
+    Err(format!("Cargo.toml's [package] has no {field}").into())
+}
+
+/// The workspace's root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_owned()
 }
 
 /// Fails if the crate's dependencies with [`ASYNC_ONLY`] (not its

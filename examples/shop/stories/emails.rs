@@ -310,7 +310,7 @@ fn place_orders(conn: &mut Conn, numbers: std::ops::Range<u32>, shipped: u32) ->
     let shipped = numbers.start + shipped;
     let total = numbers.end;
     let email = |n: u32| {
-        let domain = if n % 10 == 0 {
+        let domain = if n.is_multiple_of(10) {
             PARTNER_DOMAIN
         } else {
             "example.com"
@@ -321,7 +321,7 @@ fn place_orders(conn: &mut Conn, numbers: std::ops::Range<u32>, shipped: u32) ->
         })
     };
     // One order in seven is an express order.
-    let priority = |n: u32| orders::priority.eq(i32::from(n % 7 == 0));
+    let priority = |n: u32| orders::priority.eq(i32::from(n.is_multiple_of(7)));
     conn.transaction(|conn| {
         let shipped_orders: Vec<_> = (numbers.start..shipped)
             .map(|n| (email(n), priority(n), orders::shipped_at.eq(now)))

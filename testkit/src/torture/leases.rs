@@ -108,11 +108,11 @@ on_suite_backends! {
     /// fenced resource with its token at once. Says `outcome result=… lost=…
     /// stalled_write=…` (`none` when it never stalled).
     pub fn kept_holder_worker(args: &Fields) -> Figures {
-        let (mut conn, mut renewer) = (Conn::connect(args.text("url")), Conn::connect(args.text("url")));
+        let (mut conn, renewer) = (Conn::connect(args.text("url")), Conn::connect(args.text("url")));
         let ttl = Duration::from_millis(args.number("ttl_ms"));
         let work = Duration::from_millis(args.number("work_ms"));
         let (mut lost, mut stalled_write) = (false, None);
-        let held = with_lease_kept_alive(&mut conn, &mut renewer, args.text("name"), ttl, |conn: &mut Conn, lease| {
+        let held = with_lease_kept_alive(&mut conn, renewer, args.text("name"), ttl, |conn: &mut Conn, lease| {
             procs::report("leased", Fields::default().set("token", lease.token()));
             let started = Instant::now();
             while started.elapsed() < work && !lease.is_lost() {

@@ -582,6 +582,7 @@ macro_rules! row_lock_scenarios {
             22 "partitioned-drain" partitions::partitioned_drain,
             27 "server-crash" crash::server_crash,
             28 "network-faults" network::network_faults,
+            29 "stalled-renewals" network::stalled_renewals,
         )
     };
 }
@@ -800,6 +801,21 @@ pub fn worker_main(args: &[String]) -> i32 {
                 }
             }
         };
+    }
+    // Behind a test network, on the backends it runs.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    if kind == "stalled-holder" {
+        match backend.as_str() {
+            #[cfg(feature = "postgres")]
+            "postgres" => run(network::on_postgres::stalled_holder_worker),
+            #[cfg(feature = "mysql")]
+            "mysql" => run(network::on_mysql::stalled_holder_worker),
+            _ => {
+                eprintln!("no test network for {backend:?}");
+                return 2;
+            }
+        }
+        return 0;
     }
     // The async workers report fields of their own (see `cancellation`).
     #[cfg(feature = "async")]

@@ -1,4 +1,5 @@
-//! The network drops (28), on PostgreSQL and MariaDB: the server runs behind
+//! The network drops (28) and a kept-alive lease's stalled renewals (29), on
+//! PostgreSQL and MariaDB: the server runs behind
 //! a [`TestNetwork`](crate::TestNetwork) of the scenario's own, and the link
 //! between it and some of the workers is cut, made lossy and slow, under
 //! claims, leases, claims with a visibility timeout and worker loops.
@@ -18,16 +19,17 @@
 //!   worker host's TCP settings bound it (`net.ipv4.tcp_retries2 = 5`,
 //!   keepalives after 1 s), set in the client namespace only.
 
+use std::process::Command;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
-use diesel_claim::Lease;
+use diesel_claim::{with_lease_kept_alive, Error, Lease};
 
 use super::claiming::{insert_orders, insert_timed_jobs, pending, CHANNEL};
-use super::procs::{self, time_until};
-use super::{Connect, Ctx, Figures};
+use super::procs::{self, time_until, Fields};
+use super::{error_kind, Connect, Ctx, Figures};
 use crate::fixtures::{orders, outbox, Order};
 use crate::TestNetwork;
 
@@ -42,7 +44,186 @@ const CALL_BOUND: Duration = Duration::from_secs(30);
 /// on PostgreSQL, 12 s on MariaDB), with room for a loaded machine.
 const RELEASE_BOUND: Duration = Duration::from_secs(30);
 
+/// Microseconds since the Unix epoch by the machine's clock, which the
+/// runner and its workers share: their events, put on it, are in one order.
+fn shared_clock() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_micros() as u64
+}
+
+/// Drops every packet of the one TCP connection a client behind the
+/// faulty link opened from `port`, both ways, leaving it open at both
+/// ends: nothing is relayed and nothing says so. [`TestNetwork::heal`]
+/// lifts it.
+fn stall_connection(network: &TestNetwork, port: u16) {
+    let (server, port) = (network.faulty_address.as_str(), port.to_string());
+    for rule in [
+        [
+            "-A", "INPUT", "-d", server, "-p", "tcp", "--sport", &port, "-j", "DROP",
+        ],
+        [
+            "-A", "OUTPUT", "-s", server, "-p", "tcp", "--dport", &port, "-j", "DROP",
+        ],
+    ] {
+        let mut iptables = Command::new("iptables");
+        iptables.args(rule);
+        let status = TestNetwork::command_in(&network.server_namespace, &iptables).status();
+        assert!(
+            status.as_ref().is_ok_and(|status| status.success()),
+            "iptables {rule:?} failed: {status:?}"
+        );
+    }
+}
+
 on_row_lock_backends! {
+    /// The local port of `conn`'s TCP connection, as the server sees it.
+    fn client_port(conn: &mut Conn) -> u16 {
+        #[derive(QueryableByName)]
+        struct Port {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            port: String,
+        }
+        let query = match BACKEND {
+            "pg" => "SELECT inet_client_port()::text AS port",
+            _ => "SELECT SUBSTRING_INDEX(host, ':', -1) AS port \
+                  FROM information_schema.processlist WHERE id = CONNECTION_ID()",
+        };
+        let port = diesel::sql_query(query).get_result::<Port>(conn).unwrap().port;
+        port.parse().unwrap_or_else(|_| panic!("not a port: {port:?}"))
+    }
+
+    /// Worker: holds lease `name` with `with_lease_kept_alive` (TTL
+    /// `ttl_ms`), its renewer a connection of its own, and says `leased
+    /// token=… port=…` (the renewer's port). It asks `is_lost` every
+    /// millisecond until told the lease is lost (at most `work_ms`), and
+    /// ends the closure then. Says `outcome held_until=… told=… ended=…
+    /// returned=… result=…`, times in microseconds on the shared clock:
+    /// when the last `is_lost` that said "held" started, when the first
+    /// that said "lost" ended (0 if none did), when the closure ended, and
+    /// when the call returned.
+    pub fn stalled_holder_worker(args: &Fields) -> Figures {
+        let (mut conn, mut renewer) = (Conn::connect(args.text("url")), Conn::connect(args.text("url")));
+        let port = client_port(&mut renewer);
+        let ttl = Duration::from_millis(args.number("ttl_ms"));
+        let work = Duration::from_millis(args.number("work_ms"));
+        let (mut held_until, mut told, mut ended) = (0, 0, 0);
+        let held = with_lease_kept_alive(&mut conn, renewer, args.text("name"), ttl, |_: &mut Conn, lease| {
+            procs::report("leased", Fields::default().set("token", lease.token()).set("port", port));
+            let started = Instant::now();
+            while started.elapsed() < work {
+                let asked = shared_clock();
+                if lease.is_lost() {
+                    told = shared_clock();
+                    break;
+                }
+                held_until = asked;
+                thread::sleep(Duration::from_millis(1));
+            }
+            ended = shared_clock();
+            Ok::<_, Error>(())
+        });
+        let returned = shared_clock();
+        let result = match held {
+            Ok(Some(())) => "ok".to_owned(),
+            Ok(None) => "held".to_owned(),
+            Err(error) => error_kind(&error),
+        };
+        let mut outcome = Fields::default();
+        outcome
+            .set("held_until", held_until)
+            .set("told", told)
+            .set("ended", ended)
+            .set("returned", returned)
+            .set("result", result);
+        procs::report("outcome", &outcome);
+        Figures::default()
+    }
+
+    /// Scenario 29: a kept-alive lease (TTL 2 s) whose renewer's TCP
+    /// connection stalls silently (its packets dropped both ways, the
+    /// connection left open), at a random point of the renewal cycle,
+    /// while the holder's own connection stays healthy. A successor on the
+    /// healthy link takes the lease as soon as it expires. Every round:
+    /// the holder's last "held" answer came before the successor had the
+    /// lease; it was told within a TTL of the stall; and its call returned
+    /// within the bound the documentation gives (a third of the TTL, plus
+    /// its release on a healthy connection) after the closure ended,
+    /// although the stuck renewal had not come back.
+    pub fn stalled_renewals(ctx: &Ctx) -> Figures {
+        let network = TestNetwork::new(CLIENT_SYSCTLS, SERVER_SYSCTLS);
+        let server = start_server_behind(&network);
+        let url = server.url("torture");
+        create_database(&server.admin_url, "torture", &url, 0);
+        let behind_the_link = server.url_via(&network.faulty_address, "torture", CLIENT_QUERY);
+        let ttl = Duration::from_secs(2);
+        // How long the call may wait for a stuck renewal, and what its
+        // release on a healthy connection may take on a loaded machine.
+        let (grace, release) = (ttl / 3, Duration::from_millis(500));
+        let mut conn = Conn::connect(&url);
+        let mut figures = Figures::new(1, 1);
+        let (mut closest, mut slowest_return, mut latest_told) = (u64::MAX, 0, 0);
+        for round in 0..ctx.repeats() {
+            let name = format!("torture:stalled:{round}");
+            let args = [
+                ("url", behind_the_link.clone()),
+                ("name", name.clone()),
+                ("ttl_ms", ttl.as_millis().to_string()),
+                ("work_ms", (10 * ttl).as_millis().to_string()),
+            ];
+            let mut holder = ctx.spawn_in(Some(&network.client_namespace), "stalled-holder", &args, &[]);
+            let leased = holder.expect("leased");
+            let token = leased.number("token") as i64;
+            thread::sleep(ttl.mul_f64(fastrand::f64()));
+            stall_connection(&network, leased.number("port") as u16);
+            let stalled = shared_clock();
+            let (mut successor, mut acquired) = (None, 0);
+            time_until(ttl + Duration::from_secs(10), || {
+                successor = Lease::acquire(&mut conn, &name, Duration::from_secs(60)).unwrap();
+                acquired = shared_clock();
+                successor.is_some()
+            });
+            let outcome = holder.expect("outcome");
+            network.heal();
+            holder.finish();
+            let Some(successor) = successor else {
+                figures.check(false, format!("{name}: not free 10 s after its TTL"));
+                continue;
+            };
+            figures.check(successor.token() > token, format!("{name}: token {} after {token}", successor.token()));
+            let (held_until, told) = (outcome.number("held_until"), outcome.number("told"));
+            let (ended, returned) = (outcome.number("ended"), outcome.number("returned"));
+            figures.check(told > 0, format!("{name}: the holder was never told its lease was lost: {outcome:?}"));
+            figures.check(
+                held_until < acquired,
+                format!("{name}: the holder was told \"held\" {} ms after its successor took the lease", held_until.saturating_sub(acquired) / 1000),
+            );
+            figures.check(
+                told <= stalled + (ttl + release).as_micros() as u64,
+                format!("{name}: the holder was told {} ms after the stall", told.saturating_sub(stalled) / 1000),
+            );
+            let took = returned.saturating_sub(ended);
+            figures.check(
+                took <= (grace + release).as_micros() as u64,
+                format!("{name}: the call returned {} ms after its closure ended", took / 1000),
+            );
+            figures.count_error(format!("holder:{}", outcome.text("result")));
+            closest = closest.min(acquired.saturating_sub(held_until));
+            slowest_return = slowest_return.max(took);
+            latest_told = latest_told.max(told.saturating_sub(stalled));
+            successor.release(&mut conn).unwrap();
+            figures.ops += 1;
+        }
+        figures.note(format!(
+            "TTL {ttl:?}, renewer stalled silently: last \"held\" at least {:.1} ms before the successor had the lease; told within {} ms of the stall; the call returned within {} ms of its closure",
+            closest as f64 / 1000.0,
+            latest_told / 1000,
+            slowest_return / 1000
+        ));
+        figures
+    }
+
     /// Scenario 28: the link between the server and some workers is cut
     /// while a worker holds a row, made lossy and slow under a drain, and cut
     /// under a lease holder, a kept-alive lease, claims with a visibility

@@ -1,0 +1,1 @@
+DROP TABLE diesel_claim_jobs;

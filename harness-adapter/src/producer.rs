@@ -1,0 +1,220 @@
+//! The producer: bulk inserts of up to `PRODUCER_BATCH_MAX` jobs, paced by
+//! the harness's `ENQUEUE <n>` lines, by its own clock, or by the queue's
+//! depth.
+
+use std::io::BufRead;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::{Connection, PgConnection};
+use diesel_claim::StopHandle;
+
+use crate::jobs;
+use crate::samples::Stats;
+use crate::settings::{Pacing, ProducerMode, Settings};
+
+/// How long the producer waits after an insert failed before trying again.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a depth-target producer waits when the queue is full.
+const FULL_PAUSE: Duration = Duration::from_millis(10);
+
+/// Reads the harness's `ENQUEUE <n>` lines from stdin on a thread of its
+/// own, when it paces a fixed rate; the channel closes with stdin.
+pub fn harness_tokens(settings: &Settings) -> Option<Receiver<usize>> {
+    if settings.producer_mode != ProducerMode::Fixed || settings.pacing != Pacing::Harness {
+        return None;
+    }
+    let (tokens, received) = mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            let count = line.trim().strip_prefix("ENQUEUE ").map(str::parse);
+            if let Some(Ok(count)) = count {
+                if tokens.send(count).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    Some(received)
+}
+
+/// Enqueues jobs as `settings` says until `stop`.
+pub fn produce(
+    settings: &Settings,
+    stats: &Stats,
+    stop: &StopHandle,
+    tokens: Option<Receiver<usize>>,
+) {
+    let mut producer = Producer {
+        settings,
+        stats,
+        stop,
+        conn: None,
+        payload: "x".repeat(settings.payload_bytes),
+    };
+    match (settings.producer_mode, tokens) {
+        (ProducerMode::DepthTarget, _) => producer.keep_depth(),
+        (ProducerMode::Fixed, Some(tokens)) => producer.as_told(&tokens),
+        (ProducerMode::Fixed, None) => producer.at_own_pace(),
+    }
+}
+
+/// A fixed rate's jobs owed so far: the rate times the time that really
+/// passed, less the whole jobs already due.
+#[derive(Debug, Default)]
+struct Credit(f64);
+
+impl Credit {
+    /// The whole jobs due after `elapsed` more at `rate` jobs/s; a rate of
+    /// zero or less owes nothing, and forgets what was owed.
+    fn add(&mut self, rate: f64, elapsed: Duration) -> usize {
+        if rate <= 0.0 {
+            self.0 = 0.0;
+            return 0;
+        }
+        self.0 += rate * elapsed.as_secs_f64();
+        let due = self.0.floor();
+        self.0 -= due;
+        due as usize
+    }
+}
+
+struct Producer<'a> {
+    settings: &'a Settings,
+    stats: &'a Stats,
+    stop: &'a StopHandle,
+    /// Its own connection, made again after a failure.
+    conn: Option<PgConnection>,
+    payload: String,
+}
+
+impl Producer<'_> {
+    /// Enqueues what the harness's tokens add up to, in inserts of up to
+    /// `batch_max`, until stdin closes.
+    fn as_told(&mut self, tokens: &Receiver<usize>) {
+        while !self.stop.is_stopped() {
+            let mut owed = match tokens.recv_timeout(Duration::from_millis(100)) {
+                Ok(count) => count,
+                Err(RecvTimeoutError::Timeout) => continue,
+                // The harness closes stdin as it stops the adapter.
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            // Tokens that came while the last insert ran.
+            owed += tokens.try_iter().sum::<usize>();
+            self.enqueue(owed);
+        }
+    }
+
+    /// Enqueues at the rate of the control file (else `PRODUCER_RATE`),
+    /// credited on the time that really passed since the last tick, so that
+    /// a slow insert does not lower the rate offered.
+    fn at_own_pace(&mut self) {
+        let period = self.settings.batch_period.max(Duration::from_millis(1));
+        let mut last_tick = Instant::now();
+        let mut credit = Credit::default();
+        while !self.stop.is_stopped() {
+            thread::sleep((last_tick + period).saturating_duration_since(Instant::now()));
+            let now = Instant::now();
+            let due = credit.add(self.rate(), now.duration_since(last_tick));
+            last_tick = now;
+            self.enqueue(due);
+        }
+    }
+
+    /// Keeps `TARGET_DEPTH` jobs in the queue: reads its depth, and enqueues
+    /// what is missing (in inserts of up to `batch_max`).
+    fn keep_depth(&mut self) {
+        let target = self.settings.target_depth;
+        while !self.stop.is_stopped() {
+            match self.with_connection(jobs::depth) {
+                Some(depth) if depth < target => {
+                    self.enqueue(usize::try_from(target - depth).unwrap_or(0));
+                }
+                Some(_) => thread::sleep(FULL_PAUSE),
+                None => thread::sleep(RETRY_PAUSE),
+            }
+        }
+    }
+
+    /// The fixed rate the harness asks for now.
+    fn rate(&self) -> f64 {
+        self.settings
+            .rate_control_file
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .and_then(|text| text.trim().parse::<f64>().ok())
+            .unwrap_or(self.settings.producer_rate)
+    }
+
+    /// Enqueues `count` jobs in inserts of up to `batch_max`, each tried
+    /// again until it commits or the producer stops.
+    fn enqueue(&mut self, mut count: usize) {
+        while count > 0 && !self.stop.is_stopped() {
+            let batch = count.min(self.settings.batch_max);
+            let payload = std::mem::take(&mut self.payload);
+            let done = self.with_connection(|conn| jobs::enqueue(conn, batch, &payload));
+            self.payload = payload;
+            if done.is_some() {
+                self.stats.enqueued(batch);
+                count -= batch;
+            } else {
+                thread::sleep(RETRY_PAUSE);
+            }
+        }
+    }
+
+    /// Runs `f` on the producer's connection, connecting first if needed;
+    /// on failure, says why and drops the connection.
+    fn with_connection<T, E: std::fmt::Display>(
+        &mut self,
+        f: impl FnOnce(&mut PgConnection) -> Result<T, E>,
+    ) -> Option<T> {
+        if self.conn.is_none() {
+            match PgConnection::establish(&self.settings.database_url) {
+                Ok(conn) => self.conn = Some(conn),
+                Err(error) => {
+                    eprintln!("[diesel-claim] producer cannot connect: {error}");
+                    return None;
+                }
+            }
+        }
+        let outcome = f(self.conn.as_mut().expect("connected above"));
+        match outcome {
+            Ok(value) => Some(value),
+            Err(error) => {
+                eprintln!("[diesel-claim] producer: {error}");
+                self.conn = None;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credit_follows_the_time_that_passed_not_the_ticks() {
+        let mut credit = Credit::default();
+        // Ticks of a nominal 25 ms that ran long or short, 10 s in all.
+        let ticks_ms = [25, 40, 3, 100, 25, 807].repeat(10);
+        assert_eq!(ticks_ms.iter().sum::<u64>(), 10_000);
+        let due: usize = ticks_ms
+            .into_iter()
+            .map(|ms| credit.add(800.0, Duration::from_millis(ms)))
+            .sum();
+        assert!((7_999..=8_000).contains(&due), "{due} jobs due");
+    }
+
+    #[test]
+    fn a_stopped_rate_forgets_what_was_owed() {
+        let mut credit = Credit::default();
+        assert_eq!(credit.add(10.0, Duration::from_millis(150)), 1);
+        assert_eq!(credit.add(0.0, Duration::from_secs(1)), 0);
+        assert_eq!(credit.add(10.0, Duration::from_millis(50)), 0);
+    }
+}

@@ -1,0 +1,244 @@
+//! The `metrics` feature: the counters and histograms claims leave, read
+//! through a recorder installed on the test's own thread (so that tests
+//! running at once do not see each other's).
+
+use std::time::{Duration, SystemTime};
+
+use ::metrics::Unit;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+
+use diesel::prelude::*;
+use diesel_claim::prelude::*;
+use diesel_claim::{Error, StopHandle};
+
+use testkit::fixtures::{on_every_backend, orders, Order};
+
+/// One metric as the recorder holds it.
+#[derive(Debug)]
+struct Metric {
+    name: String,
+    kind: MetricKind,
+    labels: Vec<(String, String)>,
+    unit: Option<Unit>,
+    description: Option<String>,
+    value: DebugValue,
+}
+
+/// Everything a block of code recorded.
+#[derive(Debug)]
+struct Recorded(Vec<Metric>);
+
+impl Recorded {
+    fn the(&self, name: &str) -> &Metric {
+        match &self
+            .0
+            .iter()
+            .filter(|metric| metric.name == name)
+            .collect::<Vec<_>>()[..]
+        {
+            [metric] => metric,
+            metrics => panic!("{} `{name}` metrics: {:#?}", metrics.len(), self.0),
+        }
+    }
+
+    /// A counter's value; it is labelled with the table `orders`.
+    fn counter(&self, name: &str) -> u64 {
+        let metric = self.the(name);
+        assert_eq!(metric.kind, MetricKind::Counter, "{metric:?}");
+        assert_eq!(
+            metric.labels,
+            [("table".to_owned(), "orders".to_owned())],
+            "{metric:?}"
+        );
+        match metric.value {
+            DebugValue::Counter(value) => value,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    }
+
+    /// A histogram's samples, in seconds; it is labelled with the table
+    /// `orders`.
+    fn samples(&self, name: &str) -> Vec<f64> {
+        let metric = self.the(name);
+        assert_eq!(metric.kind, MetricKind::Histogram, "{metric:?}");
+        assert_eq!(
+            metric.labels,
+            [("table".to_owned(), "orders".to_owned())],
+            "{metric:?}"
+        );
+        match &metric.value {
+            DebugValue::Histogram(samples) => samples.iter().map(|sample| sample.0).collect(),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+/// Runs `f` with a recorder of its own as this thread's.
+fn measured<T>(f: impl FnOnce() -> T) -> (T, Recorded) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let value = ::metrics::with_local_recorder(&recorder, f);
+    let recorded = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, unit, description, value)| {
+            let (kind, key) = key.into_parts();
+            Metric {
+                name: key.name().to_owned(),
+                kind,
+                labels: key
+                    .labels()
+                    .map(|label| (label.key().to_owned(), label.value().to_owned()))
+                    .collect(),
+                unit,
+                description: description.map(|text| text.to_string()),
+                value,
+            }
+        })
+        .collect();
+    (value, Recorded(recorded))
+}
+
+const PROCESSED: &str = "diesel_claim_rows_processed_total";
+const FAILED: &str = "diesel_claim_rows_failed_total";
+const GONE: &str = "diesel_claim_rows_gone_total";
+const LOCKED: &str = "diesel_claim_rows_locked_total";
+const CLAIM_DURATION: &str = "diesel_claim_claim_duration_seconds";
+const BATCH_DURATION: &str = "diesel_claim_batch_duration_seconds";
+const PICKUP_LATENCY: &str = "diesel_claim_pickup_latency_seconds";
+
+fn pending() -> diesel::dsl::Filter<
+    diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
+    diesel::dsl::Eq<orders::email_sent, bool>,
+> {
+    orders::table
+        .filter(orders::shipped.eq(true))
+        .filter(orders::email_sent.eq(false))
+}
+
+on_every_backend! {
+    pub fn insert_pending(conn: &mut Conn, count: usize) {
+        diesel::insert_into(orders::table)
+            .values(vec![orders::shipped.eq(true); count])
+            .execute(conn)
+            .unwrap();
+    }
+
+    pub fn mark_sent(conn: &mut Conn, id: i32) -> QueryResult<()> {
+        diesel::update(orders::table.find(id)).set(orders::email_sent.eq(true)).execute(conn)?;
+        Ok(())
+    }
+
+    /// A claim counts its rows as its report does, per table, times itself
+    /// and each batch that handed rows over; `describe` gives each metric
+    /// its unit and description.
+    #[test]
+    fn a_claim_counts_its_rows_and_times_itself_and_its_batches() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 5);
+        let (report, recorded) = measured(|| {
+            diesel_claim::metrics::describe();
+            diesel_claim::metrics::record_pickup("orders", SystemTime::now() - Duration::from_secs(2));
+            pending()
+                .build_claim()
+                .keep_going()
+                .each(&mut conn, |conn, order: Order| {
+                    match order.id {
+                        // Order 3 is sent along with order 1: gone when
+                        // the claim comes to it.
+                        1 => mark_sent(conn, 3)?,
+                        2 => return Err(Error::InvalidArgument("order 2 is bad".to_owned())),
+                        _ => {}
+                    }
+                    Ok(mark_sent(conn, order.id)?)
+                })
+                .unwrap()
+        });
+        assert_eq!((report.processed, report.failed, report.gone, report.locked), (3, 1, 1, 0));
+
+        assert_eq!(recorded.counter(PROCESSED), 3);
+        assert_eq!(recorded.counter(FAILED), 1);
+        assert_eq!(recorded.counter(GONE), 1);
+        assert_eq!(recorded.counter(LOCKED), 0);
+        assert_eq!(recorded.samples(CLAIM_DURATION).len(), 1);
+        // Orders 1, 2, 4 and 5, a batch each; order 3's took nothing.
+        let batches = recorded.samples(BATCH_DURATION);
+        assert_eq!(batches.len(), 4, "{batches:?}");
+        let claim = recorded.samples(CLAIM_DURATION)[0];
+        assert!(batches.iter().all(|batch| *batch > 0.0 && *batch <= claim), "{batches:?} {claim}");
+        let pickup = recorded.samples(PICKUP_LATENCY);
+        assert!(matches!(pickup[..], [latency] if (2.0..3.0).contains(&latency)), "{pickup:?}");
+
+        for name in [PROCESSED, FAILED, GONE, LOCKED] {
+            let metric = recorded.the(name);
+            assert_eq!(metric.unit, Some(Unit::Count), "{metric:?}");
+            assert!(metric.description.as_ref().is_some_and(|text| !text.is_empty()), "{metric:?}");
+        }
+        for name in [CLAIM_DURATION, BATCH_DURATION, PICKUP_LATENCY] {
+            let metric = recorded.the(name);
+            assert_eq!(metric.unit, Some(Unit::Seconds), "{metric:?}");
+            assert!(metric.description.as_ref().is_some_and(|text| !text.is_empty()), "{metric:?}");
+        }
+    }
+
+    /// A worker's claims count as any claim's, but those that found nothing
+    /// (its polls) are not timed.
+    #[test]
+    fn a_worker_times_the_claims_that_took_rows_alone() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let stop = StopHandle::new();
+        let stopper = stop.clone();
+        let (report, recorded) = measured(|| {
+            std::thread::scope(|scope| {
+                // Long enough for many empty polls once the rows are done.
+                scope.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    stopper.stop();
+                });
+                pending()
+                    .build_claim()
+                    .worker(&stop)
+                    .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
+                    .run(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, order.id)?))
+                    .unwrap()
+            })
+        });
+        assert_eq!(report.processed, 3);
+        assert_eq!(recorded.counter(PROCESSED), 3);
+        assert_eq!(recorded.samples(BATCH_DURATION).len(), 3);
+        let claims = recorded.samples(CLAIM_DURATION);
+        assert!((1..=3).contains(&claims.len()), "{claims:?}");
+    }
+}
+
+// Rows locked by another transaction: PostgreSQL and MySQL.
+on_every_backend! {
+    row_locks;
+
+    /// A row locked by another transaction is counted when the call ends.
+    #[test]
+    fn a_locked_row_is_counted() {
+        use diesel::connection::SimpleConnection;
+
+        let (_db, pool) = test_db(2);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let mut holder = pool.get().unwrap();
+        holder.batch_execute("BEGIN; SELECT * FROM orders WHERE id = 2 FOR UPDATE").unwrap();
+        let (report, recorded) = measured(|| {
+            pending()
+                .claim_each(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, order.id)?))
+                .unwrap()
+        });
+        holder.batch_execute("COMMIT").unwrap();
+        assert_eq!((report.processed, report.locked), (2, 1));
+        assert_eq!(recorded.counter(PROCESSED), 2);
+        assert_eq!(recorded.counter(LOCKED), 1);
+        assert_eq!(recorded.counter(GONE), 0);
+    }
+}
