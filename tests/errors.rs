@@ -3,8 +3,6 @@
 //! says, and a pool that gives no connection is `Error::Checkout`, which `?`
 //! converts its error into.
 
-use std::time::Duration;
-
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
@@ -80,6 +78,7 @@ const UNREACHABLE_PG: &str = "postgres://postgres@127.0.0.1:1/test";
 #[test]
 fn an_unreachable_r2d2_pool_is_a_checkout_error() {
     use diesel::r2d2::{ConnectionManager, Pool, PoolError};
+    use std::time::Duration;
 
     type PgPool = Pool<ConnectionManager<PgConnection>>;
     fn check_out(pool: &PgPool) -> Result<(), Error> {
