@@ -141,7 +141,8 @@ where
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}` and marked with `{V}`",
     note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
-            the changes an `AsChangeset` for that table"
+            the changes an `AsChangeset` for that table; a boxed query cannot be cloned: wrap the \
+            code that builds it in `diesel_claim::rebuild(|| …)`"
 )]
 pub trait MarkQuery<'q, C: AsyncConnection, R, V>: ClaimQuery<'q, C, R> {
     /// Rejects a changeset that changes nothing or changes the key.
@@ -225,7 +226,8 @@ where
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}` with a stamp in `{Col}`",
     note = "the row type must be `Identifiable` and `Selectable` from the claimed table, and \
-            the stamp a nullable timestamp column of that table"
+            the stamp a nullable timestamp column of that table; a boxed query cannot be cloned: \
+            wrap the code that builds it in `diesel_claim::rebuild(|| …)`"
 )]
 pub trait StampQuery<'q, C: AsyncConnection, R, Col>: ClaimQuery<'q, C, R> {
     /// Up to `limit` matching rows in `range`, locked by `lock`, stamped by

@@ -59,11 +59,14 @@ pub trait StampType<DB: Backend> {
 /// deep inside them.
 #[diagnostic::on_unimplemented(
     message = "the visibility-timeout column must be a nullable timestamp column of the claimed \
-               table, and `{Self}` is not",
-    label = "not a nullable timestamp column of the claimed table",
+               table, and `{Self}` is not, or the query cannot be cloned",
+    label = "not a nullable timestamp column of the claimed table, or a query that cannot be \
+             cloned",
     note = "declare the column `Nullable<Timestamptz>` or `Nullable<Timestamp>` on PostgreSQL, \
             `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite, in \
-            the table the claim takes its rows from"
+            the table the claim takes its rows from",
+    note = "a boxed query cannot be cloned: wrap the code that builds it in \
+            `diesel_claim::rebuild(|| …)`"
 )]
 pub trait StampColumn<Q>: Column + Copy {}
 
