@@ -89,9 +89,15 @@ fn an_unreachable_r2d2_pool_is_a_checkout_error() {
     let pool = Pool::builder()
         .connection_timeout(Duration::from_millis(300))
         .build_unchecked(ConnectionManager::<PgConnection>::new(UNREACHABLE_PG));
-    let error = check_out(&pool).unwrap_err();
+    assert_checkout_from::<PoolError>(&check_out(&pool).unwrap_err());
+}
+
+/// `error` is `Error::Checkout`, with the pool's error `P` as its source,
+/// and says so.
+#[cfg(feature = "postgres")]
+pub fn assert_checkout_from<P: std::error::Error + 'static>(error: &Error) {
     assert!(
-        matches!(&error, Error::Checkout(source) if source.downcast_ref::<PoolError>().is_some()),
+        matches!(error, Error::Checkout(source) if source.downcast_ref::<P>().is_some()),
         "{error:?}"
     );
     assert!(

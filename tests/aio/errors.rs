@@ -93,20 +93,7 @@ async fn an_unreachable_bb8_pool_is_a_checkout_error() {
     let pool = bb8::Pool::builder()
         .connection_timeout(Duration::from_millis(300))
         .build_unchecked(manager);
-    let error = check_out(&pool).await.unwrap_err();
-    let from_bb8 = |source: &(dyn std::error::Error + 'static)| {
-        source.downcast_ref::<bb8::RunError>().is_some()
-    };
-    assert!(
-        matches!(&error, Error::Checkout(source) if from_bb8(&**source)),
-        "{error:?}"
-    );
-    assert!(
-        error
-            .to_string()
-            .starts_with("no connection from the pool: "),
-        "{error}"
-    );
+    crate::errors::assert_checkout_from::<bb8::RunError>(&check_out(&pool).await.unwrap_err());
 }
 
 /// A deadpool pool whose server cannot be reached gives no connection, and
@@ -127,18 +114,7 @@ async fn an_unreachable_deadpool_pool_is_a_checkout_error() {
         .max_size(1)
         .build()
         .unwrap();
-    let error = check_out(&pool).await.unwrap_err();
-    let from_deadpool = |source: &(dyn std::error::Error + 'static)| {
-        source.downcast_ref::<deadpool::PoolError>().is_some()
-    };
-    assert!(
-        matches!(&error, Error::Checkout(source) if from_deadpool(&**source)),
-        "{error:?}"
-    );
-    assert!(
-        error
-            .to_string()
-            .starts_with("no connection from the pool: "),
-        "{error}"
+    crate::errors::assert_checkout_from::<deadpool::PoolError>(
+        &check_out(&pool).await.unwrap_err(),
     );
 }
