@@ -14,11 +14,12 @@ pub mod guide;
 mod lease;
 mod lock;
 mod locking;
-// Public with its feature (`describe`, `record_pickup`); the claims' no-op
-// metrics without it.
 #[cfg(feature = "metrics")]
 pub mod metrics;
+// Without the feature, the claims' metrics are a no-op twin (and the public
+// module, with its docs, does not exist).
 #[cfg(not(feature = "metrics"))]
+#[path = "metrics_off.rs"]
 mod metrics;
 #[cfg(feature = "migrations")]
 pub mod migrations;

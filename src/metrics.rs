@@ -58,173 +58,130 @@
 //! wherever their futures are polled): a recorder installed globally
 //! (`metrics::set_global_recorder`, as exporters do) sees them all.
 
-#[cfg(feature = "metrics")]
-mod enabled {
-    use std::time::{Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
-    use metrics::{counter, describe_counter, describe_histogram, histogram};
-    use metrics::{Counter, Histogram, Unit};
+use metrics::{counter, describe_counter, describe_histogram, histogram};
+use metrics::{Counter, Histogram, Unit};
 
-    use super::Counts;
+use crate::claim::report::Counts;
 
-    /// The rows processed.
-    const ROWS_PROCESSED: &str = "diesel_claim_rows_processed_total";
-    /// The rows that failed and were passed over.
-    const ROWS_FAILED: &str = "diesel_claim_rows_failed_total";
-    /// The candidates gone before they were locked.
-    const ROWS_GONE: &str = "diesel_claim_rows_gone_total";
-    /// The candidates locked by someone else.
-    const ROWS_LOCKED: &str = "diesel_claim_rows_locked_total";
-    /// How long a claim call took.
-    const CLAIM_DURATION: &str = "diesel_claim_claim_duration_seconds";
-    /// How long a batch took.
-    const BATCH_DURATION: &str = "diesel_claim_batch_duration_seconds";
-    /// From runnable to picked up.
-    const PICKUP_LATENCY: &str = "diesel_claim_pickup_latency_seconds";
+/// The rows processed.
+const ROWS_PROCESSED: &str = "diesel_claim_rows_processed_total";
+/// The rows that failed and were passed over.
+const ROWS_FAILED: &str = "diesel_claim_rows_failed_total";
+/// The candidates gone before they were locked.
+const ROWS_GONE: &str = "diesel_claim_rows_gone_total";
+/// The candidates locked by someone else.
+const ROWS_LOCKED: &str = "diesel_claim_rows_locked_total";
+/// How long a claim call took.
+const CLAIM_DURATION: &str = "diesel_claim_claim_duration_seconds";
+/// How long a batch took.
+const BATCH_DURATION: &str = "diesel_claim_batch_duration_seconds";
+/// From runnable to picked up.
+const PICKUP_LATENCY: &str = "diesel_claim_pickup_latency_seconds";
 
-    /// Gives the installed recorder each metric's unit and description:
-    /// call it once, after installing the recorder.
-    pub fn describe() {
-        describe_counter!(
-            ROWS_PROCESSED,
-            Unit::Count,
-            "Rows whose closure succeeded and whose transaction committed."
-        );
-        describe_counter!(
-            ROWS_FAILED,
-            Unit::Count,
-            "Rows whose closure failed and which the claim passed over (keep_going, a failure hook)."
-        );
-        describe_counter!(
-            ROWS_GONE,
-            Unit::Count,
-            "Candidates no longer matching the query when the claim came to lock them."
-        );
-        describe_counter!(
-            ROWS_LOCKED,
-            Unit::Count,
-            "Candidates locked by another transaction, left to it."
-        );
-        describe_histogram!(
-            CLAIM_DURATION,
-            Unit::Seconds,
-            "Duration of a claim call (a worker's claims that found no row are left out)."
-        );
-        describe_histogram!(
-            BATCH_DURATION,
-            Unit::Seconds,
-            "Duration of a batch that handed rows to the closure: the take, the closure, the commit."
-        );
-        describe_histogram!(
-            PICKUP_LATENCY,
-            Unit::Seconds,
-            "From the time a row became runnable to the time its closure started."
-        );
-    }
-
-    /// Records that a row of `table` (the claimed table's name, unqualified)
-    /// which became runnable at `runnable_at` was picked up now: call it
-    /// first thing in the closure. A time in the future counts as zero.
-    pub fn record_pickup(table: &str, runnable_at: SystemTime) {
-        let latency = SystemTime::now()
-            .duration_since(runnable_at)
-            .unwrap_or_default();
-        histogram!(PICKUP_LATENCY, "table" => table.to_owned()).record(latency);
-    }
-
-    /// The metrics of one claim call on a table: its handles, registered
-    /// once per call, and what it has counted so far.
-    pub(crate) struct ClaimMetrics {
-        processed: Counter,
-        failed: Counter,
-        gone: Counter,
-        locked: Counter,
-        claim: Histogram,
-        batch: Histogram,
-        counted: Counts,
-    }
-
-    impl ClaimMetrics {
-        pub(crate) fn new(table: &str) -> Self {
-            let labels = [("table", table.to_owned())];
-            ClaimMetrics {
-                processed: counter!(ROWS_PROCESSED, &labels),
-                failed: counter!(ROWS_FAILED, &labels),
-                gone: counter!(ROWS_GONE, &labels),
-                locked: counter!(ROWS_LOCKED, &labels),
-                claim: histogram!(CLAIM_DURATION, &labels),
-                batch: histogram!(BATCH_DURATION, &labels),
-                counted: Counts::default(),
-            }
-        }
-
-        /// A batch begun at `began` has ended, the call having done `so_far`:
-        /// counts what moved, and times the batch if it handed rows over.
-        pub(crate) fn batch_ended(&mut self, began: Instant, so_far: Counts) {
-            if self.count(so_far) {
-                self.batch.record(began.elapsed());
-            }
-        }
-
-        /// The call begun at `began` has ended, having done `report`; a
-        /// worker's (`polled`) that handed no row over is not timed.
-        pub(crate) fn claim_ended(&mut self, began: Instant, report: Counts, polled: bool) {
-            self.count(report);
-            self.locked.increment(report.locked);
-            if !polled || report.processed + report.failed > 0 {
-                self.claim.record(began.elapsed());
-            }
-        }
-
-        /// Adds what moved since last counted (`locked` is the call's end's
-        /// alone); whether rows were handed over since.
-        fn count(&mut self, now: Counts) -> bool {
-            let before = self.counted;
-            self.processed.increment(now.processed - before.processed);
-            self.failed.increment(now.failed - before.failed);
-            self.gone.increment(now.gone - before.gone);
-            self.counted = now;
-            now.processed + now.failed > before.processed + before.failed
-        }
-    }
+/// Gives the installed recorder each metric's unit and description:
+/// call it once, after installing the recorder.
+pub fn describe() {
+    describe_counter!(
+        ROWS_PROCESSED,
+        Unit::Count,
+        "Rows whose closure succeeded and whose transaction committed."
+    );
+    describe_counter!(
+        ROWS_FAILED,
+        Unit::Count,
+        "Rows whose closure failed and which the claim passed over (keep_going, a failure hook)."
+    );
+    describe_counter!(
+        ROWS_GONE,
+        Unit::Count,
+        "Candidates no longer matching the query when the claim came to lock them."
+    );
+    describe_counter!(
+        ROWS_LOCKED,
+        Unit::Count,
+        "Candidates locked by another transaction, left to it."
+    );
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "Duration of a claim call (a worker's claims that found no row are left out)."
+    );
+    describe_histogram!(
+        BATCH_DURATION,
+        Unit::Seconds,
+        "Duration of a batch that handed rows to the closure: the take, the closure, the commit."
+    );
+    describe_histogram!(
+        PICKUP_LATENCY,
+        Unit::Seconds,
+        "From the time a row became runnable to the time its closure started."
+    );
 }
 
-#[cfg(not(feature = "metrics"))]
-mod disabled {
-    use std::time::Instant;
+/// Records that a row of `table` (the claimed table's name, unqualified)
+/// which became runnable at `runnable_at` was picked up now: call it
+/// first thing in the closure. A time in the future counts as zero.
+pub fn record_pickup(table: &str, runnable_at: SystemTime) {
+    let latency = SystemTime::now()
+        .duration_since(runnable_at)
+        .unwrap_or_default();
+    histogram!(PICKUP_LATENCY, "table" => table.to_owned()).record(latency);
+}
 
-    use super::Counts;
+/// The metrics of one claim call on a table: its handles, registered
+/// once per call, and what it has counted so far.
+pub(crate) struct ClaimMetrics {
+    processed: Counter,
+    failed: Counter,
+    gone: Counter,
+    locked: Counter,
+    claim: Histogram,
+    batch: Histogram,
+    counted: Counts,
+}
 
-    /// A claim's metrics, which go nowhere.
-    pub(crate) struct ClaimMetrics;
-
-    impl ClaimMetrics {
-        pub(crate) fn new(_table: &str) -> Self {
-            ClaimMetrics
+impl ClaimMetrics {
+    pub(crate) fn new(table: &str) -> Self {
+        let labels = [("table", table.to_owned())];
+        ClaimMetrics {
+            processed: counter!(ROWS_PROCESSED, &labels),
+            failed: counter!(ROWS_FAILED, &labels),
+            gone: counter!(ROWS_GONE, &labels),
+            locked: counter!(ROWS_LOCKED, &labels),
+            claim: histogram!(CLAIM_DURATION, &labels),
+            batch: histogram!(BATCH_DURATION, &labels),
+            counted: Counts::default(),
         }
+    }
 
-        pub(crate) fn batch_ended(&mut self, _began: Instant, _so_far: Counts) {}
+    /// A batch begun at `began` has ended, the call having done `so_far`:
+    /// counts what moved, and times the batch if it handed rows over.
+    pub(crate) fn batch_ended(&mut self, began: Instant, so_far: Counts) {
+        if self.count(so_far) {
+            self.batch.record(began.elapsed());
+        }
+    }
 
-        pub(crate) fn claim_ended(&mut self, _began: Instant, _report: Counts, _polled: bool) {}
+    /// The call begun at `began` has ended, having done `report`; a
+    /// worker's (`polled`) that handed no row over is not timed.
+    pub(crate) fn claim_ended(&mut self, began: Instant, report: Counts, polled: bool) {
+        self.count(report);
+        self.locked.increment(report.locked);
+        if !polled || report.processed + report.failed > 0 {
+            self.claim.record(began.elapsed());
+        }
+    }
+
+    /// Adds what moved since last counted (`locked` is the call's end's
+    /// alone); whether rows were handed over since.
+    fn count(&mut self, now: Counts) -> bool {
+        let before = self.counted;
+        self.processed.increment(now.processed - before.processed);
+        self.failed.increment(now.failed - before.failed);
+        self.gone.increment(now.gone - before.gone);
+        self.counted = now;
+        now.processed + now.failed > before.processed + before.failed
     }
 }
-
-/// What a claim call has counted so far, as its metrics take it: the
-/// [`ClaimReport`](crate::ClaimReport)'s counts (never smaller than before).
-#[derive(Debug, Clone, Copy, Default)]
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-pub(crate) struct Counts {
-    pub(crate) processed: u64,
-    pub(crate) failed: u64,
-    pub(crate) gone: u64,
-    pub(crate) locked: u64,
-}
-
-#[cfg(feature = "metrics")]
-pub use enabled::{describe, record_pickup};
-
-#[cfg(feature = "metrics")]
-pub(crate) use enabled::ClaimMetrics;
-
-#[cfg(not(feature = "metrics"))]
-pub(crate) use disabled::ClaimMetrics;

@@ -1744,6 +1744,9 @@ mod pooled;
 mod timed;
 // Sessions the server ends under a claim, and pools that give no connection.
 mod errors;
+// The counters and histograms of the `metrics` feature, from async claims.
+#[cfg(feature = "metrics")]
+mod metrics;
 
 /// A renewal that does not come back (its statement sleeps, as one on a
 /// dead link waits) is dropped a grace (a third of the TTL) after the

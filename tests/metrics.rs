@@ -16,7 +16,7 @@ use testkit::fixtures::{on_every_backend, orders, Order};
 
 /// One metric as the recorder holds it.
 #[derive(Debug)]
-struct Metric {
+pub(crate) struct Metric {
     name: String,
     kind: MetricKind,
     labels: Vec<(String, String)>,
@@ -27,10 +27,10 @@ struct Metric {
 
 /// Everything a block of code recorded.
 #[derive(Debug)]
-struct Recorded(Vec<Metric>);
+pub(crate) struct Recorded(Vec<Metric>);
 
 impl Recorded {
-    fn the(&self, name: &str) -> &Metric {
+    pub(crate) fn the(&self, name: &str) -> &Metric {
         match &self
             .0
             .iter()
@@ -43,7 +43,7 @@ impl Recorded {
     }
 
     /// A counter's value; it is labelled with the table `orders`.
-    fn counter(&self, name: &str) -> u64 {
+    pub(crate) fn counter(&self, name: &str) -> u64 {
         let metric = self.the(name);
         assert_eq!(metric.kind, MetricKind::Counter, "{metric:?}");
         assert_eq!(
@@ -59,7 +59,7 @@ impl Recorded {
 
     /// A histogram's samples, in seconds; it is labelled with the table
     /// `orders`.
-    fn samples(&self, name: &str) -> Vec<f64> {
+    pub(crate) fn samples(&self, name: &str) -> Vec<f64> {
         let metric = self.the(name);
         assert_eq!(metric.kind, MetricKind::Histogram, "{metric:?}");
         assert_eq!(
@@ -75,7 +75,7 @@ impl Recorded {
 }
 
 /// Runs `f` with a recorder of its own as this thread's.
-fn measured<T>(f: impl FnOnce() -> T) -> (T, Recorded) {
+pub(crate) fn measured<T>(f: impl FnOnce() -> T) -> (T, Recorded) {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let value = ::metrics::with_local_recorder(&recorder, f);
@@ -101,13 +101,13 @@ fn measured<T>(f: impl FnOnce() -> T) -> (T, Recorded) {
     (value, Recorded(recorded))
 }
 
-const PROCESSED: &str = "diesel_claim_rows_processed_total";
-const FAILED: &str = "diesel_claim_rows_failed_total";
-const GONE: &str = "diesel_claim_rows_gone_total";
-const LOCKED: &str = "diesel_claim_rows_locked_total";
-const CLAIM_DURATION: &str = "diesel_claim_claim_duration_seconds";
-const BATCH_DURATION: &str = "diesel_claim_batch_duration_seconds";
-const PICKUP_LATENCY: &str = "diesel_claim_pickup_latency_seconds";
+pub(crate) const PROCESSED: &str = "diesel_claim_rows_processed_total";
+pub(crate) const FAILED: &str = "diesel_claim_rows_failed_total";
+pub(crate) const GONE: &str = "diesel_claim_rows_gone_total";
+pub(crate) const LOCKED: &str = "diesel_claim_rows_locked_total";
+pub(crate) const CLAIM_DURATION: &str = "diesel_claim_claim_duration_seconds";
+pub(crate) const BATCH_DURATION: &str = "diesel_claim_batch_duration_seconds";
+pub(crate) const PICKUP_LATENCY: &str = "diesel_claim_pickup_latency_seconds";
 
 fn pending() -> diesel::dsl::Filter<
     diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,

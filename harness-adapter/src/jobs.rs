@@ -155,7 +155,7 @@ pub fn work(
             if !work.is_zero() {
                 thread::sleep(work);
             }
-            stats.completed();
+            // Counted done once its batch commits (`Stats::count_completions`).
             Ok::<_, diesel_claim::Error>(())
         })
 }

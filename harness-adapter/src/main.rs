@@ -35,6 +35,11 @@
 //! - **Pickup latency** is from the producer's insert (its clock, just
 //!   before the statement) to the worker's closure starting; its
 //!   percentiles come from HDR histograms of the last 30 s.
+//! - **A job counts as completed** once the transaction that deleted it
+//!   has committed: the adapter reads the crate's own
+//!   `diesel_claim_rows_processed_total` (feature `metrics`) through a
+//!   recorder of its own, so a batch rolled back by a crash or a lost
+//!   session is not counted, and its jobs count once when they run again.
 //! - **SIGTERM or SIGINT** stops the worker, which commits the jobs in hand,
 //!   and the process exits 0.
 
@@ -90,6 +95,7 @@ fn run(settings: &Settings) -> Result<(), String> {
     samples::emit_descriptor(settings, VERSION);
 
     let stats = Stats::new();
+    stats.count_completions()?;
     let tokens = producer::harness_tokens(settings);
     let worked = thread::scope(|scope| {
         scope.spawn(|| producer::produce(settings, &stats, &stop, tokens));

@@ -5,12 +5,13 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use diesel::PgConnection;
 use diesel_claim::StopHandle;
 use hdrhistogram::Histogram;
+use metrics::{Counter, Gauge, Key, KeyName, Metadata, SharedString, Unit};
 use serde_json::{json, Value};
 
 use crate::jobs;
@@ -29,7 +30,9 @@ const LATENCY_MAX_US: u64 = 3_600_000_000;
 /// Counters shared by the producer, the workers and the sampler.
 pub struct Stats {
     enqueued: AtomicU64,
-    completed: AtomicU64,
+    /// The jobs done, as the crate's metrics count them (see
+    /// [`count_completions`]).
+    completed: Arc<AtomicU64>,
     /// Pickup latencies since the last sample, in microseconds.
     latencies: Mutex<Histogram<u64>>,
 }
@@ -38,7 +41,7 @@ impl Stats {
     pub fn new() -> Stats {
         Stats {
             enqueued: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
+            completed: Arc::new(AtomicU64::new(0)),
             latencies: Mutex::new(latency_histogram()),
         }
     }
@@ -55,11 +58,15 @@ impl Stats {
         latencies.saturating_record(latency_us);
     }
 
-    /// A worker finished a job's work. (Counted before its transaction
-    /// commits: a job whose commit fails, as when its session is ended, is
-    /// run again and counted twice.)
-    pub fn completed(&self) {
-        self.completed.fetch_add(1, Ordering::Relaxed);
+    /// Counts the jobs done from now on, through the crate's
+    /// `diesel_claim_rows_processed_total`: it moves once a batch's
+    /// transaction has committed (the jobs deleted), so a job whose commit
+    /// fails, as when its session is ended, is not counted, and is counted
+    /// once when it runs again. Installs the process's metrics recorder:
+    /// call it once.
+    pub fn count_completions(&self) -> Result<(), String> {
+        metrics::set_global_recorder(CompletionRecorder(Arc::clone(&self.completed)))
+            .map_err(|error| format!("cannot install the metrics recorder: {error}"))
     }
 
     /// The latencies recorded since the last call.
@@ -68,6 +75,31 @@ impl Stats {
         let taken = latencies.clone();
         latencies.reset();
         taken
+    }
+}
+
+/// A recorder of the crate's metrics that keeps the processed rows alone.
+struct CompletionRecorder(Arc<AtomicU64>);
+
+impl metrics::Recorder for CompletionRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        if key.name() == "diesel_claim_rows_processed_total" {
+            Counter::from_arc(Arc::clone(&self.0))
+        } else {
+            Counter::noop()
+        }
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
     }
 }
 

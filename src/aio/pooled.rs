@@ -216,8 +216,9 @@ where
     let mut reconnect = Reconnect::new();
     while !shared.stopping() {
         let checked_out = {
-            let stopped = pin!(sleep_until(shared, far_future(), shared.woken()));
-            match future::select(pin!(pool.check_out()), stopped).await {
+            // Only a stop ends the wait for a connection: a wake-up (the
+            // listener's) must not end the loop.
+            match future::select(pin!(pool.check_out()), pin!(until_stopped(shared))).await {
                 Either::Left((checked_out, _)) => checked_out,
                 Either::Right(_) => break,
             }
@@ -272,9 +273,11 @@ where
     Ok(total)
 }
 
-/// A deadline no wait reaches: a wait that only a stop ends.
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365)
+/// Waits until the worker stops; wake-ups do not end it.
+async fn until_stopped(shared: &Shared) {
+    while !shared.stopping() {
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
 }
 
 /// The listener: a connection of its own that listens on `channel` and

@@ -20,7 +20,7 @@ mod page;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod pooled;
 pub(crate) mod query;
-mod report;
+pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod timed;
 pub(crate) mod wait;

@@ -1,6 +1,5 @@
 //! What a claim call reports: the engine counts, both drivers return it.
 
-use crate::metrics::Counts;
 use crate::trace::Span;
 
 /// What one call of [`claim_each`](crate::ClaimDsl::claim_each) did.
@@ -160,4 +159,15 @@ impl<K, E> ClaimOutcome<K, E> {
             None => Ok(self.report),
         }
     }
+}
+
+/// What a claim call has counted so far, as its metrics take it: the
+/// [`ClaimReport`]'s counts (never smaller than before).
+#[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct Counts {
+    pub(crate) processed: u64,
+    pub(crate) failed: u64,
+    pub(crate) gone: u64,
+    pub(crate) locked: u64,
 }

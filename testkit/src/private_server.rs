@@ -276,6 +276,30 @@ impl PrivateServer {
         }
     }
 
+    /// Shuts the server down as a container's stop does (PostgreSQL's fast
+    /// shutdown, SIGINT: sessions are ended, transactions rolled back, a
+    /// checkpoint is written) and waits until it is gone;
+    /// [`start`](Self::start) starts it again.
+    pub fn stop(&self) {
+        match &self.kind {
+            #[cfg(feature = "postgres")]
+            Kind::Postgres { bin_dir } => {
+                let mut pg_ctl = pg_tool(bin_dir, "pg_ctl");
+                pg_ctl
+                    .args(["stop", "--mode=fast", "--timeout=60", "--pgdata"])
+                    .arg(self.data_dir());
+                self.here(pg_ctl).run_or_panic("stop the PostgreSQL server");
+            }
+            #[cfg(feature = "mysql")]
+            Kind::Mariadb => {
+                if let Some(mut child) = self.child.lock().unwrap().take() {
+                    signal("TERM", &[child.id()]);
+                    let _ = child.wait();
+                }
+            }
+        }
+    }
+
     /// Kills every process of the server with SIGKILL, at once, and waits
     /// until they are gone: nothing is shut down, flushed or checkpointed.
     pub fn crash(&self) {

@@ -250,6 +250,47 @@ on_async_backends! {
     }
 }
 
+/// A fresh PostgreSQL database with the shop schema, and a deadpool pool of
+/// `size` async connections to it.
+#[cfg(feature = "postgres")]
+fn pg_deadpool(
+    size: usize,
+) -> (
+    testkit::PgTestDb,
+    deadpool::Pool<diesel_async::AsyncPgConnection>,
+) {
+    let db = testkit::PgTestDb::new();
+    testkit::fixtures::create_schema(
+        &mut <diesel::PgConnection as diesel::Connection>::establish(&db.url).unwrap(),
+        testkit::fixtures::POSTGRES_SCHEMA,
+    );
+    let pool = deadpool::Pool::builder(manager(&db.url, false))
+        .max_size(size)
+        .build()
+        .unwrap();
+    (db, pool)
+}
+
+/// Inserts job `id`, due now, and notifies channel `jobs` in the same
+/// transaction.
+#[cfg(feature = "postgres")]
+async fn enqueue_and_notify(producer: &mut diesel_async::AsyncPgConnection, id: i32) {
+    producer
+        .transaction(async |conn: &mut diesel_async::AsyncPgConnection| {
+            diesel::insert_into(jobs::table)
+                .values((
+                    jobs::id.eq(id),
+                    jobs::priority.eq(0),
+                    jobs::due.eq(diesel::dsl::now),
+                ))
+                .execute(conn)
+                .await?;
+            diesel_claim::aio::notify(conn, "jobs").await
+        })
+        .await
+        .unwrap();
+}
+
 /// A pooled worker listening (PostgreSQL): with polls too rare to matter,
 /// `aio::notify` sent in the producer's transaction wakes its loops, through
 /// the listener's session being ended.
@@ -257,15 +298,7 @@ on_async_backends! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_wakes_the_loops_and_comes_back_after_its_session_ends() {
     use diesel_async::AsyncPgConnection;
-    let db = testkit::PgTestDb::new();
-    testkit::fixtures::create_schema(
-        &mut <diesel::PgConnection as diesel::Connection>::establish(&db.url).unwrap(),
-        testkit::fixtures::POSTGRES_SCHEMA,
-    );
-    let pool: deadpool::Pool<AsyncPgConnection> = deadpool::Pool::builder(manager(&db.url, false))
-        .max_size(3)
-        .build()
-        .unwrap();
+    let (db, pool) = pg_deadpool(3);
     let mut producer = AsyncPgConnection::establish(&db.url).await.unwrap();
     let stop = StopHandle::new();
     let worker = jobs::table
@@ -290,20 +323,7 @@ async fn the_listener_wakes_the_loops_and_comes_back_after_its_session_ends() {
         // The first claims find nothing; then the loops wait 30 s.
         tokio::time::sleep(Duration::from_millis(300)).await;
         for id in 1..=3 {
-            producer
-                .transaction(async |conn: &mut AsyncPgConnection| {
-                    diesel::insert_into(jobs::table)
-                        .values((
-                            jobs::id.eq(id),
-                            jobs::priority.eq(0),
-                            jobs::due.eq(diesel::dsl::now),
-                        ))
-                        .execute(conn)
-                        .await?;
-                    diesel_claim::aio::notify(conn, "jobs").await
-                })
-                .await
-                .unwrap();
+            enqueue_and_notify(&mut producer, id).await;
             // Far below the 30 s polls, with room for a loaded machine: the
             // listener finds its dead connection within a second.
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -335,4 +355,60 @@ async fn the_listener_wakes_the_loops_and_comes_back_after_its_session_ends() {
     };
     let (report, ()) = tokio::join!(worker, rounds);
     assert_eq!(report.unwrap().processed, 3);
+}
+
+/// A wake-up while a loop waits for a connection does not end the loop
+/// (PostgreSQL): the application holds the pool's one connection while the
+/// listener, outside the pool, starts listening (which wakes the loops) and
+/// a job's notification comes; once the connection is given back, the loop
+/// claims the job. (Were a wake-up to end the wait as a stop does, the
+/// worker would have ended with nothing done.)
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_while_a_loop_waits_for_a_connection_does_not_end_it() {
+    use diesel_async::AsyncPgConnection;
+    let (db, pool) = pg_deadpool(1);
+    let held = pool.get().await.unwrap();
+    let mut producer = AsyncPgConnection::establish(&db.url).await.unwrap();
+    let stop = StopHandle::new();
+    let worker = jobs::table
+        .filter(jobs::done.eq(false))
+        .select(Job::as_select())
+        .build_claim()
+        .worker(&stop)
+        .listen("jobs")
+        .poll_interval(Duration::from_secs(30), Duration::from_secs(30))
+        .run_pooled(&pool, async |conn: &mut AsyncPgConnection, job: Job| {
+            diesel::update(&job)
+                .set(jobs::done.eq(true))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        });
+    let rounds = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        enqueue_and_notify(&mut producer, 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let done: bool = jobs::table
+                .find(1)
+                .select(jobs::done)
+                .get_result(&mut producer)
+                .await
+                .unwrap();
+            if done {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the job was not claimed once the connection came back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.stop();
+    };
+    let (report, ()) = tokio::join!(worker, rounds);
+    assert_eq!(report.unwrap().processed, 1);
 }

@@ -221,6 +221,16 @@ fn cells(set: CellSet, length_asked: Option<&str>, warmup_asked: Option<&str>) -
                         "recovery=clean",
                     ]),
                 ),
+                // Down for the first half of the phase, then up again.
+                Cell::new(
+                    "chaos-postgres-restart",
+                    &one,
+                    &phases(&[
+                        "baseline=clean",
+                        "restart=postgres-restart",
+                        "recovery=clean",
+                    ]),
+                ),
             ]
         }
         CellSet::Pressure => {
@@ -385,6 +395,13 @@ fn register(
     }
     if lacks("bench_harness/adapters.py", "BENCH_EXTERNAL_ADAPTERS")? {
         apply(harness, &adapter_dir.join("external-adapters.patch"))?;
+    } else if lacks("bench_harness/hooks.py", "BENCH_PG_STOP_CMD")? {
+        return Err(
+            "the checkout holds an older external-adapters.patch, without the \
+                    native postgres-restart: `git checkout bench_harness/` there, and run \
+                    the task again"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -448,9 +465,19 @@ fn run_cell(
     system: &str,
 ) -> Result<PathBuf, Error> {
     let server = PrivatePostgres::start(server_bin, &harness.join("postgres.conf"))?;
+    let control = |verb: &str| {
+        format!(
+            "{} --send {} {verb}",
+            server_bin.display(),
+            server.control.display()
+        )
+    };
     let mut command = Command::new(harness.join(".venv/bin/bench"));
     command
         .current_dir(harness)
+        // The `postgres-restart` phase, on the private server.
+        .env("BENCH_PG_STOP_CMD", control("stop"))
+        .env("BENCH_PG_START_CMD", control("start"))
         .env("BENCH_EXTERNAL_PG", "1")
         .env("BENCH_NATIVE_ADAPTERS", "1")
         .env("BENCH_PG_HOST", "127.0.0.1")
@@ -500,12 +527,20 @@ struct PrivatePostgres {
     child: Child,
     stdin: Option<ChildStdin>,
     port: String,
+    /// Its control socket, to which `private-postgres --send` sends `stop`
+    /// and `start`.
+    control: PathBuf,
 }
 
 impl PrivatePostgres {
     fn start(program: &Path, conf: &Path) -> Result<PrivatePostgres, Error> {
+        let control = std::env::temp_dir().join(format!(
+            "diesel-claim-private-postgres-{}.sock",
+            std::process::id()
+        ));
         let mut child = Command::new(program)
             .arg(conf)
+            .arg(&control)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -522,7 +557,12 @@ impl PrivatePostgres {
             .ok_or_else(|| format!("the private server did not start (it printed {url:?})"))?
             .to_owned();
         println!("\n==> private PostgreSQL at {}", url.trim());
-        Ok(PrivatePostgres { child, stdin, port })
+        Ok(PrivatePostgres {
+            child,
+            stdin,
+            port,
+            control,
+        })
     }
 }
 

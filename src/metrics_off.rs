@@ -1,0 +1,19 @@
+//! The claims' metrics without the `metrics` feature: they go nowhere, and
+//! compile to nothing.
+
+use std::time::Instant;
+
+use crate::claim::report::Counts;
+
+/// A claim's metrics, which go nowhere.
+pub(crate) struct ClaimMetrics;
+
+impl ClaimMetrics {
+    pub(crate) fn new(_table: &str) -> Self {
+        ClaimMetrics
+    }
+
+    pub(crate) fn batch_ended(&mut self, _began: Instant, _so_far: Counts) {}
+
+    pub(crate) fn claim_ended(&mut self, _began: Instant, _report: Counts, _polled: bool) {}
+}
