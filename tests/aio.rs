@@ -886,9 +886,12 @@ on_async_backends! {
         let (_db, pool) = test_db(4).await;
         insert_pending(&mut pool.get().await.unwrap(), 1).await;
         let stop = diesel_claim::StopHandle::new();
+        // The pollers start once the long claim holds the row.
+        let (held, holding) = tokio::sync::watch::channel(false);
         let poller = |task: i32| {
-            let (pool, stop) = (&pool, &stop);
+            let (pool, stop, mut holding) = (&pool, &stop, holding.clone());
             async move {
+                holding.wait_for(|held| *held).await.unwrap();
                 let mut conn = pool.get().await.unwrap();
                 let task = &task;
                 pending()
@@ -908,6 +911,7 @@ on_async_backends! {
                 .build_claim()
                 .idle_bound(None)
                 .each(&mut *conn, async |conn: &mut Conn, order: Order| {
+                    held.send_replace(true);
                     tokio::time::sleep(Duration::from_secs(40)).await;
                     send_email(conn, &order, 0).await?;
                     Ok::<_, diesel_claim::Error>(())

@@ -656,7 +656,7 @@ mod tests {
     #[test]
     fn every_cell_starts_with_a_warmup_and_names_its_phases_as_the_harness_reads_them() {
         let all = cells(CellSet::All, None, None);
-        assert_eq!(all.len(), 2 + 3 + 4 + 2 + 1);
+        assert_eq!(all.len(), 2 + 3 + 5 + 2 + 1);
         for cell in all.iter().chain(&cells(CellSet::Smoke, None, None)) {
             let phases = phases(cell);
             assert!(phases.len() >= 2, "{}", cell.name);
@@ -685,6 +685,24 @@ mod tests {
             assert_eq!(phases[0], "warmup=warmup:10s");
             assert!(phases[1..].iter().all(|phase| phase.ends_with(":90s")));
         }
+    }
+
+    #[test]
+    fn the_server_restart_is_a_chaos_cell_of_its_own() {
+        let chaos = cells(CellSet::Chaos, Some("60s"), Some("20s"));
+        let restart = chaos
+            .iter()
+            .find(|cell| cell.name == "chaos-postgres-restart")
+            .unwrap();
+        assert_eq!(
+            phases(restart),
+            [
+                "warmup=warmup:20s",
+                "baseline=clean:60s",
+                "restart=postgres-restart:60s",
+                "recovery=clean:60s"
+            ]
+        );
     }
 
     #[test]
