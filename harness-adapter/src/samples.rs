@@ -31,7 +31,7 @@ const LATENCY_MAX_US: u64 = 3_600_000_000;
 pub struct Stats {
     enqueued: AtomicU64,
     /// The jobs done, as the crate's metrics count them (see
-    /// [`count_completions`]).
+    /// [`Stats::count_completions`]).
     completed: Arc<AtomicU64>,
     /// Pickup latencies since the last sample, in microseconds.
     latencies: Mutex<Histogram<u64>>,

@@ -426,11 +426,7 @@ fn build(workspace: &Path) -> Result<PathBuf, Error> {
             .env("DIESEL_CLAIM_REVISION", &revision)
             .current_dir(workspace),
     )?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|dir| workspace.join(dir))
-        .unwrap_or_else(|| workspace.join("target"));
-    Ok(target.join("release"))
+    Ok(crate::target_dir(workspace).join("release"))
 }
 
 /// The workspace's commit, and whether files differ from it: what the

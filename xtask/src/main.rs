@@ -219,8 +219,9 @@ fn packaged(servers: &setup::Servers) -> Result<(), Error> {
         &[],
     )?;
     let version = package_field(&root, "version")?;
-    let crate_file = root.join(format!("target/package/diesel-claim-{version}.crate"));
-    let user = root.join("target/registry-user");
+    let target = target_dir(&root);
+    let crate_file = target.join(format!("package/diesel-claim-{version}.crate"));
+    let user = target.join("registry-user");
     if user.exists() {
         std::fs::remove_dir_all(&user)?;
     }
@@ -251,7 +252,7 @@ fn packaged(servers: &setup::Servers) -> Result<(), Error> {
                 .args(["run", &toolchain, "cargo", "build", "--features", features])
                 .current_dir(&user)
                 // The workspace's build cache: the same locked dependencies.
-                .env("CARGO_TARGET_DIR", root.join("target")),
+                .env("CARGO_TARGET_DIR", &target),
         )?;
     }
     // Without `migrations`, nothing of diesel_migrations is built.
@@ -333,6 +334,14 @@ fn package_field(root: &Path, field: &str) -> Result<String, Error> {
 fn workspace_root() -> PathBuf {
     let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
     xtask.parent().unwrap_or(xtask).to_owned()
+}
+
+/// Where cargo builds the workspace: `CARGO_TARGET_DIR` (relative to the
+/// workspace when it is relative), or its `target/`.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| root.join(dir))
+        .unwrap_or_else(|| root.join("target"))
 }
 
 /// Fails if the crate's dependencies with [`ASYNC_ONLY`] (not its
