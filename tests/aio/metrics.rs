@@ -16,7 +16,9 @@ use diesel_claim::{Error, StopHandle};
 use testkit::fixtures::{orders, Order};
 
 use super::pending;
-use crate::metrics::{measured, BATCH_DURATION, CLAIM_DURATION, FAILED, GONE, LOCKED, PROCESSED};
+use crate::metrics::{
+    assert_five_orders_counted, measured, BATCH_DURATION, CLAIM_DURATION, GONE, LOCKED, PROCESSED,
+};
 
 /// Runs `future` to its end on a runtime of this thread's.
 fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
@@ -67,16 +69,7 @@ on_async_backends! {
                     .unwrap()
             })
         });
-        assert_eq!((report.processed, report.failed, report.gone, report.locked), (3, 1, 1, 0));
-        assert_eq!(recorded.counter(PROCESSED), 3);
-        assert_eq!(recorded.counter(FAILED), 1);
-        assert_eq!(recorded.counter(GONE), 1);
-        assert_eq!(recorded.counter(LOCKED), 0);
-        let claim = recorded.samples(CLAIM_DURATION);
-        let batches = recorded.samples(BATCH_DURATION);
-        // Orders 1, 2, 4 and 5, a batch each; order 3's took nothing.
-        assert_eq!(batches.len(), 4, "{batches:?}");
-        assert!(matches!(claim[..], [whole] if batches.iter().all(|batch| *batch > 0.0 && *batch <= whole)), "{claim:?} {batches:?}");
+        assert_five_orders_counted(&report, &recorded);
     }
 
     /// An async worker's claims count as any claim's, but those that found
