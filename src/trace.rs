@@ -282,6 +282,30 @@ mod enabled {
         }
     }
 
+    /// The subscriber of the thread that started a worker, for the threads
+    /// the worker starts: a subscriber set for the caller's thread alone
+    /// (`tracing::subscriber::with_default`) sees what they do too.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) struct CallersSubscriber(tracing::Dispatch);
+
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    impl CallersSubscriber {
+        pub(crate) fn of_this_thread() -> Self {
+            CallersSubscriber(tracing::dispatcher::get_default(Clone::clone))
+        }
+
+        /// Runs `f` in `span`, with the caller's subscriber as this thread's.
+        pub(crate) fn in_span<T>(&self, span: &Span, f: impl FnOnce() -> T) -> T {
+            tracing::dispatcher::with_default(&self.0, || span.in_scope(f))
+        }
+    }
+
     /// A duration to the millisecond, as a progress line shows it.
     struct Rounded(Duration);
 
@@ -310,6 +334,27 @@ mod disabled {
 
         pub(crate) fn enter(&self) -> Entered {
             Entered
+        }
+    }
+
+    /// No subscriber to carry to a worker's threads.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) struct CallersSubscriber;
+
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
+    impl CallersSubscriber {
+        pub(crate) fn of_this_thread() -> Self {
+            CallersSubscriber
+        }
+
+        pub(crate) fn in_span<T>(&self, _span: &Span, f: impl FnOnce() -> T) -> T {
+            f()
         }
     }
 

@@ -67,7 +67,7 @@ on_every_backend! {
         seed_accounts(&mut pool.get().unwrap(), &[1_000; 10]);
         let total = 10_000i64;
 
-        let figures = run_bank(&pool, 10, total, THREADS, per_thread, balances, |conn, from, to, amount| {
+        let figures = run_bank(&pool, 10, total, THREADS, per_thread, consistent_balances, |conn, from, to, amount| {
             let outcome = locked_transfer(conn, from, to, amount);
             assert_eq!(transaction_depth(conn), 0);
             (outcome, 0)

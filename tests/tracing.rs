@@ -687,3 +687,154 @@ on_async_backends! {
     mysql_async (mysql): "mysql", diesel_async::AsyncMysqlConnection, diesel::MysqlConnection,
         MysqlTestDb, MYSQL_SCHEMA;
 }
+
+/// A worker on a pool (PostgreSQL, listening): the events of its loops and
+/// of its listener, on threads of its own, reach a subscriber set for the
+/// calling thread alone, and say which connection failed, why, and when the
+/// worker works again.
+#[cfg(feature = "postgres")]
+mod pooled_pg {
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use diesel::prelude::*;
+    use diesel::r2d2::{ConnectionManager, Pool};
+    use diesel_claim::prelude::*;
+    use diesel_claim::{Error, StopHandle};
+    use testkit::fixtures::{orders, Order};
+    use tracing::Level;
+
+    use super::{pending, traced, EventSeen};
+
+    struct StopsOnDrop<'a>(&'a StopHandle);
+
+    impl Drop for StopsOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.stop();
+        }
+    }
+
+    fn place_order(conn: &mut PgConnection) {
+        conn.transaction(|conn| {
+            diesel::insert_into(orders::table)
+                .values(orders::shipped.eq(true))
+                .execute(conn)?;
+            diesel_claim::notify(conn, "orders")
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_pooled_worker_says_when_it_loses_its_connections_and_works_again() {
+        let db = testkit::PgTestDb::new();
+        // Three connections: the listener's, the loop's, and one to spare.
+        let pool = Pool::builder()
+            .max_size(3)
+            .connection_timeout(Duration::from_millis(200))
+            .build(ConnectionManager::<PgConnection>::new(&db.url))
+            .unwrap();
+        testkit::fixtures::create_schema(
+            &mut pool.get().unwrap(),
+            testkit::fixtures::POSTGRES_SCHEMA,
+        );
+        let stop = StopHandle::new();
+        let (report, seen) = traced(|| {
+            thread::scope(|scope| {
+                scope.spawn(|| {
+                    // Whatever happens here, the worker stops.
+                    let _stops = StopsOnDrop(&stop);
+                    thread::sleep(Duration::from_millis(300));
+                    // The listener's session ends; it finds out within a second.
+                    let ended = testkit::sessions::terminate_all_but_mine(&db.url, db.name());
+                    assert!(ended > 0, "no session to end");
+                    let mut admin = PgConnection::establish(&db.url).unwrap();
+                    thread::sleep(Duration::from_millis(1_500));
+                    // Every connection the listener leaves is held: the
+                    // loop's checkouts time out until they are given back.
+                    let held: Vec<_> = (0..2).map(|_| pool.get().unwrap()).collect();
+                    thread::sleep(Duration::from_millis(700));
+                    drop(held);
+                    place_order(&mut admin);
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while pending().count().get_result::<i64>(&mut admin).unwrap() > 0 {
+                        assert!(
+                            Instant::now() < deadline,
+                            "the order placed was not emailed"
+                        );
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                });
+                pending()
+                    .build_claim()
+                    .worker(&stop)
+                    .listen("orders")
+                    .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
+                    .run_pooled(&pool, |conn: &mut PgConnection, order: Order| {
+                        diesel::update(&order)
+                            .set(orders::email_sent.eq(true))
+                            .execute(conn)?;
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap()
+            })
+        });
+        assert_eq!(report.processed, 1, "{report:?}");
+
+        let named = |message: &str| -> Vec<&EventSeen> {
+            seen.events
+                .iter()
+                .filter(|event| event.message() == message)
+                .collect()
+        };
+        let listening = named("a worker listens for notifications");
+        assert!(listening.len() >= 2, "{:#?}", seen.events);
+        for event in &listening {
+            assert_eq!(event.level, Level::INFO);
+            assert_eq!(
+                (
+                    event.fields["table"].as_str(),
+                    event.fields["channel"].as_str()
+                ),
+                ("orders", "orders")
+            );
+        }
+        assert_eq!(listening[0].fields["failures"], "0");
+        assert_ne!(listening[1].fields["failures"], "0", "{listening:#?}");
+
+        let listener_lost =
+            named("a worker's listener on \"orders\" lost its connection: trying again on another connection");
+        let checkout_failed =
+            named("a worker could not check out a connection: trying again on another connection");
+        for event in listener_lost.iter().chain(&checkout_failed) {
+            assert_eq!(event.level, Level::WARN);
+            assert_eq!(event.fields["table"], "orders");
+            assert!(
+                !event.fields["error"].is_empty() && event.fields.contains_key("pause"),
+                "{event:#?}"
+            );
+        }
+        assert!(!listener_lost.is_empty(), "{:#?}", seen.events);
+        assert!(!checkout_failed.is_empty(), "{:#?}", seen.events);
+
+        // Each streak of failures of the loop's connections ends in one line
+        // that counts them (a claim may also have lost its session).
+        let claim_lost = named(
+            "a worker's claim lost its connection, and its rows were rolled back: trying again on another connection",
+        );
+        let working = named("a worker's claims have a working connection again");
+        assert!(!working.is_empty(), "{:#?}", seen.events);
+        let mut mended = 0;
+        for event in &working {
+            assert_eq!(
+                (event.level, event.fields["table"].as_str()),
+                (Level::INFO, "orders")
+            );
+            mended += event.fields["failures"].parse::<usize>().unwrap();
+        }
+        assert_eq!(
+            mended,
+            checkout_failed.len() + claim_lost.len(),
+            "{working:#?}"
+        );
+    }
+}

@@ -80,11 +80,7 @@ on_every_backend! {
         let (_db, pool) = test_db(threads as u32 + 2);
         seed_accounts(&mut pool.get().unwrap(), balances);
         let total: i64 = balances.iter().sum();
-        // One statement: one consistent snapshot on both backends.
-        let read_balances = |conn: &mut Conn| -> Vec<i64> {
-            accounts::table.select(accounts::balance).load(conn).unwrap()
-        };
-        let figures = run_bank(&pool, balances.len() as u64, total, threads, per_thread, read_balances, |conn, from, to, amount| {
+        let figures = run_bank(&pool, balances.len() as u64, total, threads, per_thread, consistent_balances, |conn, from, to, amount| {
             let mut attempts = 0;
             let outcome = retry(conn, patient(), |conn| {
                 attempts += 1;

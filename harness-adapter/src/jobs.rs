@@ -100,11 +100,13 @@ pub fn now_us() -> i64 {
     i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// Enqueues `count` jobs in one `COPY … FROM STDIN` (PostgreSQL's bulk
-/// insert), and notifies the workers, in one transaction.
+/// Enqueues `count` jobs in `COPY … FROM STDIN`s (PostgreSQL's bulk insert)
+/// of up to `batch_max` rows each, and notifies the workers, in one
+/// transaction.
 pub fn enqueue(
     conn: &mut PgConnection,
     count: usize,
+    batch_max: usize,
     payload: &str,
 ) -> Result<(), diesel_claim::Error> {
     let enqueued_at_us = now_us();
@@ -115,9 +117,11 @@ pub fn enqueue(
         })
         .collect();
     conn.transaction(|conn| {
-        diesel::copy_from(diesel_claim_jobs::table)
-            .from_insertable(&rows)
-            .execute(conn)?;
+        for batch in rows.chunks(batch_max.max(1)) {
+            diesel::copy_from(diesel_claim_jobs::table)
+                .from_insertable(batch)
+                .execute(conn)?;
+        }
         diesel_claim::notify(conn, CHANNEL)
     })
 }

@@ -27,7 +27,8 @@
 //!   reclaim, as they count pg-boss's and procrastinate's updates.
 //! - **The producer** enqueues with bulk inserts (`COPY … FROM STDIN`) of
 //!   up to `PRODUCER_BATCH_MAX` rows, each in a transaction that notifies the
-//!   workers, paced by the harness's `ENQUEUE <n>` lines
+//!   workers (up to eight inserts per transaction when it fills the queue to
+//!   its depth), paced by the harness's `ENQUEUE <n>` lines
 //!   (`PRODUCER_PACING=harness`), by its own clock on the rate in
 //!   `PRODUCER_RATE_CONTROL_FILE` (`PRODUCER_PACING=adapter`, which the
 //!   high-load phases need), or by the queue's depth

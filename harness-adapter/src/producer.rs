@@ -20,6 +20,21 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How long a depth-target producer waits when the queue is full.
 const FULL_PAUSE: Duration = Duration::from_millis(10);
 
+/// The inserts of up to `PRODUCER_BATCH_MAX` a depth-target producer makes
+/// in one transaction, with one notification. The producer is one thread
+/// beside a claim loop per worker: at 64 workers on two cores, a transaction
+/// per 128 jobs (begin, copy, notify, commit) enqueued some 2,500 to 2,900
+/// jobs/s and left the queue a few hundred deep; eight per transaction, some
+/// 9,000.
+const DEPTH_BATCHES_PER_TRANSACTION: usize = 8;
+
+/// How often a depth-target producer counts the queue, as the harness's
+/// other adapters poll theirs. In between it follows the depth by what it
+/// enqueued and what the workers committed, rather than count before each
+/// insert a table that many workers delete from (a count reads every dead
+/// row).
+const DEPTH_COUNT_EVERY: Duration = Duration::from_millis(200);
+
 /// Reads the harness's `ENQUEUE <n>` lines from stdin on a thread of its
 /// own, when it paces a fixed rate; the channel closes with stdin.
 pub fn harness_tokens(settings: &Settings) -> Option<Receiver<usize>> {
@@ -59,6 +74,35 @@ pub fn produce(
         (ProducerMode::DepthTarget, _) => producer.keep_depth(),
         (ProducerMode::Fixed, Some(tokens)) => producer.as_told(&tokens),
         (ProducerMode::Fixed, None) => producer.at_own_pace(),
+    }
+}
+
+/// The queue's depth as last counted, followed since by the jobs enqueued
+/// and done.
+#[derive(Debug)]
+struct Depth {
+    counted: i64,
+    counted_at: Instant,
+    /// [`Stats::moved`] just before the count.
+    moved_then: (u64, u64),
+}
+
+impl Depth {
+    fn counted(rows: i64, moved: (u64, u64)) -> Depth {
+        Depth {
+            counted: rows,
+            counted_at: Instant::now(),
+            moved_then: moved,
+        }
+    }
+
+    /// The depth now, given [`Stats::moved`] now.
+    fn now(&self, (enqueued, done): (u64, u64)) -> i64 {
+        let since =
+            |now: u64, then: u64| i64::try_from(now.saturating_sub(then)).unwrap_or(i64::MAX);
+        self.counted
+            .saturating_add(since(enqueued, self.moved_then.0))
+            .saturating_sub(since(done, self.moved_then.1))
     }
 }
 
@@ -104,7 +148,7 @@ impl Producer<'_> {
             };
             // Tokens that came while the last insert ran.
             owed += tokens.try_iter().sum::<usize>();
-            self.enqueue(owed);
+            self.enqueue(owed, self.settings.batch_max);
         }
     }
 
@@ -120,21 +164,36 @@ impl Producer<'_> {
             let now = Instant::now();
             let due = credit.add(self.rate(), now.duration_since(last_tick));
             last_tick = now;
-            self.enqueue(due);
+            self.enqueue(due, self.settings.batch_max);
         }
     }
 
-    /// Keeps `TARGET_DEPTH` jobs in the queue: reads its depth, and enqueues
-    /// what is missing (in inserts of up to `batch_max`).
+    /// Keeps `TARGET_DEPTH` jobs in the queue: enqueues what is missing in
+    /// inserts of up to `batch_max`, by a [`Depth`] counted every
+    /// [`DEPTH_COUNT_EVERY`].
     fn keep_depth(&mut self) {
         let target = self.settings.target_depth;
+        let mut depth: Option<Depth> = None;
         while !self.stop.is_stopped() {
-            match self.with_connection(jobs::depth) {
-                Some(depth) if depth < target => {
-                    self.enqueue(usize::try_from(target - depth).unwrap_or(0));
+            if depth
+                .as_ref()
+                .is_none_or(|d| d.counted_at.elapsed() >= DEPTH_COUNT_EVERY)
+            {
+                let moved = self.stats.moved();
+                depth = self
+                    .with_connection(jobs::depth)
+                    .map(|rows| Depth::counted(rows, moved));
+            }
+            let Some(depth) = &depth else {
+                thread::sleep(RETRY_PAUSE);
+                continue;
+            };
+            let per_transaction = DEPTH_BATCHES_PER_TRANSACTION * self.settings.batch_max;
+            match usize::try_from(target - depth.now(self.stats.moved())) {
+                Ok(missing) if missing > 0 => {
+                    self.enqueue(missing.min(per_transaction), per_transaction);
                 }
-                Some(_) => thread::sleep(FULL_PAUSE),
-                None => thread::sleep(RETRY_PAUSE),
+                _ => thread::sleep(FULL_PAUSE),
             }
         }
     }
@@ -149,13 +208,15 @@ impl Producer<'_> {
             .unwrap_or(self.settings.producer_rate)
     }
 
-    /// Enqueues `count` jobs in inserts of up to `batch_max`, each tried
-    /// again until it commits or the producer stops.
-    fn enqueue(&mut self, mut count: usize) {
+    /// Enqueues `count` jobs in transactions of up to `per_transaction`, in
+    /// inserts of up to `batch_max`, each transaction tried again until it
+    /// commits or the producer stops.
+    fn enqueue(&mut self, mut count: usize, per_transaction: usize) {
+        let batch_max = self.settings.batch_max;
         while count > 0 && !self.stop.is_stopped() {
-            let batch = count.min(self.settings.batch_max);
+            let batch = count.min(per_transaction);
             let payload = std::mem::take(&mut self.payload);
-            let done = self.with_connection(|conn| jobs::enqueue(conn, batch, &payload));
+            let done = self.with_connection(|conn| jobs::enqueue(conn, batch, batch_max, &payload));
             self.payload = payload;
             if done.is_some() {
                 self.stats.enqueued(batch);
@@ -208,6 +269,14 @@ mod tests {
             .map(|ms| credit.add(800.0, Duration::from_millis(ms)))
             .sum();
         assert!((7_999..=8_000).contains(&due), "{due} jobs due");
+    }
+
+    #[test]
+    fn the_depth_follows_what_was_enqueued_and_done_since_the_count() {
+        let depth = Depth::counted(4_000, (10_000, 6_500));
+        assert_eq!(depth.now((10_000, 6_500)), 4_000);
+        assert_eq!(depth.now((10_128, 6_500)), 4_128);
+        assert_eq!(depth.now((10_128, 9_000)), 1_628);
     }
 
     #[test]

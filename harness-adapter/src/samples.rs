@@ -51,6 +51,14 @@ impl Stats {
         self.enqueued.fetch_add(count as u64, Ordering::Relaxed);
     }
 
+    /// The jobs enqueued and the jobs done so far.
+    pub fn moved(&self) -> (u64, u64) {
+        (
+            self.enqueued.load(Ordering::Relaxed),
+            self.completed.load(Ordering::Relaxed),
+        )
+    }
+
     /// A worker started a job enqueued `latency_us` ago.
     pub fn picked_up(&self, latency_us: i64) {
         let latency_us = u64::try_from(latency_us).unwrap_or(0).max(1);
@@ -168,18 +176,12 @@ pub fn sample(settings: &Settings, stats: &Stats, stop: &StopHandle) {
     let every = settings.sample_every;
     let mut depth_conn: Option<PgConnection> = None;
     let mut window = LatencyWindow::default();
-    let mut last = (
-        Instant::now(),
-        stats.enqueued.load(Ordering::Relaxed),
-        stats.completed.load(Ordering::Relaxed),
-    );
+    let (enqueued, completed) = stats.moved();
+    let mut last = (Instant::now(), enqueued, completed);
     while sleep_until_boundary(every, stop) {
         let now = Instant::now();
         let t = timestamp(SystemTime::now());
-        let (enqueued, completed) = (
-            stats.enqueued.load(Ordering::Relaxed),
-            stats.completed.load(Ordering::Relaxed),
-        );
+        let (enqueued, completed) = stats.moved();
         let elapsed = now.duration_since(last.0).as_secs_f64().max(1e-3);
         let enqueue_rate = (enqueued - last.1) as f64 / elapsed;
         let completion_rate = (completed - last.2) as f64 / elapsed;

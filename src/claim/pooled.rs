@@ -16,7 +16,7 @@ use super::worker::on_a_pool::{lock, summed, Reconnect, Shared};
 use super::worker::{Backoff, Polling, Ran};
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
-use crate::trace::WorkerTrace;
+use crate::trace::{CallersSubscriber, WorkerTrace};
 use crate::{Blocking, Error};
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
@@ -76,19 +76,22 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         let _entered = span.enter();
         polling.check(true)?;
         let events = polling.events(table);
+        let subscriber = &CallersSubscriber::of_this_thread();
         let ended = std::thread::scope(|scope| {
             if let Some(channel) = &polling.channel {
-                let (shared, events, span) = (&shared, &events, span.clone());
-                scope.spawn(move || span.in_scope(|| listen(pool, channel, shared, events)));
+                let (shared, events, span) = (&shared, &events, &span);
+                scope.spawn(move || {
+                    subscriber.in_span(span, || listen(pool, channel, shared, events))
+                });
             }
             let loops: Vec<_> = (0..polling.concurrency)
                 .map(|_| {
                     let (mut claim, mut f) = (claim.clone(), PerRow(f.clone()));
-                    let (shared, polling, span) = (&shared, &polling, span.clone());
+                    let (shared, polling, span) = (&shared, &polling, &span);
                     let (backoff, events) = (&backoff, &events);
                     scope.spawn(move || {
                         let _halts = HaltOnPanic(shared);
-                        span.in_scope(|| {
+                        subscriber.in_span(span, || {
                             let once =
                                 |conn: &mut C, excluded| claim.run_once(conn, &mut f, excluded);
                             claim_loop(pool, polling, shared, backoff, events, once)

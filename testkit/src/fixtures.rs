@@ -413,6 +413,27 @@ macro_rules! on_every_backend {
                 diesel::insert_into(accounts::table).values(&rows).execute(conn).unwrap();
             }
 
+            /// Every account's balance, in id order, as of one moment while
+            /// transfers run. On MariaDB under a shared lock: there a plain
+            /// read of several rows can see a transfer made under row locks
+            /// half applied (the guide's section on MySQL and MariaDB).
+            pub fn consistent_balances(conn: &mut Conn) -> Vec<i64> {
+                use diesel::prelude::*;
+                use diesel_claim::prelude::*;
+                use $crate::fixtures::{accounts, Account};
+                let all = accounts::table.order(accounts::id);
+                if BACKEND != "mysql" {
+                    return all.select(accounts::balance).load(conn).unwrap();
+                }
+                all.select(Account::as_select())
+                    .build_lock()
+                    .strength(diesel_claim::LockStrength::Share)
+                    .run_all(conn, |_, rows: Vec<Account>| {
+                        Ok::<_, diesel_claim::Error>(rows.into_iter().map(|a| a.balance).collect())
+                    })
+                    .unwrap()
+            }
+
             $($tests)*
         }
     };

@@ -74,6 +74,10 @@ pub struct Args {
     /// The warmup's length; by default 20s for smoke, 60s otherwise
     #[arg(long)]
     warmup: Option<String>,
+    /// The jobs each of the adapter's claims takes (its `DIESEL_CLAIM_BATCH`;
+    /// by default the adapter's, 10)
+    #[arg(long)]
+    claim_batch: Option<usize>,
     /// Instead of cells: one cell of these `bench run` arguments, as given
     /// (the phases and producer settings; the systems come from --systems)
     #[arg(last = true)]
@@ -307,10 +311,18 @@ pub fn run(args: &Args) -> Result<(), Error> {
     let release = build(&workspace)?;
     let adapter_bin = release.join("diesel-claim-bench");
     let server_bin = release.join("private-postgres");
+    // The harness passes adapters only the settings it knows of: the
+    // adapter's own goes through `env`.
+    let mut argv = Vec::new();
+    if let Some(batch) = args.claim_batch {
+        argv.extend(["env".to_owned(), format!("DIESEL_CLAIM_BATCH={batch}")]);
+    }
+    argv.push(adapter_bin.to_string_lossy().into_owned());
+    let argv: Vec<String> = argv.iter().map(|arg| json_string(arg)).collect();
     let external = format!(
         r#"{{"{SYSTEM}": {{"dir": {}, "argv": [{}]}}}}"#,
         json_string(&adapter_dir.to_string_lossy()),
-        json_string(&adapter_bin.to_string_lossy()),
+        argv.join(", "),
     );
 
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
