@@ -52,6 +52,14 @@ struct Seen {
 }
 
 impl Seen {
+    /// The events whose message is `message`, in order.
+    fn saying(&self, message: &str) -> Vec<&EventSeen> {
+        self.events
+            .iter()
+            .filter(|event| event.message() == message)
+            .collect()
+    }
+
     fn spans(&self, name: &str) -> Vec<&SpanSeen> {
         self.spans.iter().filter(|span| span.name == name).collect()
     }
@@ -390,21 +398,18 @@ on_every_backend! {
         });
         assert_eq!((report.processed, report.failed), (2, 1));
 
-        let named = |message: &str| -> Vec<&EventSeen> {
-            seen.events.iter().filter(|event| event.message() == message).collect()
-        };
-        let failed = named("a closure failed: its rows are rolled back and passed over");
+        let failed = seen.saying("a closure failed: its rows are rolled back and passed over");
         assert_eq!(failed.len(), 1, "{:#?}", seen.events);
         assert_eq!(failed[0].level, Level::WARN);
         assert_eq!(failed[0].fields["table"], "orders");
         assert_eq!(failed[0].fields["keys"], "[2]");
         assert_eq!(failed[0].fields["error"], "invalid argument: order 2 is bad");
 
-        let started = named("a worker starts");
+        let started = seen.saying("a worker starts");
         assert_eq!(started.len(), 1, "{:#?}", seen.events);
         assert_eq!((started[0].level, started[0].fields["table"].as_str()), (Level::INFO, "orders"));
         assert_eq!(started[0].fields["progress_every"], "40ms");
-        let stopped = named("a worker stops");
+        let stopped = seen.saying("a worker stops");
         assert_eq!(stopped.len(), 1, "{:#?}", seen.events);
         assert_eq!(stopped[0].level, Level::INFO);
         assert_eq!(stopped[0].fields["table"], "orders");
@@ -412,7 +417,7 @@ on_every_backend! {
         assert_eq!((stopped[0].fields["processed"].as_str(), stopped[0].fields["failed"].as_str()), ("2", "1"));
 
         // Every 40 ms or so over 300 ms; the rows were done in the first.
-        let progress = named("worker progress");
+        let progress = seen.saying("worker progress");
         assert!(progress.len() >= 2, "{:#?}", seen.events);
         let mut processed = 0;
         let mut failed = 0;
@@ -443,8 +448,7 @@ on_every_backend! {
                 .run(&mut conn, |_, _: Order| Err(Error::InvalidArgument("no mail server".to_owned())))
         });
         assert!(matches!(ended, Err(Error::InvalidArgument(_))), "{ended:?}");
-        let stopped: Vec<&EventSeen> =
-            seen.events.iter().filter(|event| event.message() == "a worker stops on an error").collect();
+        let stopped = seen.saying("a worker stops on an error");
         assert_eq!(stopped.len(), 1, "{:#?}", seen.events);
         assert_eq!(stopped[0].level, Level::WARN);
         assert_eq!(stopped[0].fields["table"], "orders");
@@ -535,8 +539,7 @@ on_every_backend! {
         });
         assert_eq!((attempts, version), (3, 1));
 
-        let conflicts: Vec<&EventSeen> =
-            seen.events.iter().filter(|event| event.message() == "version conflict").collect();
+        let conflicts = seen.saying("version conflict");
         assert_eq!(conflicts.len(), 2, "{:#?}", seen.events);
         assert!(conflicts[0].fields["error"].contains("expected version 10"), "{conflicts:#?}");
         let retries: Vec<&str> = seen
@@ -704,7 +707,7 @@ mod pooled_pg {
     use testkit::fixtures::{orders, Order};
     use tracing::Level;
 
-    use super::{pending, traced, EventSeen};
+    use super::{pending, traced};
 
     struct StopsOnDrop<'a>(&'a StopHandle);
 
@@ -780,13 +783,7 @@ mod pooled_pg {
         });
         assert_eq!(report.processed, 1, "{report:?}");
 
-        let named = |message: &str| -> Vec<&EventSeen> {
-            seen.events
-                .iter()
-                .filter(|event| event.message() == message)
-                .collect()
-        };
-        let listening = named("a worker listens for notifications");
+        let listening = seen.saying("a worker listens for notifications");
         assert!(listening.len() >= 2, "{:#?}", seen.events);
         for event in &listening {
             assert_eq!(event.level, Level::INFO);
@@ -802,9 +799,10 @@ mod pooled_pg {
         assert_ne!(listening[1].fields["failures"], "0", "{listening:#?}");
 
         let listener_lost =
-            named("a worker's listener on \"orders\" lost its connection: trying again on another connection");
-        let checkout_failed =
-            named("a worker could not check out a connection: trying again on another connection");
+            seen.saying("a worker's listener on \"orders\" lost its connection: trying again on another connection");
+        let checkout_failed = seen.saying(
+            "a worker could not check out a connection: trying again on another connection",
+        );
         for event in listener_lost.iter().chain(&checkout_failed) {
             assert_eq!(event.level, Level::WARN);
             assert_eq!(event.fields["table"], "orders");
@@ -818,10 +816,10 @@ mod pooled_pg {
 
         // Each streak of failures of the loop's connections ends in one line
         // that counts them (a claim may also have lost its session).
-        let claim_lost = named(
+        let claim_lost = seen.saying(
             "a worker's claim lost its connection, and its rows were rolled back: trying again on another connection",
         );
-        let working = named("a worker's claims have a working connection again");
+        let working = seen.saying("a worker's claims have a working connection again");
         assert!(!working.is_empty(), "{:#?}", seen.events);
         let mut mended = 0;
         for event in &working {
