@@ -7,6 +7,7 @@
 #[cfg(feature = "async")]
 pub mod aio;
 mod backend;
+pub mod bounds;
 mod claim;
 mod connection;
 mod error;

@@ -136,8 +136,10 @@ impl<R: HasTable + Send + Sync, Col: Send + Sync> Claimed<R, Col, Async> {
 /// [`crate::StampedRow`]. Its methods are the statements, one each.
 #[diagnostic::on_unimplemented(
     message = "a claim of rows `{Self}` stamped in `{Col}` cannot write on `{C}`",
-    note = "the rows must `#[derive(Identifiable)]`, and the stamp be a nullable timestamp \
-            column of their table"
+    note = "the rows must `#[derive(Identifiable)]`, the stamp be a nullable timestamp column \
+            of their table, and the connection of the backend the claim ran on",
+    note = "code generic over the connection says so in its bounds: \
+            `Row: diesel_claim::aio::StampedRow<C, StampColumn>`"
 )]
 pub trait StampedRow<C: AsyncConnection, Col>: Sized {
     /// Moves the stamp on and returns it (`RETURNING`).
@@ -185,6 +187,9 @@ type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
 type Key<R> = <Shape<R> as KeyShape<R>>::Key;
 type Wrapped<R> = <Shape<R> as KeyShape<R>>::Columns;
 
+// A failure in here is told as the `StampedRow` the write asked for, whose
+// message names what writing a claimed row needs.
+#[diagnostic::do_not_recommend]
 impl<R, C, Col> StampedRow<C, Col> for R
 where
     C: AsyncConnection,

@@ -28,7 +28,7 @@ pub(crate) mod worker;
 
 use engine::{Claim, Plan, Taking};
 use kind::{Delete, Keep, Mark, NoHook, OnFailure, Replica, Select, Set};
-pub(crate) use query::ClaimStatements;
+pub use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
 pub use timed::{Claimed, StampedRow};

@@ -27,9 +27,15 @@ use crate::sql::{
 use crate::Error;
 
 /// The statements a claim runs, built from the caller's query for rows of
-/// type `R` on the backend `DB`. They do not depend on the connection, so one
-/// implementation serves the blocking [`ClaimQuery`] and the async
-/// `aio::ClaimQuery` alike.
+/// type `R` on the backend `DB`: implemented for the queries and rows of
+/// [`ClaimQuery`], which asks for this on every connection of `DB`.
+///
+/// An error that names it means what [`ClaimQuery`]'s does: the row type must
+/// `#[derive(Identifiable)]` (a primary key of one to three columns) and be
+/// loadable from the query, which must be `Clone` (or built by
+/// [`rebuild`](crate::rebuild)).
+// The statements do not depend on the connection, so one implementation
+// serves the blocking `ClaimQuery` and the async `aio::ClaimQuery` alike.
 // Told as `ClaimQuery` is, where the compiler stops here (see the impl).
 #[diagnostic::on_unimplemented(
     message = "rows of type `{R}` cannot be claimed from `{Self}`",
@@ -40,44 +46,58 @@ use crate::Error;
 )]
 pub trait ClaimStatements<DB, R>: Reusable {
     /// The claimed table's primary-key value.
+    #[doc(hidden)]
     type Key: Clone + Eq + Hash + std::fmt::Debug;
     /// The claimed table's primary key, wrapped for the key predicates.
+    #[doc(hidden)]
     type KeyColumns: Copy;
     /// The query reading positions (see [`Position`]).
+    #[doc(hidden)]
     type Keys;
     /// What it loads, for [`position`](Self::position).
+    #[doc(hidden)]
     type Loaded;
     /// The query reading keys alone, in the claim order, to lock.
+    #[doc(hidden)]
     type LockedKeys;
     /// The query reading rows, to lock.
+    #[doc(hidden)]
     type Rows;
     /// The claim order is the key's (the query has no `ORDER BY`).
+    #[doc(hidden)]
     const ORDERED_BY_KEY: bool;
 
     /// The locking clause's `OF` table, where the backend has row locks,
     /// once the query is known to be claimable as written (no `DISTINCT`,
     /// `LIMIT` or `OFFSET`).
+    #[doc(hidden)]
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error>;
 
     /// The claimed table's name, unqualified, on every backend: for the
     /// claim's span.
+    #[doc(hidden)]
     fn table_name() -> String;
 
     /// The key of a row.
+    #[doc(hidden)]
     fn key(row: &R) -> Self::Key;
 
     /// The claimed table's primary key, wrapped.
+    #[doc(hidden)]
     fn key_columns() -> Self::KeyColumns;
 
     /// A position as [`keys_query`](Self::keys_query) loads it.
+    #[doc(hidden)]
     fn position(loaded: Self::Loaded) -> Position<Self::Key>;
 
     /// Up to `limit` positions of matching rows in `range`, in the claim
     /// order, read without locks.
+    #[doc(hidden)]
     fn keys_query(&self, range: KeyRange<Position<Self::Key>>, limit: i64) -> Self::Keys;
 
     /// Up to `limit` keys of matching rows in `range`, in the claim order, for
     /// a locking subquery.
+    #[doc(hidden)]
     fn locked_keys_query(
         &self,
         range: KeyRange<Position<Self::Key>>,
@@ -86,6 +106,7 @@ pub trait ClaimStatements<DB, R>: Reusable {
 
     /// Up to `limit` matching rows in `range`, in the claim order, locked by
     /// `lock`.
+    #[doc(hidden)]
     fn rows_query(
         &self,
         range: KeyRange<Position<Self::Key>>,

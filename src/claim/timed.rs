@@ -268,8 +268,10 @@ where
 /// columns, on a supported backend, with a stamp column of that table.
 #[diagnostic::on_unimplemented(
     message = "a claim of rows `{Self}` stamped in `{Col}` cannot write on `{C}`",
-    note = "the rows must `#[derive(Identifiable)]`, and the stamp be a nullable timestamp \
-            column of their table"
+    note = "the rows must `#[derive(Identifiable)]`, the stamp be a nullable timestamp column \
+            of their table, and the connection of the backend the claim ran on",
+    note = "code generic over the connection says so in its bounds: \
+            `Row: diesel_claim::StampedRow<C, StampColumn>`"
 )]
 pub trait StampedRow<C: Connection, Col>: Sized {
     /// Moves the claim's stamp on: the new stamp.
@@ -296,6 +298,9 @@ type Key<R> = <Shape<R> as KeyShape<R>>::Key;
 type Wrapped<R> = <Shape<R> as KeyShape<R>>::Columns;
 type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
 
+// A failure in here is told as the `StampedRow` the write asked for, whose
+// message names what writing a claimed row needs.
+#[diagnostic::do_not_recommend]
 impl<R, C, Col> StampedRow<C, Col> for R
 where
     C: LoadConnection,

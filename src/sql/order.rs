@@ -69,10 +69,13 @@ pub struct KeyOrder;
 )]
 pub trait OrderTerms {
     /// The number of terms.
+    #[doc(hidden)]
     const LEN: usize;
     /// The terms' columns.
+    #[doc(hidden)]
     type Columns: Copy;
 
+    #[doc(hidden)]
     fn columns() -> Self::Columns;
 }
 
@@ -87,12 +90,15 @@ pub trait OrderTerms {
 )]
 pub trait Directed: OrderTerms {
     /// The terms' values, as read.
+    #[doc(hidden)]
     type Values;
 
     /// The order clause, rebuilt from its type.
+    #[doc(hidden)]
     fn ordering() -> Self;
 
     /// Appends `values` to a position's, in the order of the terms.
+    #[doc(hidden)]
     fn push_values(values: Self::Values, into: &mut Vec<OrderValue>);
 }
 
@@ -389,14 +395,20 @@ impl<ST, QS, DB, GB> QueryOrder for BoxedSelectStatement<'_, ST, QS, DB, GB> {
 pub trait ClaimOrder<Pk, K>: OrderTerms {
     /// What the candidate scan selects: the key, or the order's columns and
     /// the key.
+    #[doc(hidden)]
     type Selection: Copy;
     /// What it loads.
+    #[doc(hidden)]
     type Loaded;
     /// The statements' `ORDER BY`: the key, or the order's terms and the key.
+    #[doc(hidden)]
     type Ordering;
 
+    #[doc(hidden)]
     fn selection(key: Pk) -> Self::Selection;
+    #[doc(hidden)]
     fn ordering(key: Pk) -> Self::Ordering;
+    #[doc(hidden)]
     fn position(loaded: Self::Loaded) -> Position<K>;
 }
 

@@ -38,13 +38,16 @@ use crate::reusable::Reusable;
 )]
 pub trait StampType<DB: Backend> {
     /// The database clock now, as a value of the column's type.
+    #[doc(hidden)]
     fn walk_now(out: AstPass<'_, '_, DB>) -> QueryResult<()>;
 
     /// The database clock `micros` microseconds from now, as a value of the
     /// column's type.
+    #[doc(hidden)]
     fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
 
     /// `column`'s value as microseconds since the Unix epoch.
+    #[doc(hidden)]
     fn walk_micros<'b>(
         column: &'b dyn QueryFragment<DB>,
         out: AstPass<'_, 'b, DB>,

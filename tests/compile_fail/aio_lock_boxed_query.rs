@@ -1,6 +1,6 @@
 //! The async `with_lock` reads its rows twice: a boxed query is refused with
 //! a pointer at `rebuild`.
-//~ cannot be locked through `BoxedSelectStatement<
+//~ rows of type `_` cannot be locked through `BoxedSelectStatement<
 //~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;

@@ -1,6 +1,6 @@
 //! The async `mark` builds its statements from the query too: a boxed query
 //! is refused by the mark's error, with a pointer at `rebuild`.
-//~ cannot be claimed from `BoxedSelectStatement<
+//~ rows of type `_` cannot be claimed from `BoxedSelectStatement<
 //~ and marked with `Grouped<Eq<done
 //~ the changes an `AsChangeset` for that table; a boxed query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 use diesel::prelude::*;

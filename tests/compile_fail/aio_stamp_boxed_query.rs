@@ -2,7 +2,7 @@
 //! too: a boxed query is refused where the column is given and by the
 //! stamp's error, both with a pointer at `rebuild`.
 //~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::claimed_until` is not, or the query cannot be cloned
-//~ cannot be claimed from `Unclaimed<BoxedSelectStatement<
+//~ rows of type `_` cannot be claimed from `Unclaimed<BoxedSelectStatement<
 //~ with a stamp in `columns::claimed_until`
 //~ the stamp a nullable timestamp column of that table; a boxed query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 use diesel::prelude::*;

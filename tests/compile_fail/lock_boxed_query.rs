@@ -1,6 +1,6 @@
 //! `with_lock` reads its rows twice: a boxed query, which cannot be cloned,
 //! is refused with a pointer at `rebuild`.
-//~ cannot be locked through `BoxedSelectStatement<
+//~ rows of type `_` cannot be locked through `BoxedSelectStatement<
 //~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 use diesel::prelude::*;
 use diesel_claim::prelude::*;

@@ -3,7 +3,7 @@
 //! error, both with a pointer at `rebuild`, and neither says only that the
 //! column is wrong.
 //~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::claimed_until` is not, or the query cannot be cloned
-//~ cannot be claimed from `Unclaimed<BoxedSelectStatement<
+//~ rows of type `_` cannot be claimed from `Unclaimed<BoxedSelectStatement<
 //~ with a stamp in `columns::claimed_until`
 //~ the stamp a nullable timestamp column of that table; a boxed query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 use diesel::prelude::*;

@@ -2,6 +2,7 @@
 //! column must be a nullable timestamp, and the closure's row type may be
 //! left to inference as usual.
 //~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::note` is not
+//~ a claim stamp cannot be kept in a column of type `diesel::sql_types::Nullable<diesel::sql_types::Text>`
 //~ `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
