@@ -4,7 +4,7 @@
 //! its `//~!` lines, nor anything of [`NEVER_SAID`], nor a type or trait by a
 //! path through the crate's private modules ([`private_paths`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What no error may show, whatever it is about: the crate's own tables,
@@ -63,11 +63,26 @@ fn private_paths(errors: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The programs of `tests/compile_fail/`, by name.
+fn cases() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compile_fail");
+    let mut cases: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    cases.sort();
+    cases
+}
+
+/// What a program's errors must say: its `//~ ` lines.
+fn expected_words(source: &str) -> impl Iterator<Item = &str> {
+    source.lines().filter_map(|line| line.strip_prefix("//~ "))
+}
+
 #[test]
 fn refusals_at_compile_time_say_what_to_do() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let project = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-fail");
-    let cases = crate_dir.join("tests/compile_fail");
     // Programs of earlier runs may have been renamed or removed since.
     let _ = std::fs::remove_dir_all(project.join("src/bin"));
     std::fs::create_dir_all(project.join("src/bin")).unwrap();
@@ -94,15 +109,10 @@ diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async
     std::fs::copy(crate_dir.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
 
     let mut failures = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(&cases)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    entries.sort();
-    for case in entries {
+    for case in cases() {
         let name = case.file_stem().unwrap().to_str().unwrap().to_owned();
         let source = std::fs::read_to_string(&case).unwrap();
-        if !source.lines().any(|line| line.starts_with("//~ ")) {
+        if expected_words(&source).next().is_none() {
             failures.push(format!(
                 "{name}: names no words its errors must say (`//~ ` lines)"
             ));
@@ -119,7 +129,7 @@ diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async
             failures.push(format!("{name}: compiled, but must not"));
             continue;
         }
-        for expected in source.lines().filter_map(|line| line.strip_prefix("//~ ")) {
+        for expected in expected_words(&source) {
             if !errors.contains(expected) {
                 failures.push(format!("{name}: the errors lack {expected:?}:\n{errors}"));
             }
@@ -193,19 +203,14 @@ fn messages_in(source: &str) -> Vec<Vec<String>> {
 /// nowhere.
 #[test]
 fn every_message_of_the_crate_is_checked() {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let expected: Vec<String> = std::fs::read_dir(crate_dir.join("tests/compile_fail"))
-        .unwrap()
+    let expected: Vec<String> = cases()
+        .iter()
         .map(|case| {
-            std::fs::read_to_string(case.unwrap().path())
-                .unwrap()
-                .lines()
-                .filter_map(|line| line.strip_prefix("//~ "))
-                .collect::<Vec<_>>()
-                .join("\n")
+            let source = std::fs::read_to_string(case).unwrap();
+            expected_words(&source).collect::<Vec<_>>().join("\n")
         })
         .collect();
-    let mut sources = vec![crate_dir.join("src")];
+    let mut sources = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
     let mut unchecked = Vec::new();
     let mut seen = 0;
     while let Some(path) = sources.pop() {
