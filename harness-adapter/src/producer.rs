@@ -4,6 +4,7 @@
 
 use std::io::BufRead;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,6 @@ pub fn produce(
 #[derive(Debug)]
 struct Depth {
     counted: i64,
-    counted_at: Instant,
     /// [`Stats::moved`] just before the count.
     moved_then: (u64, u64),
 }
@@ -91,7 +91,6 @@ impl Depth {
     fn counted(rows: i64, moved: (u64, u64)) -> Depth {
         Depth {
             counted: rows,
-            counted_at: Instant::now(),
             moved_then: moved,
         }
     }
@@ -169,33 +168,27 @@ impl Producer<'_> {
     }
 
     /// Keeps `TARGET_DEPTH` jobs in the queue: enqueues what is missing in
-    /// inserts of up to `batch_max`, by a [`Depth`] counted every
-    /// [`DEPTH_COUNT_EVERY`].
+    /// inserts of up to `batch_max`, by a [`Depth`] that a thread of its own
+    /// counts every [`DEPTH_COUNT_EVERY`].
     fn keep_depth(&mut self) {
         let target = self.settings.target_depth;
-        let mut depth: Option<Depth> = None;
-        while !self.stop.is_stopped() {
-            if depth
-                .as_ref()
-                .is_none_or(|d| d.counted_at.elapsed() >= DEPTH_COUNT_EVERY)
-            {
-                let moved = self.stats.moved();
-                depth = self
-                    .with_connection(jobs::depth)
-                    .map(|rows| Depth::counted(rows, moved));
-            }
-            let Some(depth) = &depth else {
-                thread::sleep(RETRY_PAUSE);
-                continue;
-            };
-            let per_transaction = DEPTH_BATCHES_PER_TRANSACTION * self.settings.batch_max;
-            match usize::try_from(target - depth.now(self.stats.moved())) {
-                Ok(missing) if missing > 0 => {
-                    self.enqueue(missing.min(per_transaction), per_transaction);
+        let per_transaction = DEPTH_BATCHES_PER_TRANSACTION * self.settings.batch_max;
+        let counted = Mutex::new(None);
+        let (settings, stats, stop) = (self.settings, self.stats, self.stop);
+        thread::scope(|scope| {
+            scope.spawn(|| count_depth(settings, stats, stop, &counted));
+            while !self.stop.is_stopped() {
+                let depth = lock(&counted)
+                    .as_ref()
+                    .map(|d: &Depth| d.now(stats.moved()));
+                match depth.map(|depth| usize::try_from(target - depth)) {
+                    Some(Ok(missing)) if missing > 0 => {
+                        self.enqueue(missing.min(per_transaction), per_transaction);
+                    }
+                    _ => thread::sleep(FULL_PAUSE),
                 }
-                _ => thread::sleep(FULL_PAUSE),
             }
-        }
+        });
     }
 
     /// The fixed rate the harness asks for now.
@@ -227,31 +220,68 @@ impl Producer<'_> {
         }
     }
 
-    /// Runs `f` on the producer's connection, connecting first if needed;
-    /// on failure, says why and drops the connection.
+    /// Runs `f` on the producer's connection (see [`on_connection`]).
     fn with_connection<T, E: std::fmt::Display>(
         &mut self,
         f: impl FnOnce(&mut PgConnection) -> Result<T, E>,
     ) -> Option<T> {
-        if self.conn.is_none() {
-            match PgConnection::establish(&self.settings.database_url) {
-                Ok(conn) => self.conn = Some(conn),
-                Err(error) => {
-                    eprintln!("[diesel-claim] producer cannot connect: {error}");
-                    return None;
-                }
-            }
+        on_connection(&mut self.conn, &self.settings.database_url, "producer", f)
+    }
+}
+
+/// Counts the queue every [`DEPTH_COUNT_EVERY`] until `stop`, on a connection
+/// of its own, and leaves the count in `counted`: beside the producer, as the
+/// harness's other adapters poll their depth, so that no insert waits for a
+/// count.
+fn count_depth(
+    settings: &Settings,
+    stats: &Stats,
+    stop: &StopHandle,
+    counted: &Mutex<Option<Depth>>,
+) {
+    let mut conn = None;
+    while !stop.is_stopped() {
+        let began = Instant::now();
+        let moved = stats.moved();
+        if let Some(rows) = on_connection(&mut conn, &settings.database_url, "depth", jobs::depth) {
+            *lock(counted) = Some(Depth::counted(rows, moved));
         }
-        let outcome = f(self.conn.as_mut().expect("connected above"));
-        match outcome {
-            Ok(value) => Some(value),
+        thread::sleep(DEPTH_COUNT_EVERY.saturating_sub(began.elapsed()));
+    }
+}
+
+/// Runs `f` on `conn`, connecting to `url` first if needed; on failure, says
+/// why (as `who`) and drops the connection.
+fn on_connection<T, E: std::fmt::Display>(
+    conn: &mut Option<PgConnection>,
+    url: &str,
+    who: &str,
+    f: impl FnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Option<T> {
+    if conn.is_none() {
+        match PgConnection::establish(url) {
+            Ok(connected) => *conn = Some(connected),
             Err(error) => {
-                eprintln!("[diesel-claim] producer: {error}");
-                self.conn = None;
-                None
+                eprintln!("[diesel-claim] {who} cannot connect: {error}");
+                return None;
             }
         }
     }
+    match f(conn.as_mut().expect("connected above")) {
+        Ok(value) => Some(value),
+        Err(error) => {
+            eprintln!("[diesel-claim] {who}: {error}");
+            *conn = None;
+            None
+        }
+    }
+}
+
+/// The count, whether or not a thread panicked holding it.
+fn lock(counted: &Mutex<Option<Depth>>) -> std::sync::MutexGuard<'_, Option<Depth>> {
+    counted
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

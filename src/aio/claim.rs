@@ -17,6 +17,7 @@ use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::Async;
 use crate::claim::run::panicked;
+use crate::claim::siblings::LeftOut;
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::Instrument;
@@ -182,7 +183,9 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
     {
         async move {
             let mut claim = self;
-            claim.run_once(conn, &mut PerRow(f), Vec::new()).await
+            claim
+                .run_once(conn, &mut PerRow(f), LeftOut::nothing())
+                .await
         }
     }
 
@@ -208,17 +211,18 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
     {
         async move {
             let mut claim = self;
-            claim.run_once(conn, &mut PerBatch(f), Vec::new()).await
+            claim
+                .run_once(conn, &mut PerBatch(f), LeftOut::nothing())
+                .await
         }
     }
 
-    /// One run of the claim, leaving out the rows at `excluded` (a worker's
-    /// backoff).
+    /// One run of the claim, leaving out a worker's rows (see [`LeftOut`]).
     pub(super) async fn run_once<'a, C, I, E, F>(
         &mut self,
         conn: &mut C,
         f: &mut F,
-        excluded: Vec<T::Key>,
+        left_out: LeftOut<T::Key>,
     ) -> ClaimOutcome<T::Key, E>
     where
         Q: Sync,
@@ -236,7 +240,10 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             Ok(claim) => claim,
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
-        claim.exclude(excluded.into_iter().map(Position::of_key));
+        claim.exclude(left_out.backed_off.into_iter().map(Position::of_key));
+        if let Some(sibling) = left_out.sibling {
+            claim.beside(sibling);
+        }
         let table = T::table_name();
         let span = claim.span(&table);
         let began = Instant::now();

@@ -20,8 +20,10 @@ use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
+use crate::claim::siblings::{LeftOut, Sibling, Siblings};
 use crate::claim::worker::on_a_pool::{lock, summed, Reconnect, Shared};
 use crate::claim::worker::{Backoff, Polling, Ran};
+use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
 use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure};
 
@@ -145,23 +147,28 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             let events = span.in_scope(|| polling.events(table));
             let shared = Shared::new(&polling);
             let backoff = Mutex::new(Backoff::new(polling.backoff));
+            let siblings = Siblings::new(polling.concurrency);
             // Cloned up front: the loops' futures hold no reference to the
             // originals, which need not be `Sync`.
             let clones: Vec<_> = (0..polling.concurrency)
                 .map(|_| (claim.clone(), PerRow(f.clone())))
                 .collect();
             drop((claim, f));
-            let loops = clones.into_iter().map(|(mut claim, f)| {
-                let (shared, polling, backoff, events) = (&shared, &polling, &backoff, &events);
-                async move {
-                    let mut runs = Runs {
-                        claim: &mut claim,
-                        f,
-                        types: PhantomData,
-                    };
-                    claim_loop(pool, polling, shared, backoff, events, &mut runs).await
-                }
-            });
+            let loops = clones
+                .into_iter()
+                .enumerate()
+                .map(|(index, (mut claim, f))| {
+                    let (shared, polling, backoff, events) = (&shared, &polling, &backoff, &events);
+                    let sibling = siblings.slot(index);
+                    async move {
+                        let mut runs = Runs {
+                            claim: &mut claim,
+                            f,
+                            types: PhantomData,
+                        };
+                        claim_loop(pool, polling, shared, backoff, events, sibling, &mut runs).await
+                    }
+                });
             let loops = async {
                 let ended = future::join_all(loops).await;
                 // The loops have ended: so does the listener.
@@ -204,6 +211,7 @@ async fn claim_loop<P, K, E>(
     shared: &Shared,
     backoff: &Mutex<Backoff<K>>,
     events: &WorkerTrace,
+    sibling: Sibling<Position<K>>,
     once: &mut (dyn ClaimOnce<P::Connection, Key = K, Error = E> + '_),
 ) -> Result<ClaimReport, RowFailure<K, E>>
 where
@@ -214,6 +222,9 @@ where
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;
     let mut reconnect = Reconnect::new();
+    // Takes steer around the other loops' batches, but the last claim of a
+    // loop that stops once nothing is pending takes from the whole query.
+    let mut steering = polling.concurrency > 1;
     while !shared.stopping() {
         let checked_out = {
             // Only a stop ends the wait for a connection: a wake-up (the
@@ -234,8 +245,11 @@ where
             }
         };
         let seen = shared.woken();
-        let excluded = lock(backoff).excluded();
-        let outcome = once.claim_once(&mut conn, excluded).await;
+        let left_out = LeftOut {
+            backed_off: lock(backoff).excluded(),
+            sibling: steering.then(|| sibling.clone()),
+        };
+        let outcome = once.claim_once(&mut conn, left_out).await;
         let lost = outcome.stopped.is_some()
             && !outcome.transient
             && conn.batch_execute("SELECT 1").await.is_err();
@@ -259,8 +273,13 @@ where
             events.reconnected(failures);
         }
         if polling.until_empty && !took {
+            if steering {
+                steering = false;
+                continue;
+            }
             break;
         }
+        steering = polling.concurrency > 1;
         if let Some(wait) = polling.next_pause(processed, &mut pause) {
             let waiting = Instant::now();
             sleep_until(shared, waiting + wait, seen).await;

@@ -17,6 +17,7 @@ use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
+use crate::claim::siblings::LeftOut;
 use crate::claim::wait::Wait;
 use crate::claim::worker::{Backoff, Polling, Ran, NOTHING_PENDING, STOPPED};
 use crate::trace::Instrument;
@@ -71,7 +72,8 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
 }
 
 /// One claim of a worker's loop, run over and over on a connection `C`,
-/// leaving out the rows the worker backs off from.
+/// leaving out the rows the worker backs off from (and on a pool, those the
+/// other loops hold).
 pub(super) trait ClaimOnce<C>: Send {
     type Key: Clone + Eq + Hash + Debug + Send;
     type Error;
@@ -82,7 +84,7 @@ pub(super) trait ClaimOnce<C>: Send {
     fn claim_once<'c>(
         &'c mut self,
         conn: &'c mut C,
-        excluded: Vec<Self::Key>,
+        left_out: LeftOut<Self::Key>,
     ) -> BoxFuture<'c, ClaimOutcome<Self::Key, Self::Error>>;
 }
 
@@ -119,9 +121,9 @@ where
     fn claim_once<'c>(
         &'c mut self,
         conn: &'c mut C,
-        excluded: Vec<T::Key>,
+        left_out: LeftOut<T::Key>,
     ) -> BoxFuture<'c, ClaimOutcome<T::Key, E>> {
-        Box::pin(self.claim.run_once(conn, &mut self.f, excluded))
+        Box::pin(self.claim.run_once(conn, &mut self.f, left_out))
     }
 }
 
@@ -156,7 +158,9 @@ where
                 if polling.stop.is_stopped() {
                     return Ok((total, STOPPED));
                 }
-                let outcome = once.claim_once(conn, backoff.excluded()).await;
+                let outcome = once
+                    .claim_once(conn, LeftOut::backed_off(backoff.excluded()))
+                    .await;
                 let Ran { processed, took } = backoff.record(&mut total, outcome, &events)?;
                 if polling.until_empty && !took {
                     return Ok((total, NOTHING_PENDING));

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use super::page::Page;
 use super::report::ClaimReport;
+use super::siblings::{Sibling, Steer};
 use crate::locking::LockClause;
-use crate::sql::KeyRange;
+use crate::sql::{KeyRange, Lower};
 use crate::trace::{self, Span};
 use crate::{Error, StopHandle};
 
@@ -158,6 +159,11 @@ pub struct Claim<K> {
     /// Keys every statement leaves out, and the same shared by the ranges.
     excluded: Vec<K>,
     excluded_shared: Arc<[K]>,
+    /// A pooled worker's loop: takes from the head steer around the batches
+    /// its other loops hold (see [`beside`](Self::beside)).
+    siblings: Option<Sibling<K>>,
+    /// From the head: the take to make next, and once made, the one made.
+    head: HeadTake<K>,
     report: ClaimReport,
     /// Candidates found locked by others in this pass, to retry in the next
     /// (only when draining, on backends with row locks): those of each page,
@@ -169,6 +175,19 @@ pub struct Claim<K> {
     /// Candidates found locked by others in this pass.
     locked: u64,
     processed_before_pass: u64,
+}
+
+/// A take from the head by a loop of a pooled worker, which steers around
+/// the batches its other loops hold (see [`siblings`](super::siblings)).
+enum HeadTake<K> {
+    /// As [`Sibling::around`] says: ahead of them or past them, or the whole
+    /// query when they hold none.
+    Around,
+    /// The take made was the one ahead of them: when it finds nothing, the
+    /// next take starts after `past`, the last row of their newest batch.
+    Ahead { past: K },
+    /// The next take starts after `past`.
+    Past(K),
 }
 
 /// What a claim does next, for its driver to carry out.
@@ -273,6 +292,8 @@ impl<K> Claim<K> {
             handed: HashSet::new(),
             excluded: Vec::new(),
             excluded_shared: Arc::new([]),
+            siblings: None,
+            head: HeadTake::Around,
             report: ClaimReport::default(),
             retry: Vec::new(),
             state: if plan.from_head {
@@ -356,6 +377,10 @@ impl<K> Claim<K> {
 impl<K: Clone + Eq + Hash> Claim<K> {
     /// What to do next.
     pub(crate) fn next(&mut self) -> Step<K> {
+        if let Some(sibling) = &self.siblings {
+            // Asked between two statements: the last batch has ended.
+            sibling.released();
+        }
         if self.stop.as_ref().is_some_and(StopHandle::is_stopped) {
             // Between two statements: the last batch has committed.
             return Step::Done;
@@ -386,7 +411,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                         self.report.passes = 1;
                     }
                     self.state = State::Head;
-                    return Step::Batch(KeyRange::whole(), self.next_limit());
+                    return Step::Batch(self.head_range(), self.next_limit());
                 }
                 State::Pass => {
                     self.report.passes += 1;
@@ -474,6 +499,36 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     /// `max_rows`.
     fn next_limit(&self) -> i64 {
         i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch))
+    }
+
+    /// The range of the next take from the head: the whole query, or, when
+    /// the worker's other loops hold batches, the part ahead of them or the
+    /// part past them (see [`Sibling::around`]).
+    fn head_range(&mut self) -> KeyRange<K> {
+        let steer = match std::mem::replace(&mut self.head, HeadTake::Around) {
+            HeadTake::Past(past) => Some(Steer::Past(past)),
+            _ => self.siblings.as_ref().and_then(Sibling::around),
+        };
+        match steer {
+            Some(Steer::Ahead { through, past }) => {
+                self.head = HeadTake::Ahead { past };
+                KeyRange::new(Lower::Unbounded, Some(through))
+            }
+            Some(Steer::Past(past)) => KeyRange::after(Some(past)),
+            None => KeyRange::whole(),
+        }
+    }
+
+    /// Takes from the head steer around the batches `sibling`'s other loops
+    /// hold, and tell it the batches they take (see
+    /// [`siblings`](super::siblings)): when the claim order is the key's, a
+    /// row locked by others is passed over, and rows stay locked, coming back
+    /// in the claim order, until their batch ends.
+    pub(crate) fn beside(&mut self, sibling: Sibling<K>) {
+        let passed_over = self.clause.skip_locked && !self.fail_on_locked;
+        if self.from_head && self.rows_tell_positions && self.row_locks && passed_over {
+            self.siblings = Some(sibling);
+        }
     }
 
     /// Leaves the rows at `keys` out of every statement from here on: rows a
@@ -613,6 +668,12 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         key_of: impl Fn(&R) -> K,
     ) -> Vec<R> {
         let returned = rows.len() as i64;
+        if let (Some(sibling), Some(first), Some(last)) =
+            (&self.siblings, rows.first(), rows.last())
+        {
+            let ahead = matches!(self.head, HeadTake::Ahead { .. });
+            sibling.holds(key_of(first), key_of(last), ahead);
+        }
         let mut again = Vec::new();
         rows.retain(|row| {
             let key = key_of(row);
@@ -628,7 +689,18 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         } else {
             returned < limit
         };
-        if ran_dry || (self.in_worker && self.handed.len() >= WORKER_RUN_ROWS) {
+        // A take ahead of the siblings' batches that found nothing is followed
+        // by one past them. A take past them that comes back short ends the
+        // run: a row free between their batches is reached once the batches
+        // ahead of it have ended.
+        let mut run_ends = ran_dry;
+        if let HeadTake::Ahead { past } = std::mem::replace(&mut self.head, HeadTake::Around) {
+            if returned == 0 {
+                self.head = HeadTake::Past(past);
+                run_ends = false;
+            }
+        }
+        if run_ends || (self.in_worker && self.handed.len() >= WORKER_RUN_ROWS) {
             self.state = State::Done;
         }
         rows

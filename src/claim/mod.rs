@@ -22,6 +22,7 @@ pub(crate) mod pooled;
 pub(crate) mod query;
 pub(crate) mod report;
 pub(crate) mod run;
+pub(crate) mod siblings;
 pub(crate) mod timed;
 pub(crate) mod wait;
 pub(crate) mod worker;

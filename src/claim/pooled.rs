@@ -12,10 +12,12 @@ use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
+use super::siblings::{LeftOut, Sibling, Siblings};
 use super::worker::on_a_pool::{lock, summed, Reconnect, Shared};
 use super::worker::{Backoff, Polling, Ran};
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
+use crate::sql::Position;
 use crate::trace::{CallersSubscriber, WorkerTrace};
 use crate::{Blocking, Error};
 
@@ -71,6 +73,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         // One backoff for all the loops: a row that failed in one is not
         // retried by another sooner.
         let backoff = Mutex::new(Backoff::new(polling.backoff));
+        let siblings = Siblings::new(polling.concurrency);
         let table = T::table_name();
         let span = polling.span(&table);
         let _entered = span.enter();
@@ -85,16 +88,17 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
                 });
             }
             let loops: Vec<_> = (0..polling.concurrency)
-                .map(|_| {
+                .map(|index| {
                     let (mut claim, mut f) = (claim.clone(), PerRow(f.clone()));
+                    let sibling = siblings.slot(index);
                     let (shared, polling, span) = (&shared, &polling, &span);
                     let (backoff, events) = (&backoff, &events);
                     scope.spawn(move || {
                         let _halts = HaltOnPanic(shared);
                         subscriber.in_span(span, || {
                             let once =
-                                |conn: &mut C, excluded| claim.run_once(conn, &mut f, excluded);
-                            claim_loop(pool, polling, shared, backoff, events, once)
+                                |conn: &mut C, left_out| claim.run_once(conn, &mut f, left_out);
+                            claim_loop(pool, polling, shared, backoff, events, sibling, once)
                         })
                     })
                 })
@@ -149,7 +153,8 @@ fn claim_loop<C, K, E>(
     shared: &Shared,
     backoff: &Mutex<Backoff<K>>,
     events: &WorkerTrace,
-    mut claim_once: impl FnMut(&mut C, Vec<K>) -> ClaimOutcome<K, E>,
+    sibling: Sibling<Position<K>>,
+    mut claim_once: impl FnMut(&mut C, LeftOut<K>) -> ClaimOutcome<K, E>,
 ) -> Result<ClaimReport, RowFailure<K, E>>
 where
     C: R2D2Connection + Send + 'static,
@@ -159,6 +164,9 @@ where
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;
     let mut reconnect = Reconnect::new();
+    // Takes steer around the other loops' batches, but the last claim of a
+    // loop that stops once nothing is pending takes from the whole query.
+    let mut steering = polling.concurrency > 1;
     while !shared.stopping() {
         let mut conn = match pool.get().map_err(Error::from) {
             Ok(conn) => conn,
@@ -171,8 +179,11 @@ where
             }
         };
         let seen = shared.woken();
-        let excluded = lock(backoff).excluded();
-        let outcome = claim_once(&mut conn, excluded);
+        let left_out = LeftOut {
+            backed_off: lock(backoff).excluded(),
+            sibling: steering.then(|| sibling.clone()),
+        };
+        let outcome = claim_once(&mut conn, left_out);
         let lost = outcome.stopped.is_some()
             && !outcome.transient
             && conn.batch_execute("SELECT 1").is_err();
@@ -196,8 +207,13 @@ where
         }
         let Ran { processed, took } = ran;
         if polling.until_empty && !took {
+            if steering {
+                steering = false;
+                continue;
+            }
             break;
         }
+        steering = polling.concurrency > 1;
         if let Some(wait) = polling.next_pause(processed, &mut pause) {
             let waiting = Instant::now();
             let deadline = waiting + wait;

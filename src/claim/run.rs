@@ -12,6 +12,7 @@ use diesel::QueryResult;
 use super::engine::{Claim, Step, Taking};
 use super::kind::{FailureHook, Takes};
 use super::report::{ClaimOutcome, ClaimReport, RowFailure};
+use super::siblings::LeftOut;
 use super::{failures_in_savepoints, ClaimBuilder, Options};
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
@@ -80,7 +81,7 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
         F: FnMut(&mut C, I) -> Result<(), E>,
         E: From<Error>,
     {
-        self.run_once(conn, &mut PerRow(f), Vec::new())
+        self.run_once(conn, &mut PerRow(f), LeftOut::nothing())
     }
 
     /// Runs the claim as [`each_batch`](Self::each_batch) does, and returns
@@ -98,16 +99,15 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
         F: FnMut(&mut C, Vec<I>) -> Result<(), E>,
         E: From<Error>,
     {
-        self.run_once(conn, &mut PerBatch(f), Vec::new())
+        self.run_once(conn, &mut PerBatch(f), LeftOut::nothing())
     }
 
-    /// One run of the claim, leaving out the rows at `excluded` (a worker's
-    /// backoff).
+    /// One run of the claim, leaving out a worker's rows (see [`LeftOut`]).
     pub(crate) fn run_once<'q, C, I, E, F>(
         &mut self,
         conn: &mut C,
         f: &mut F,
-        excluded: Vec<T::Key>,
+        left_out: LeftOut<T::Key>,
     ) -> ClaimOutcome<T::Key, E>
     where
         T: Takes<'q, Q, C, I>,
@@ -124,7 +124,10 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             Ok(claim) => claim,
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
-        claim.exclude(excluded.into_iter().map(Position::of_key));
+        claim.exclude(left_out.backed_off.into_iter().map(Position::of_key));
+        if let Some(sibling) = left_out.sibling {
+            claim.beside(sibling);
+        }
         let table = T::table_name();
         let span = claim.span(&table);
         let began = Instant::now();

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::engine::MAX_EXCLUDED;
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
+use super::siblings::LeftOut;
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::trace::{self, Span, WorkerTrace};
@@ -238,7 +239,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         let ClaimWorker { mut claim, polling } = self;
         let mut f = PerRow(f);
         polling.serve(conn, T::table_name(), |conn, excluded| {
-            claim.run_once(conn, &mut f, excluded)
+            claim.run_once(conn, &mut f, LeftOut::backed_off(excluded))
         })
     }
 }

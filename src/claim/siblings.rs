@@ -1,0 +1,235 @@
+//! The batches a pooled worker's claim loops hold, shared between the loops,
+//! so that a loop's take from the head starts past its siblings' rows rather
+//! than passing each of them under lock.
+//!
+//! Loops that all take from the head of the same queue meet each other's
+//! rows first: a take with `SKIP LOCKED` tries the lock of every row the
+//! other loops hold before it reaches one it can lock, and PostgreSQL tries
+//! each under an exclusive lock on the row's page and through its lock
+//! manager, on the very pages every other loop reads. That work grows with
+//! the loops, per row taken, until it takes all of the server. A loop on a
+//! pool knows what its siblings hold: it takes from the head only up to the
+//! first row of the oldest batch they hold, and when nothing there is free,
+//! past the last row of the newest one. A row the two leave out (free between
+//! the siblings' batches: rolled back, or committed late by its producer) is
+//! reached once the batches around it have ended. Other processes' rows are
+//! still passed over under lock.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::sql::Position;
+
+/// What a worker's loops hold and have taken, shared by the loops.
+#[derive(Debug)]
+pub(crate) struct Siblings<K> {
+    slots: Mutex<Slots<K>>,
+}
+
+#[derive(Debug)]
+struct Slots<K> {
+    /// The batch each loop holds: a slot per loop.
+    held: Vec<Option<Held<K>>>,
+    /// Batches taken so far: the next batch's number.
+    taken: u64,
+    /// The last row of the last batch taken past the others, held or done:
+    /// where the next take past them starts.
+    furthest: Option<K>,
+    /// Takes steered around the others so far.
+    steered: u64,
+}
+
+/// A batch a loop's transaction holds: its first row in the claim order, and
+/// its number in the order the loops took their batches.
+#[derive(Debug)]
+struct Held<K> {
+    number: u64,
+    first: K,
+}
+
+impl<K> Siblings<K> {
+    /// Slots for `loops` loops, none holding anything.
+    pub(crate) fn new(loops: usize) -> Arc<Self> {
+        Arc::new(Siblings {
+            slots: Mutex::new(Slots {
+                held: (0..loops).map(|_| None).collect(),
+                taken: 0,
+                furthest: None,
+                steered: 0,
+            }),
+        })
+    }
+
+    /// The slot of loop `index` (below the number of loops).
+    pub(crate) fn slot(self: &Arc<Self>, index: usize) -> Sibling<K> {
+        Sibling {
+            all: Arc::clone(self),
+            index,
+        }
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Slots<K>> {
+        // A slot is written whole: a panic elsewhere leaves none half written.
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One loop's slot: the batch it holds, and what the others do. A run of the
+/// loop's claim gets a clone; dropped, the slot holds nothing, as the run's
+/// transaction has ended.
+#[derive(Debug)]
+pub(crate) struct Sibling<K> {
+    all: Arc<Siblings<K>>,
+    index: usize,
+}
+
+impl<K> Clone for Sibling<K> {
+    fn clone(&self) -> Self {
+        self.all.slot(self.index)
+    }
+}
+
+/// How a take from the head steers around the rows the loops have taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Steer<K> {
+    /// From the head through `through`, the first row of the oldest batch the
+    /// others hold (or `past`, when they hold none); when that finds nothing,
+    /// after `past`.
+    Ahead { through: K, past: K },
+    /// After `past`, the last row of the last batch taken past the others.
+    Past(K),
+}
+
+impl<K: Clone> Sibling<K> {
+    /// This loop's transaction has locked a batch whose rows, in the claim
+    /// order, run from `first` to `last`; a take `ahead` of the others took
+    /// it, else one past them (or one of the whole query).
+    pub(crate) fn holds(&self, first: K, last: K, ahead: bool) {
+        let mut slots = self.all.slots();
+        let number = slots.taken;
+        slots.taken += 1;
+        slots.held[self.index] = Some(Held { number, first });
+        if !ahead {
+            slots.furthest = Some(last);
+        }
+    }
+
+    /// This loop's transaction has ended: its rows are done, or free again.
+    pub(crate) fn released(&self) {
+        self.all.slots().held[self.index] = None;
+    }
+
+    /// How the next take steers around the rows the loops have taken, once
+    /// they have taken any. Most takes start past them; once in every round
+    /// of the loops' takes, one looks ahead of what the others hold, so that
+    /// a row left free behind them (rolled back, or committed late by its
+    /// producer) waits about as long as a batch takes.
+    pub(crate) fn around(&self) -> Option<Steer<K>> {
+        let mut slots = self.all.slots();
+        let past = slots.furthest.clone()?;
+        let ahead = slots.steered.is_multiple_of(slots.held.len() as u64);
+        slots.steered += 1;
+        if !ahead {
+            return Some(Steer::Past(past));
+        }
+        let others = slots
+            .held
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.index);
+        let oldest = others
+            .filter_map(|(_, held)| held.as_ref())
+            .min_by_key(|held| held.number);
+        let through = oldest.map_or_else(|| past.clone(), |held| held.first.clone());
+        Some(Steer::Ahead { through, past })
+    }
+}
+
+impl<K> Drop for Sibling<K> {
+    fn drop(&mut self) {
+        self.all.slots().held[self.index] = None;
+    }
+}
+
+/// What a worker's run of its claim leaves out of its takes.
+#[derive(Debug)]
+pub(crate) struct LeftOut<K> {
+    /// The rows the worker backs off from.
+    pub(crate) backed_off: Vec<K>,
+    /// On a pool, the loop's slot: where the other loops' batches lie.
+    pub(crate) sibling: Option<Sibling<Position<K>>>,
+}
+
+impl<K> LeftOut<K> {
+    /// Nothing: a claim that is not a worker's.
+    pub(crate) fn nothing() -> Self {
+        Self::backed_off(Vec::new())
+    }
+
+    /// The rows at `keys`, which the worker backs off from.
+    pub(crate) fn backed_off(keys: Vec<K>) -> Self {
+        LeftOut {
+            backed_off: keys,
+            sibling: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_start_past_the_last_batch_and_one_a_round_looks_ahead() {
+        let siblings = Siblings::new(3);
+        let (a, b, c) = (siblings.slot(0), siblings.slot(1), siblings.slot(2));
+        // Nothing taken yet: the whole query.
+        assert_eq!(c.around(), None);
+        a.holds(1, 10, false);
+        b.holds(11, 20, false);
+        let ahead = |through, past| Some(Steer::Ahead { through, past });
+        // One take in each round of three looks ahead of the others' oldest
+        // batch; its own batch is not one of them.
+        assert_eq!(c.around(), ahead(1, 20));
+        assert_eq!(c.around(), Some(Steer::Past(20)));
+        assert_eq!(a.around(), Some(Steer::Past(20)));
+        assert_eq!(a.around(), ahead(11, 20));
+        // A batch taken ahead does not move where takes past start.
+        c.holds(5, 6, true);
+        a.released();
+        a.holds(21, 30, false);
+        assert_eq!(b.around(), Some(Steer::Past(30)));
+        assert_eq!(b.around(), Some(Steer::Past(30)));
+        assert_eq!(b.around(), ahead(5, 30));
+        // Once every batch is done, takes still start past the last one.
+        for sibling in [&a, &b, &c] {
+            sibling.released();
+        }
+        assert_eq!(c.around(), Some(Steer::Past(30)));
+        assert_eq!(c.around(), Some(Steer::Past(30)));
+        assert_eq!(c.around(), ahead(30, 30));
+    }
+
+    #[test]
+    fn a_dropped_slot_holds_nothing() {
+        let siblings = Siblings::new(2);
+        let (a, b) = (siblings.slot(0), siblings.slot(1));
+        let run = a.clone();
+        run.holds(1, 10, false);
+        assert_eq!(
+            b.around(),
+            Some(Steer::Ahead {
+                through: 1,
+                past: 10
+            })
+        );
+        drop(run);
+        assert_eq!(b.around(), Some(Steer::Past(10)));
+        assert_eq!(
+            b.around(),
+            Some(Steer::Ahead {
+                through: 10,
+                past: 10
+            })
+        );
+    }
+}
