@@ -1,7 +1,10 @@
 //! Workers on a pool: a small pool shared by many claim loops and the
-//! application's own queries, `stop_when_empty`, sessions terminated under a
-//! running worker, and a server killed and started again.
+//! application's own queries, `stop_when_empty`, loops in the key's order
+//! steering around each other's batches (and a job left behind them taken
+//! while the queue is busy), sessions terminated under a running worker, and
+//! a server killed and started again.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -164,7 +167,174 @@ on_every_backend! {
         let refused = pending().build_claim().worker(&stop).concurrency(2).run(conn, finish);
         assert!(matches!(refused, Err(Error::InvalidArgument(message)) if message.contains("run_pooled")));
     }
+
+    /// Eight loops in the key's order, which steer their takes around each
+    /// other's batches, drain the queue with `stop_when_empty`: every job is
+    /// done once, and so is a job that failed once and that its failure hook
+    /// left in the queue with no backoff, behind the loops.
+    #[test]
+    fn loops_in_key_order_drain_the_queue_around_each_other() {
+        let (db, _) = test_db(1);
+        let pool = pool(&db.url, 8);
+        insert_jobs(&mut pool.get().unwrap(), 600);
+        let failed = AtomicBool::new(false);
+        let report = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .on_failure(|_: &mut Conn, _: Job, _: &Error| Ok(()))
+            .worker(&StopHandle::new())
+            .concurrency(8)
+            .failure_backoff(Duration::ZERO, Duration::ZERO)
+            .stop_when_empty()
+            .run_pooled(&pool, |conn: &mut Conn, job: Job| {
+                if job.id == 7 && !failed.swap(true, Ordering::SeqCst) {
+                    return Err(Error::InvalidArgument("fails once".into()));
+                }
+                finish(conn, job)
+            })
+            .unwrap();
+        assert_eq!((report.processed, report.failed), (600, 1));
+        assert_eq!(duplicates_and_left(&mut pool.get().unwrap()), (0, 0));
+    }
 }
+
+macro_rules! left_behind {
+    ($module:ident, $feature:literal, $conn:ty, $test_db:ident, $backend:literal) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            use super::*;
+
+            type Conn = $conn;
+
+            /// Whether job `id` is done, and how many jobs are not.
+            fn done_and_pending(conn: &mut Conn, id: i32) -> (bool, i64) {
+                let done = jobs::table.find(id).select(jobs::done).first(conn).unwrap();
+                let pending = jobs::table
+                    .filter(jobs::done.eq(false))
+                    .count()
+                    .get_result(conn)
+                    .unwrap();
+                (done, pending)
+            }
+
+            /// A job that another process held while the loops (in the key's
+            /// order, steering past each other's batches) went by, and then
+            /// let go, is taken while the queue stays busy, with a producer
+            /// adding jobs faster than the loops take them.
+            #[test]
+            fn a_job_let_go_behind_the_loops_is_taken_while_the_queue_stays_busy() {
+                let db = testkit::$test_db::new();
+                let pool = pool_of::<Conn>(&db.url, 6, $backend);
+                testkit::fixtures::create_schema(
+                    &mut pool.get().unwrap(),
+                    testkit::fixtures::schema_of($backend),
+                );
+                insert_jobs(&mut pool.get().unwrap(), 200);
+                let mut other = pool.get().unwrap();
+                other.batch_execute("BEGIN").unwrap();
+                let held: Vec<i32> = jobs::table
+                    .find(3)
+                    .select(jobs::id)
+                    .for_update()
+                    .load(&mut other)
+                    .unwrap();
+                assert_eq!(held, [3]);
+                let stop = StopHandle::new();
+                let report = thread::scope(|scope| {
+                    let producer = scope.spawn(|| {
+                        let mut conn = pool.get().unwrap();
+                        for first in (201..).step_by(25) {
+                            if stop.is_stopped() {
+                                break;
+                            }
+                            let rows: Vec<_> = (first..first + 25)
+                                .map(|id| {
+                                    (
+                                        jobs::id.eq(id),
+                                        jobs::priority.eq(0),
+                                        jobs::due.eq(diesel::dsl::now),
+                                    )
+                                })
+                                .collect();
+                            diesel::insert_into(jobs::table)
+                                .values(&rows)
+                                .execute(&mut conn)
+                                .unwrap();
+                            thread::sleep(Duration::from_millis(10));
+                        }
+                    });
+                    let worker = scope.spawn(|| {
+                        jobs::table
+                            .filter(jobs::done.eq(false))
+                            .select(Job::as_select())
+                            .build_claim()
+                            .worker(&stop)
+                            .concurrency(4)
+                            .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
+                            .run_pooled(&pool, |conn: &mut Conn, job: Job| {
+                                thread::sleep(Duration::from_millis(2));
+                                diesel::update(&job)
+                                    .set((
+                                        jobs::done.eq(true),
+                                        jobs::times_done.eq(jobs::times_done + 1),
+                                    ))
+                                    .execute(conn)?;
+                                Ok::<_, Error>(())
+                            })
+                    });
+                    let mut conn = pool.get().unwrap();
+                    // The loops go well past job 3.
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    while jobs::table
+                        .filter(jobs::done.eq(true))
+                        .count()
+                        .get_result::<i64>(&mut conn)
+                        .unwrap()
+                        < 300
+                    {
+                        assert!(Instant::now() < deadline, "the loops did not get going");
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                    assert_eq!(done_and_pending(&mut conn, 3).0, false);
+                    other.batch_execute("ROLLBACK").unwrap();
+                    let let_go = Instant::now();
+                    let (taken, pending) = loop {
+                        let (done, pending) = done_and_pending(&mut conn, 3);
+                        if done || let_go.elapsed() > Duration::from_secs(10) {
+                            break (done.then(|| let_go.elapsed()), pending);
+                        }
+                        thread::sleep(Duration::from_millis(5));
+                    };
+                    stop.stop();
+                    producer.join().unwrap();
+                    let report = worker.join().unwrap().unwrap();
+                    assert!(
+                        taken.is_some(),
+                        "job 3 was not taken within 10 s of being let go"
+                    );
+                    assert!(pending > 100, "the queue was not busy: {pending} pending");
+                    report
+                });
+                let twice: i64 = jobs::table
+                    .filter(jobs::times_done.gt(1))
+                    .count()
+                    .get_result(&mut pool.get().unwrap())
+                    .unwrap();
+                assert_eq!(twice, 0, "{report:?}");
+            }
+        }
+    };
+}
+
+left_behind!(pg_left_behind, "postgres", PgConnection, PgTestDb, "pg");
+left_behind!(
+    mysql_left_behind,
+    "mysql",
+    MysqlConnection,
+    MysqlTestDb,
+    "mysql"
+);
 
 macro_rules! through_lost_connections {
     ($module:ident, $feature:literal, $conn:ty, $test_db:ident, $backend:literal) => {
@@ -210,10 +380,12 @@ macro_rules! through_lost_connections {
                 let stop = StopHandle::new();
                 let report = thread::scope(|scope| {
                     let worker = scope.spawn(|| {
+                        // In the key's order: the loops steer around each
+                        // other's batches, and find the rows a lost
+                        // connection rolled back behind them.
                         jobs::table
                             .filter(jobs::done.eq(false))
                             .select(Job::as_select())
-                            .order(jobs::priority.desc())
                             .build_claim()
                             .worker(&stop)
                             .concurrency(4)

@@ -116,6 +116,10 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     /// the pool makes outside its count (bb8's `dedicated_connection`,
     /// deadpool's manager), made again whenever it fails.
     ///
+    /// In the key's order, with row locks, the loops steer their takes
+    /// around each other's batches as the blocking loops do (see
+    /// [on a pool](crate::guide::workers#on-a-pool)).
+    ///
     /// `f` is cloned for each loop; an `async` closure that captures only
     /// references clones as they do.
     pub fn run_pooled<'a, P, I, E, F>(

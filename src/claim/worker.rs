@@ -65,7 +65,9 @@ impl From<Arc<AtomicBool>> for StopHandle {
 ///
 /// A worker takes [from the head](ClaimBuilder::from_head) of its query:
 /// each take re-runs the query in its order, so a job enqueued ahead of the
-/// others is the next one taken. A row whose closure fails is left out of
+/// others is the next one taken. (The loops of a worker on a pool, in the
+/// key's order, steer their takes around each other's batches instead: see
+/// [on a pool](crate::guide::workers#on-a-pool).) A row whose closure fails is left out of
 /// this worker's claims for a while ([`failure_backoff`](Self::failure_backoff)),
 /// so that a row a [failure hook](ClaimBuilder::on_failure) leaves runnable
 /// is not retried at once.

@@ -1,5 +1,6 @@
 //! Async workers on bb8 and deadpool pools: many claim loops on a small pool
-//! shared with the application, `stop_when_empty`, `run` on the pools'
+//! shared with the application, `stop_when_empty`, loops in the key's order
+//! steering around each other's batches, `run` on the pools'
 //! connections as they are, sessions terminated under a running worker, a
 //! server killed and started again, and (PostgreSQL) a listener woken by
 //! `aio::notify` that comes back after its session ends.
@@ -180,6 +181,38 @@ on_async_backends! {
         assert_eq!(report.processed, 60);
     }
 
+    /// Eight loops in the key's order, which steer their takes around each
+    /// other's batches, drain the queue with `stop_when_empty` on a bb8 pool:
+    /// every job is done once, and so is a job that failed once and that its
+    /// failure hook left in the queue with no backoff, behind the loops.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn loops_in_key_order_drain_the_queue_around_each_other() {
+        let db = TestDb::new();
+        testkit::fixtures::create_schema(&mut blocking(&db.url), testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(&mut blocking(&db.url), 600);
+        let pool = bb8_pool(&db.url, 8).await;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let report = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .on_failure(async |_: &mut Conn, _: Job, _: &Error| Ok(()))
+            .worker(&StopHandle::new())
+            .concurrency(8)
+            .failure_backoff(Duration::ZERO, Duration::ZERO)
+            .stop_when_empty()
+            .run_pooled(&pool, async |conn: &mut Conn, job: Job| {
+                if job.id == 7 && !failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return Err(Error::InvalidArgument("fails once".into()));
+                }
+                finish(conn, job).await
+            })
+            .await
+            .unwrap();
+        assert_eq!((report.processed, report.failed), (600, 1));
+        assert_eq!(duplicates_and_left(&mut pool.get().await.unwrap()).await, (0, 0));
+    }
+
     /// Runs a pooled worker of 4 loops on `url` over 600 slow jobs while
     /// `disrupt` runs beside it; every job is done once.
     async fn drain_through(url: &str, disrupt: impl std::future::Future<Output = ()>) {
@@ -188,7 +221,11 @@ on_async_backends! {
         insert_jobs(setup, 600);
         let pool = bb8_pool(url, 5).await;
         let stop = StopHandle::new();
-        let worker = pending()
+        // In the key's order: the loops steer around each other's batches,
+        // and find the rows a lost connection rolled back behind them.
+        let worker = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
             .build_claim()
             .worker(&stop)
             .concurrency(4)

@@ -445,3 +445,61 @@ fn from_the_head_a_call_ends_past_its_exclusions() {
     claim.exclude(0..=MAX_EXCLUDED as i64);
     assert!(matches!(claim.next(), Step::Done));
 }
+
+/// Two loops of a pooled worker steer their takes from the head around each
+/// other's batches: the first take is of the whole query; a take ahead of the
+/// other's batch that finds nothing is followed by one past it; takes start
+/// past the last batch taken; and a take past it that comes back short ends
+/// the run.
+#[test]
+fn loops_on_a_pool_steer_around_each_others_batches() {
+    let siblings = crate::claim::siblings::Siblings::new(2);
+    let (mut a, mut b) = (head_claim(false), head_claim(false));
+    for (index, claim) in [&mut a, &mut b].into_iter().enumerate() {
+        claim.batch = 2;
+        claim.beside(siblings.slot(index));
+    }
+    let take = |claim: &mut Claim<i64>| match claim.next() {
+        Step::Batch(range, limit) => (range.lower, range.through, limit),
+        _ => panic!("expected a take"),
+    };
+    let (lower, through, limit) = take(&mut a);
+    assert!(matches!((lower, through), (Lower::Unbounded, None)));
+    a.taken(vec![1, 2], limit, |row| *row).unwrap();
+    // One take in each round of the two loops' looks ahead of the other's
+    // batch, through its first row.
+    let (lower, through, limit) = take(&mut b);
+    assert!(matches!((lower, through), (Lower::Unbounded, Some(1))));
+    assert!(b.taken(Vec::new(), limit, |row| *row).unwrap().is_empty());
+    let (lower, through, limit) = take(&mut b);
+    assert!(matches!((lower, through), (Lower::After(2), None)));
+    b.taken(vec![3, 4], limit, |row| *row).unwrap();
+    a.processed(2);
+    let (lower, through, limit) = take(&mut a);
+    assert!(matches!((lower, through), (Lower::After(4), None)));
+    a.taken(vec![5], limit, |row| *row).unwrap();
+    a.processed(1);
+    assert!(matches!(a.next(), Step::Done));
+}
+
+/// A claim that is not a worker's on a pool, or whose rows do not come back
+/// in the key's order, takes from the head of the whole query.
+#[test]
+fn only_takes_in_the_key_order_with_row_locks_steer() {
+    let siblings = crate::claim::siblings::Siblings::new(2);
+    siblings.slot(0).holds(1, 2, false);
+    let mut marking = head_claim(false);
+    marking.rows_tell_positions = false;
+    let mut waiting = head_claim(false);
+    waiting.clause.skip_locked = false;
+    for mut claim in [marking, waiting] {
+        claim.beside(siblings.slot(1));
+        let Step::Batch(range, _) = claim.next() else {
+            panic!("expected a take");
+        };
+        assert!(matches!(
+            (range.lower, range.through),
+            (Lower::Unbounded, None)
+        ));
+    }
+}
