@@ -199,13 +199,37 @@ on_every_backend! {
     }
 }
 
-macro_rules! left_behind {
+macro_rules! with_row_locks {
     ($module:ident, $feature:literal, $conn:ty, $test_db:ident, $backend:literal) => {
         #[cfg(feature = $feature)]
         mod $module {
             use super::*;
 
             type Conn = $conn;
+
+            fn finish(conn: &mut Conn, job: Job) -> Result<(), Error> {
+                diesel::update(&job)
+                    .set((
+                        jobs::done.eq(true),
+                        jobs::times_done.eq(jobs::times_done + 1),
+                    ))
+                    .execute(conn)?;
+                Ok(())
+            }
+
+            fn counts(conn: &mut Conn) -> (i64, i64) {
+                let twice = jobs::table
+                    .filter(jobs::times_done.gt(1))
+                    .count()
+                    .get_result(conn)
+                    .unwrap();
+                let left = jobs::table
+                    .filter(jobs::done.eq(false))
+                    .count()
+                    .get_result(conn)
+                    .unwrap();
+                (twice, left)
+            }
 
             /// Whether job `id` is done, and how many jobs are not.
             fn done_and_pending(conn: &mut Conn, id: i32) -> (bool, i64) {
@@ -274,13 +298,7 @@ macro_rules! left_behind {
                             .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
                             .run_pooled(&pool, |conn: &mut Conn, job: Job| {
                                 thread::sleep(Duration::from_millis(2));
-                                diesel::update(&job)
-                                    .set((
-                                        jobs::done.eq(true),
-                                        jobs::times_done.eq(jobs::times_done + 1),
-                                    ))
-                                    .execute(conn)?;
-                                Ok::<_, Error>(())
+                                finish(conn, job)
                             })
                     });
                     let mut conn = pool.get().unwrap();
@@ -316,56 +334,8 @@ macro_rules! left_behind {
                     assert!(pending > 100, "the queue was not busy: {pending} pending");
                     report
                 });
-                let twice: i64 = jobs::table
-                    .filter(jobs::times_done.gt(1))
-                    .count()
-                    .get_result(&mut pool.get().unwrap())
-                    .unwrap();
+                let (twice, _) = counts(&mut pool.get().unwrap());
                 assert_eq!(twice, 0, "{report:?}");
-            }
-        }
-    };
-}
-
-left_behind!(pg_left_behind, "postgres", PgConnection, PgTestDb, "pg");
-left_behind!(
-    mysql_left_behind,
-    "mysql",
-    MysqlConnection,
-    MysqlTestDb,
-    "mysql"
-);
-
-macro_rules! through_lost_connections {
-    ($module:ident, $feature:literal, $conn:ty, $test_db:ident, $backend:literal) => {
-        #[cfg(feature = $feature)]
-        mod $module {
-            use super::*;
-
-            type Conn = $conn;
-
-            fn finish(conn: &mut Conn, job: Job) -> Result<(), Error> {
-                diesel::update(&job)
-                    .set((
-                        jobs::done.eq(true),
-                        jobs::times_done.eq(jobs::times_done + 1),
-                    ))
-                    .execute(conn)?;
-                Ok(())
-            }
-
-            fn counts(conn: &mut Conn) -> (i64, i64) {
-                let twice = jobs::table
-                    .filter(jobs::times_done.gt(1))
-                    .count()
-                    .get_result(conn)
-                    .unwrap();
-                let left = jobs::table
-                    .filter(jobs::done.eq(false))
-                    .count()
-                    .get_result(conn)
-                    .unwrap();
-                (twice, left)
             }
 
             /// Runs a pooled worker of 4 loops on `url` over 600 slow jobs
@@ -436,8 +406,14 @@ macro_rules! through_lost_connections {
     };
 }
 
-through_lost_connections!(pg_lost, "postgres", PgConnection, PgTestDb, "pg");
-through_lost_connections!(mysql_lost, "mysql", MysqlConnection, MysqlTestDb, "mysql");
+with_row_locks!(pg_locking, "postgres", PgConnection, PgTestDb, "pg");
+with_row_locks!(
+    mysql_locking,
+    "mysql",
+    MysqlConnection,
+    MysqlTestDb,
+    "mysql"
+);
 
 /// A pooled worker listening (PostgreSQL): with polls too rare to matter,
 /// notifications wake its loops, through the listener's session being ended.

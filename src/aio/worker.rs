@@ -16,8 +16,8 @@ use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::Async;
-#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::siblings::LeftOut;
+#[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
 use crate::claim::worker::{Backoff, Polling, Ran, NOTHING_PENDING, STOPPED};
 use crate::trace::Instrument;

@@ -53,6 +53,14 @@ struct Held<K> {
 
 impl<K> Siblings<K> {
     /// Slots for `loops` loops, none holding anything.
+    #[cfg(any(
+        test,
+        feature = "postgres",
+        feature = "sqlite",
+        feature = "mysql",
+        feature = "bb8",
+        feature = "deadpool"
+    ))]
     pub(crate) fn new(loops: usize) -> Arc<Self> {
         Arc::new(Siblings {
             slots: Mutex::new(Slots {
