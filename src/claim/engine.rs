@@ -184,7 +184,8 @@ enum HeadTake<K> {
     /// query when they hold none.
     Around,
     /// The take made was the one ahead of them: when it finds nothing, the
-    /// next take starts after `past`, the last row of their newest batch.
+    /// next take starts after `past`, the last row of the last batch taken
+    /// past them.
     Ahead { past: K },
     /// The next take starts after `past`.
     Past(K),
@@ -501,9 +502,9 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch))
     }
 
-    /// The range of the next take from the head: the whole query, or, when
-    /// the worker's other loops hold batches, the part ahead of them or the
-    /// part past them (see [`Sibling::around`]).
+    /// The range of the next take from the head: the whole query, or, once
+    /// the worker's loops have taken rows, the part ahead of what the others
+    /// hold or the part past what they took (see [`Sibling::around`]).
     fn head_range(&mut self) -> KeyRange<K> {
         let steer = match std::mem::replace(&mut self.head, HeadTake::Around) {
             HeadTake::Past(past) => Some(Steer::Past(past)),
@@ -691,8 +692,8 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         };
         // A take ahead of the siblings' batches that found nothing is followed
         // by one past them. A take past them that comes back short ends the
-        // run: a row free between their batches is reached once the batches
-        // ahead of it have ended.
+        // run: a row left free behind them is for a later look ahead (see
+        // `Sibling::around`).
         let mut run_ends = ran_dry;
         if let HeadTake::Ahead { past } = std::mem::replace(&mut self.head, HeadTake::Around) {
             if returned == 0 {
