@@ -126,11 +126,6 @@ impl<K: Clone> Sibling<K> {
         }
     }
 
-    /// This loop's transaction has ended: its rows are done, or free again.
-    pub(crate) fn released(&self) {
-        self.all.slots().held[self.index] = None;
-    }
-
     /// How the next take steers around the rows the loops have taken, once
     /// they have taken any. Most takes start past them; once in every round
     /// of the loops' takes, one looks ahead of what the others hold, so that
@@ -157,9 +152,16 @@ impl<K: Clone> Sibling<K> {
     }
 }
 
+impl<K> Sibling<K> {
+    /// This loop's transaction has ended: its rows are done, or free again.
+    pub(crate) fn released(&self) {
+        self.all.slots().held[self.index] = None;
+    }
+}
+
 impl<K> Drop for Sibling<K> {
     fn drop(&mut self) {
-        self.all.slots().held[self.index] = None;
+        self.released();
     }
 }
 
