@@ -28,7 +28,8 @@
 //! - **The producer** enqueues with bulk inserts (`COPY … FROM STDIN`) of
 //!   up to `PRODUCER_BATCH_MAX` rows, each in a transaction that notifies the
 //!   workers (up to eight inserts per transaction when it fills the queue to
-//!   its depth), paced by the harness's `ENQUEUE <n>` lines
+//!   its depth, from a thread and a connection per 16 workers: see
+//!   `DIESEL_CLAIM_DEPTH_PRODUCERS`), paced by the harness's `ENQUEUE <n>` lines
 //!   (`PRODUCER_PACING=harness`), by its own clock on the rate in
 //!   `PRODUCER_RATE_CONTROL_FILE` (`PRODUCER_PACING=adapter`, which the
 //!   high-load phases need), or by the queue's depth

@@ -3,6 +3,7 @@
 //! depth.
 
 use std::io::BufRead;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Mutex;
 use std::thread;
@@ -22,11 +23,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 const FULL_PAUSE: Duration = Duration::from_millis(10);
 
 /// The inserts of up to `PRODUCER_BATCH_MAX` a depth-target producer makes
-/// in one transaction, with one notification. The producer is one thread
-/// beside a claim loop per worker: at 64 workers on two cores, a transaction
-/// per 128 jobs (begin, copy, notify, commit) enqueued some 2,500 to 2,900
-/// jobs/s and left the queue a few hundred deep; eight per transaction, some
-/// 9,000.
+/// in one transaction, with one notification. At 64 workers on two cores, a
+/// transaction per 128 jobs (begin, copy, notify, commit) enqueued some 2,500
+/// to 2,900 jobs/s and left the queue a few hundred deep; eight per
+/// transaction, some 9,000.
 const DEPTH_BATCHES_PER_TRANSACTION: usize = 8;
 
 /// How often a depth-target producer's queue is counted, on a thread and a
@@ -66,13 +66,7 @@ pub fn produce(
     stop: &StopHandle,
     tokens: Option<Receiver<usize>>,
 ) {
-    let mut producer = Producer {
-        settings,
-        stats,
-        stop,
-        conn: None,
-        payload: "x".repeat(settings.payload_bytes),
-    };
+    let mut producer = Producer::new(settings, stats, stop);
     match (settings.producer_mode, tokens) {
         (ProducerMode::DepthTarget, _) => producer.keep_depth(),
         (ProducerMode::Fixed, Some(tokens)) => producer.as_told(&tokens),
@@ -107,6 +101,47 @@ impl Depth {
     }
 }
 
+/// What the depth-target producers share: the queue's [`Depth`] as last
+/// counted, and the jobs their transactions are enqueueing now, so that one
+/// producer does not insert again what another is inserting.
+#[derive(Debug, Default)]
+struct Filling {
+    counted: Mutex<Option<Depth>>,
+    in_flight: AtomicI64,
+}
+
+impl Filling {
+    /// The jobs missing from `target` now, given [`Stats::moved`] now: none
+    /// before the first count, or when the queue is full.
+    fn missing(&self, target: i64, moved: (u64, u64)) -> Option<usize> {
+        let depth = lock(&self.counted).as_ref()?.now(moved);
+        let missing = target - depth - self.in_flight.load(Ordering::Relaxed);
+        usize::try_from(missing).ok().filter(|&missing| missing > 0)
+    }
+
+    /// Counts `jobs` as being enqueued until the guard drops.
+    fn enqueueing(&self, jobs: usize) -> InFlight<'_> {
+        let jobs = i64::try_from(jobs).unwrap_or(i64::MAX);
+        self.in_flight.fetch_add(jobs, Ordering::Relaxed);
+        InFlight {
+            in_flight: &self.in_flight,
+            jobs,
+        }
+    }
+}
+
+/// Jobs a producer is enqueueing, counted in [`Filling`] while it lives.
+struct InFlight<'a> {
+    in_flight: &'a AtomicI64,
+    jobs: i64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(self.jobs, Ordering::Relaxed);
+    }
+}
+
 /// A fixed rate's jobs owed so far: the rate times the time that really
 /// passed, less the whole jobs already due.
 #[derive(Debug, Default)]
@@ -136,7 +171,17 @@ struct Producer<'a> {
     payload: String,
 }
 
-impl Producer<'_> {
+impl<'a> Producer<'a> {
+    fn new(settings: &'a Settings, stats: &'a Stats, stop: &'a StopHandle) -> Producer<'a> {
+        Producer {
+            settings,
+            stats,
+            stop,
+            conn: None,
+            payload: "x".repeat(settings.payload_bytes),
+        }
+    }
+
     /// Enqueues what the harness's tokens add up to, in inserts of up to
     /// `batch_max`, until stdin closes.
     fn as_told(&mut self, tokens: &Receiver<usize>) {
@@ -169,28 +214,35 @@ impl Producer<'_> {
         }
     }
 
-    /// Keeps `TARGET_DEPTH` jobs in the queue: enqueues what is missing in
-    /// inserts of up to `batch_max`, by a [`Depth`] that a thread of its own
+    /// Keeps `TARGET_DEPTH` jobs in the queue, with `depth_producers`
+    /// threads (this one among them) and a [`Depth`] that a thread of its own
     /// counts every [`DEPTH_COUNT_EVERY`].
     fn keep_depth(&mut self) {
-        let target = self.settings.target_depth;
-        let per_transaction = DEPTH_BATCHES_PER_TRANSACTION * self.settings.batch_max;
-        let counted = Mutex::new(None);
+        let producers = self.settings.depth_producers;
+        let filling = Filling::default();
         let (settings, stats, stop) = (self.settings, self.stats, self.stop);
         thread::scope(|scope| {
-            scope.spawn(|| count_depth(settings, stats, stop, &counted));
-            while !self.stop.is_stopped() {
-                let depth = lock(&counted)
-                    .as_ref()
-                    .map(|d: &Depth| d.now(stats.moved()));
-                match depth.map(|depth| usize::try_from(target - depth)) {
-                    Some(Ok(missing)) if missing > 0 => {
-                        self.enqueue(missing.min(per_transaction), per_transaction);
-                    }
-                    _ => thread::sleep(FULL_PAUSE),
-                }
+            scope.spawn(|| count_depth(settings, stats, stop, &filling.counted));
+            for _ in 1..producers {
+                scope.spawn(|| Producer::new(settings, stats, stop).fill(&filling));
             }
+            self.fill(&filling);
         });
+    }
+
+    /// Enqueues what is missing from `TARGET_DEPTH`, in transactions of up to
+    /// [`DEPTH_BATCHES_PER_TRANSACTION`] inserts, until the producer stops.
+    fn fill(&mut self, filling: &Filling) {
+        let per_transaction = DEPTH_BATCHES_PER_TRANSACTION * self.settings.batch_max;
+        while !self.stop.is_stopped() {
+            let missing = filling.missing(self.settings.target_depth, self.stats.moved());
+            let Some(batch) = missing.map(|missing| missing.min(per_transaction)) else {
+                thread::sleep(FULL_PAUSE);
+                continue;
+            };
+            let _in_flight = filling.enqueueing(batch);
+            self.enqueue(batch, per_transaction);
+        }
     }
 
     /// The fixed rate the harness asks for now.
@@ -309,6 +361,24 @@ mod tests {
         assert_eq!(depth.now((10_000, 6_500)), 4_000);
         assert_eq!(depth.now((10_128, 6_500)), 4_128);
         assert_eq!(depth.now((10_128, 9_000)), 1_628);
+    }
+
+    #[test]
+    fn producers_do_not_enqueue_again_what_another_is_enqueueing() {
+        let filling = Filling::default();
+        // Nothing before the first count.
+        assert_eq!(filling.missing(4_000, (0, 0)), None);
+        *lock(&filling.counted) = Some(Depth::counted(1_000, (0, 0)));
+        assert_eq!(filling.missing(4_000, (0, 0)), Some(3_000));
+        let one = filling.enqueueing(1_024);
+        let two = filling.enqueueing(1_024);
+        assert_eq!(filling.missing(4_000, (0, 0)), Some(952));
+        // Committed, the jobs count as enqueued instead.
+        drop(one);
+        assert_eq!(filling.missing(4_000, (1_024, 0)), Some(952));
+        drop(two);
+        assert_eq!(filling.missing(4_000, (2_048, 500)), Some(1_452));
+        assert_eq!(filling.missing(4_000, (3_000, 0)), None);
     }
 
     #[test]

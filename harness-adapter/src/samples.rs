@@ -131,6 +131,7 @@ pub fn emit_descriptor(settings: &Settings, version: &str) {
         "worker": "run_pooled on r2d2 (blocking), listening, then_delete",
         "worker_count": settings.workers,
         "claim_batch": settings.claim_batch,
+        "depth_producers": settings.depth_producers,
     }));
 }
 

@@ -178,17 +178,19 @@ pub struct Claim<K> {
 }
 
 /// A take from the head by a loop of a pooled worker, which steers around
-/// the batches its other loops hold (see [`siblings`](super::siblings)).
+/// the batches its other loops hold (see [`siblings`](super::siblings)): the
+/// take to make next, and once made, the one made.
 enum HeadTake<K> {
     /// As [`Sibling::around`] says: ahead of them or past them, or the whole
-    /// query when they hold none.
+    /// query when they have taken nothing.
     Around,
-    /// The take made was the one ahead of them: when it finds nothing, the
-    /// next take starts after `past`, the last row of the last batch taken
-    /// past them.
-    Ahead { past: K },
-    /// The next take starts after `past`.
-    Past(K),
+    /// After the last row taken past them ([`Sibling::past`]).
+    Past,
+    /// Ahead of them: from the head, or after `from` (the last row of the
+    /// take ahead before it), through [`Sibling::ahead_through`]. The run
+    /// ends when it comes back short if it is the run's `last` look, made
+    /// because a take past them came back short.
+    Ahead { from: Option<K>, last: bool },
 }
 
 /// What a claim does next, for its driver to carry out.
@@ -504,19 +506,33 @@ impl<K: Clone + Eq + Hash> Claim<K> {
 
     /// The range of the next take from the head: the whole query, or, once
     /// the worker's loops have taken rows, the part ahead of what the others
-    /// hold or the part past what they took (see [`Sibling::around`]).
+    /// hold or the part past what they took (see [`HeadTake`]).
     fn head_range(&mut self) -> KeyRange<K> {
-        let steer = match std::mem::replace(&mut self.head, HeadTake::Around) {
-            HeadTake::Past(past) => Some(Steer::Past(past)),
-            _ => self.siblings.as_ref().and_then(Sibling::around),
+        let Some(sibling) = &self.siblings else {
+            return KeyRange::whole();
         };
-        match steer {
-            Some(Steer::Ahead { through, past }) => {
-                self.head = HeadTake::Ahead { past };
-                KeyRange::new(Lower::Unbounded, Some(through))
+        if let HeadTake::Around = self.head {
+            match sibling.around() {
+                Some(Steer::Ahead { through }) => {
+                    self.head = HeadTake::Ahead {
+                        from: None,
+                        last: false,
+                    };
+                    return KeyRange::new(Lower::Unbounded, Some(through));
+                }
+                Some(Steer::Past(past)) => {
+                    self.head = HeadTake::Past;
+                    return KeyRange::after(Some(past));
+                }
+                None => return KeyRange::whole(),
             }
-            Some(Steer::Past(past)) => KeyRange::after(Some(past)),
-            None => KeyRange::whole(),
+        }
+        match &self.head {
+            HeadTake::Ahead { from, .. } => {
+                let lower = from.clone().map_or(Lower::Unbounded, Lower::After);
+                KeyRange::new(lower, sibling.ahead_through())
+            }
+            HeadTake::Past | HeadTake::Around => KeyRange::after(sibling.past()),
         }
     }
 
@@ -660,8 +676,9 @@ impl<K: Clone + Eq + Hash> Claim<K> {
     /// [`taken`](Self::taken), from the head: rows handed over before in this
     /// call (left matching by their closure) are passed over, and left out of
     /// the next takes. A take that came back short ends the call (draining,
-    /// one that came back empty); so does a worker's run past
-    /// [`WORKER_RUN_ROWS`], whose next run starts afresh.
+    /// one that came back empty), unless it steered around sibling loops (see
+    /// [`HeadTake`]); so does a worker's run past [`WORKER_RUN_ROWS`], whose
+    /// next run starts afresh.
     fn taken_from_head<R>(
         &mut self,
         mut rows: Vec<R>,
@@ -669,6 +686,7 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         key_of: impl Fn(&R) -> K,
     ) -> Vec<R> {
         let returned = rows.len() as i64;
+        let last_key = rows.last().map(&key_of);
         if let (Some(sibling), Some(first), Some(last)) =
             (&self.siblings, rows.first(), rows.last())
         {
@@ -690,17 +708,31 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         } else {
             returned < limit
         };
-        // A take ahead of the siblings' batches that found nothing is followed
-        // by one past them. A take past them that comes back short ends the
-        // run: a row left free behind them is for a later look ahead (see
-        // `Sibling::around`).
-        let mut run_ends = ran_dry;
-        if let HeadTake::Ahead { past } = std::mem::replace(&mut self.head, HeadTake::Around) {
-            if returned == 0 {
-                self.head = HeadTake::Past(past);
-                run_ends = false;
+        let next = match std::mem::replace(&mut self.head, HeadTake::Around) {
+            // Rows may lie on behind the siblings' batches: look on from here.
+            HeadTake::Ahead { last, .. } if !ran_dry => Some(HeadTake::Ahead {
+                from: last_key,
+                last,
+            }),
+            HeadTake::Ahead { last: true, .. } => None,
+            HeadTake::Ahead { last: false, .. } => Some(HeadTake::Past),
+            HeadTake::Past | HeadTake::Around if !ran_dry => Some(HeadTake::Around),
+            // Past the siblings the queue ran dry: a last look ahead of them,
+            // for rows left free there (committed late, or let go), before
+            // the run ends.
+            HeadTake::Past => Some(HeadTake::Ahead {
+                from: None,
+                last: true,
+            }),
+            HeadTake::Around => None,
+        };
+        let run_ends = match next {
+            Some(next) => {
+                self.head = next;
+                false
             }
-        }
+            None => true,
+        };
         if run_ends || (self.in_worker && self.handed.len() >= WORKER_RUN_ROWS) {
             self.state = State::Done;
         }

@@ -39,9 +39,9 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
     ///
     /// In the key's order, with row locks, the loops' takes start past the
     /// rows the loops have taken rather than pass over each of them under
-    /// lock, and one take in each round of theirs looks ahead of them: see
-    /// [on a pool](crate::guide::workers#on-a-pool) for what a job left
-    /// behind them waits.
+    /// lock, and a take looks ahead of them once in each round of theirs and
+    /// before a run ends: see [on a pool](crate::guide::workers#on-a-pool)
+    /// for what a job left behind them waits.
     ///
     /// **Lost connections** do not end it: a claim that fails on a connection
     /// that no longer answers, a checkout that fails and a listener whose

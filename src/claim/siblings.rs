@@ -11,14 +11,17 @@
 //! there (lock-manager waits were most of what their sessions waited on).
 //!
 //! Loops of one process know what the others took. Most takes start after
-//! the last row of the last batch taken past the others, held or done.
-//! Once in every round of the loops' takes, one looks from the head up to
-//! the first row of the oldest batch the others hold, and when it finds
-//! nothing, takes past them: a row left free behind them (rolled back, let go
-//! by another process, or committed late by its producer) waits about as
-//! long as a batch takes. The head of a queue of deleted jobs is also where
-//! vacuum has yet to pass: a take that starts past it reads no dead index
-//! entries either. Other processes' rows are still passed over under lock.
+//! the last row of the last batch taken past the others, held or done. A
+//! loop looks from the head up to the first row of the oldest batch the
+//! others hold once in every round of the loops' takes, and before it ends a
+//! run whose take past them came back short; a look that fills its batch
+//! goes on after it. So a row left free behind them (rolled back, let go by
+//! another process, or committed late by its producer, as concurrent
+//! producers' rows often are) waits at most about as long as a batch takes,
+//! and many such rows are taken batch after batch. The head of a queue of
+//! deleted jobs is also where vacuum has yet to pass: a take that starts
+//! past it reads no dead index entries either, and a look ahead does. Other
+//! processes' rows are still passed over under lock.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -104,11 +107,9 @@ impl<K> Clone for Sibling<K> {
 /// How a take from the head steers around the rows the loops have taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Steer<K> {
-    /// From the head through `through`, the first row of the oldest batch the
-    /// others hold (or `past`, when they hold none); when that finds nothing,
-    /// after `past`.
-    Ahead { through: K, past: K },
-    /// After `past`, the last row of the last batch taken past the others.
+    /// From the head through `through`: see [`Sibling::ahead_through`].
+    Ahead { through: K },
+    /// After `past`: see [`Sibling::past`].
     Past(K),
 }
 
@@ -136,9 +137,28 @@ impl<K: Clone> Sibling<K> {
         let past = slots.furthest.clone()?;
         let ahead = slots.steered.is_multiple_of(slots.held.len() as u64);
         slots.steered += 1;
-        if !ahead {
-            return Some(Steer::Past(past));
+        if ahead {
+            let through = self.through(&slots).unwrap_or(past);
+            Some(Steer::Ahead { through })
+        } else {
+            Some(Steer::Past(past))
         }
+    }
+
+    /// Where a take past the others starts: after the last row of the last
+    /// batch taken past them, held or done.
+    pub(crate) fn past(&self) -> Option<K> {
+        self.all.slots().furthest.clone()
+    }
+
+    /// Where a look ahead of the others ends: at the first row of the oldest
+    /// batch they hold, or when they hold none, at the last row taken past
+    /// them.
+    pub(crate) fn ahead_through(&self) -> Option<K> {
+        self.through(&self.all.slots())
+    }
+
+    fn through(&self, slots: &Slots<K>) -> Option<K> {
         let others = slots
             .held
             .iter()
@@ -147,8 +167,9 @@ impl<K: Clone> Sibling<K> {
         let oldest = others
             .filter_map(|(_, held)| held.as_ref())
             .min_by_key(|held| held.number);
-        let through = oldest.map_or_else(|| past.clone(), |held| held.first.clone());
-        Some(Steer::Ahead { through, past })
+        oldest
+            .map(|held| held.first.clone())
+            .or_else(|| slots.furthest.clone())
     }
 }
 
@@ -199,29 +220,33 @@ mod tests {
         let (a, b, c) = (siblings.slot(0), siblings.slot(1), siblings.slot(2));
         // Nothing taken yet: the whole query.
         assert_eq!(c.around(), None);
+        assert_eq!((c.past(), c.ahead_through()), (None, None));
         a.holds(1, 10, false);
         b.holds(11, 20, false);
-        let ahead = |through, past| Some(Steer::Ahead { through, past });
+        let ahead = |through| Some(Steer::Ahead { through });
         // One take in each round of three looks ahead of the others' oldest
         // batch; its own batch is not one of them.
-        assert_eq!(c.around(), ahead(1, 20));
+        assert_eq!(c.around(), ahead(1));
         assert_eq!(c.around(), Some(Steer::Past(20)));
         assert_eq!(a.around(), Some(Steer::Past(20)));
-        assert_eq!(a.around(), ahead(11, 20));
+        assert_eq!(a.around(), ahead(11));
+        assert_eq!((a.past(), a.ahead_through()), (Some(20), Some(11)));
         // A batch taken ahead does not move where takes past start.
         c.holds(5, 6, true);
         a.released();
         a.holds(21, 30, false);
         assert_eq!(b.around(), Some(Steer::Past(30)));
         assert_eq!(b.around(), Some(Steer::Past(30)));
-        assert_eq!(b.around(), ahead(5, 30));
-        // Once every batch is done, takes still start past the last one.
+        assert_eq!(b.around(), ahead(5));
+        // Once every batch is done, takes still start past the last one, and
+        // looks ahead go through it.
         for sibling in [&a, &b, &c] {
             sibling.released();
         }
         assert_eq!(c.around(), Some(Steer::Past(30)));
         assert_eq!(c.around(), Some(Steer::Past(30)));
-        assert_eq!(c.around(), ahead(30, 30));
+        assert_eq!(c.around(), ahead(30));
+        assert_eq!(c.ahead_through(), Some(30));
     }
 
     #[test]
@@ -230,21 +255,9 @@ mod tests {
         let (a, b) = (siblings.slot(0), siblings.slot(1));
         let run = a.clone();
         run.holds(1, 10, false);
-        assert_eq!(
-            b.around(),
-            Some(Steer::Ahead {
-                through: 1,
-                past: 10
-            })
-        );
+        assert_eq!(b.around(), Some(Steer::Ahead { through: 1 }));
         drop(run);
         assert_eq!(b.around(), Some(Steer::Past(10)));
-        assert_eq!(
-            b.around(),
-            Some(Steer::Ahead {
-                through: 10,
-                past: 10
-            })
-        );
+        assert_eq!(b.around(), Some(Steer::Ahead { through: 10 }));
     }
 }

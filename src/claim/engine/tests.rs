@@ -471,15 +471,45 @@ fn loops_on_a_pool_steer_around_each_others_batches() {
     let (lower, through, limit) = take(&mut b);
     assert!(matches!((lower, through), (Lower::Unbounded, Some(1))));
     assert!(b.taken(Vec::new(), limit, |row| *row).unwrap().is_empty());
+    // It found nothing: a take past the other's batch follows. Rows 3 and
+    // 4 are not committed yet.
     let (lower, through, limit) = take(&mut b);
     assert!(matches!((lower, through), (Lower::After(2), None)));
-    b.taken(vec![3, 4], limit, |row| *row).unwrap();
+    b.taken(vec![5, 6], limit, |row| *row).unwrap();
     a.processed(2);
     let (lower, through, limit) = take(&mut a);
-    assert!(matches!((lower, through), (Lower::After(4), None)));
-    a.taken(vec![5], limit, |row| *row).unwrap();
+    assert!(matches!((lower, through), (Lower::After(6), None)));
+    a.taken(vec![7], limit, |row| *row).unwrap();
     a.processed(1);
+    // Past the loops the queue ran dry: a last look ahead of the other's
+    // batch finds rows 3 and 4, committed late, and looks on after them
+    // until a take comes back short.
+    let (lower, through, limit) = take(&mut a);
+    assert!(matches!((lower, through), (Lower::Unbounded, Some(5))));
+    a.taken(vec![3, 4], limit, |row| *row).unwrap();
+    a.processed(2);
+    let (lower, through, limit) = take(&mut a);
+    assert!(matches!((lower, through), (Lower::After(4), Some(5))));
+    assert!(a.taken(Vec::new(), limit, |row| *row).unwrap().is_empty());
     assert!(matches!(a.next(), Step::Done));
+    // The round's look ahead, which the other loop holds nothing for now,
+    // goes through the last row taken past the loops. It comes back short,
+    // yet the run goes on past them: more may lie there.
+    b.processed(2);
+    let (lower, through, limit) = take(&mut b);
+    assert!(matches!((lower, through), (Lower::Unbounded, Some(7))));
+    b.taken(vec![0], limit, |row| *row).unwrap();
+    b.processed(1);
+    let (lower, through, limit) = take(&mut b);
+    assert!(matches!((lower, through), (Lower::After(7), None)));
+    b.taken(vec![8], limit, |row| *row).unwrap();
+    b.processed(1);
+    // Short past the loops again: the last look ahead finds nothing, and
+    // the run ends.
+    let (lower, through, limit) = take(&mut b);
+    assert!(matches!((lower, through), (Lower::Unbounded, Some(8))));
+    assert!(b.taken(Vec::new(), limit, |row| *row).unwrap().is_empty());
+    assert!(matches!(b.next(), Step::Done));
 }
 
 /// A claim that is not a worker's on a pool, or whose rows do not come back
