@@ -10,18 +10,18 @@
 //! per row taken: at a full queue, 64 loops spent all of the server's time
 //! there (lock-manager waits were most of what their sessions waited on).
 //!
-//! Loops of one process know what the others took. Most takes start after
-//! the last row of the last batch taken past the others, held or done. A
-//! loop looks from the head up to the first row of the oldest batch the
-//! others hold once in every round of the loops' takes, and before it ends a
-//! run whose take past them came back short; a look that fills its batch
-//! goes on after it. So a row left free behind them (rolled back, let go by
-//! another process, or committed late by its producer, as concurrent
-//! producers' rows often are) waits at most about as long as a batch takes,
-//! and many such rows are taken batch after batch. The head of a queue of
-//! deleted jobs is also where vacuum has yet to pass: a take that starts
-//! past it reads no dead index entries either, and a look ahead does. Other
-//! processes' rows are still passed over under lock.
+//! Loops of one process know what the others took. Most takes start after the
+//! last row of the last batch taken past the others, held or done. A loop
+//! looks from the head up to the first row of the oldest batch the others
+//! hold once in every round of the loops' takes, and before it ends a run
+//! whose take past them came back short; a look that fills its batch goes on
+//! after it. So a row left free behind them (rolled back, let go by another
+//! process, or committed late by its producer, as concurrent producers' rows
+//! often are) waits at most about as long as a batch takes, and many such
+//! rows are taken batch after batch. The head of a queue of deleted jobs is
+//! also where vacuum has yet to pass: a take that starts past it reads no
+//! dead index entries either, and a look ahead does. Other processes' rows
+//! are still passed over under lock.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 

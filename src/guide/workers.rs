@@ -213,22 +213,21 @@
 //!   with row locks (PostgreSQL, MySQL, MariaDB), the loops steer their takes
 //!   around each other's batches, which they know within the process. Most
 //!   takes start past the last row any loop took (`… AND id > $1`). A loop
-//!   looks from the head up to the oldest batch the others hold once in
-//!   every round of the loops' takes, and before it ends a run whose take
-//!   past them came back short; a look that fills its batch goes on from
-//!   there. Loops that all took from the head would
-//!   each pass over every row the others hold, trying each row's lock: at a
-//!   full queue, 64 loops spent all of the server's time so (see
+//!   looks from the head up to the oldest batch the others hold once in every
+//!   round of the loops' takes, and before it ends a run whose take past them
+//!   came back short; a look that fills its batch goes on from there. Loops
+//!   that all took from the head would each pass over every row the others
+//!   hold, trying each row's lock: at a full queue, 64 loops spent all of the
+//!   server's time so (see
 //!   [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)).
-//!   The cost: a job left free behind the loops' batches (rolled back, let
-//!   go by another process, or committed by its producer after jobs with
-//!   higher keys, as concurrent producers' jobs often are) waits for a look
-//!   ahead, at most about as long as a batch takes,
-//!   rather than being the very next one taken. Workers in other processes
-//!   still pass over each other's rows, and a queue in another order (by
-//!   priority) takes from the head as above. A loop made to
-//!   [`stop_when_empty`](crate::ClaimWorker::stop_when_empty) takes its
-//!   last look at the whole query.
+//!   The cost: a job left free behind the loops' batches (rolled back, let go
+//!   by another process, or committed by its producer after jobs with higher
+//!   keys, as concurrent producers' jobs often are) waits for a look ahead, at
+//!   most about as long as a batch takes, rather than being the very next one
+//!   taken. Workers in other processes still pass over each other's rows, and
+//!   a queue in another order (by priority) takes from the head as above. A
+//!   loop made to [`stop_when_empty`](crate::ClaimWorker::stop_when_empty)
+//!   takes its last look at the whole query.
 //!
 //! Size the pool for the loops, the listener and the rest of the
 //! application: a closure that checks out a second connection while its
