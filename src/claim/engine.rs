@@ -211,7 +211,7 @@ pub(crate) enum Step<K> {
 
 enum State<K> {
     /// Taking from the head of the query, until a take comes back short (or,
-    /// draining, empty).
+    /// draining, empty); on a pool, as [`HeadTake`] says.
     Head,
     /// A pass begins: the candidates found locked in the last pass come first.
     Pass,
@@ -675,10 +675,11 @@ impl<K: Clone + Eq + Hash> Claim<K> {
 
     /// [`taken`](Self::taken), from the head: rows handed over before in this
     /// call (left matching by their closure) are passed over, and left out of
-    /// the next takes. A take that came back short ends the call (draining,
-    /// one that came back empty), unless it steered around sibling loops (see
-    /// [`HeadTake`]); so does a worker's run past [`WORKER_RUN_ROWS`], whose
-    /// next run starts afresh.
+    /// the next takes. A take that came back short ends the run (draining,
+    /// one that came back empty); steered around sibling loops, only the last
+    /// look ahead or a take of the whole query does (see [`HeadTake`]). So
+    /// does a worker's run past [`WORKER_RUN_ROWS`], whose next run starts
+    /// afresh.
     fn taken_from_head<R>(
         &mut self,
         mut rows: Vec<R>,

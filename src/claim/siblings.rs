@@ -17,7 +17,7 @@
 //! whose take past them came back short; a look that fills its batch goes on
 //! after it. So a row left free behind them (rolled back, let go by another
 //! process, or committed late by its producer, as concurrent producers' rows
-//! often are) waits at most about as long as a batch takes, and many such
+//! often are) waits about as long as a batch takes, and many such
 //! rows are taken batch after batch. The head of a queue of deleted jobs is
 //! also where vacuum has yet to pass: a take that starts past it reads no
 //! dead index entries either, and a look ahead does. Other processes' rows
@@ -127,11 +127,13 @@ impl<K: Clone> Sibling<K> {
         }
     }
 
-    /// How the next take steers around the rows the loops have taken, once
-    /// they have taken any. Most takes start past them; once in every round
-    /// of the loops' takes, one looks ahead of what the others hold, so that
-    /// a row left free behind them (rolled back, or committed late by its
-    /// producer) waits about as long as a batch takes.
+    /// How the next take of a run steers around the rows the loops have
+    /// taken, once they have taken any. Most takes start past them; once in
+    /// every round of the loops' takes, one looks ahead of what the others
+    /// hold, so that a row left free behind them (rolled back, or committed
+    /// late by its producer) waits about as long as a batch takes. (A run
+    /// whose take past them came back short also looks ahead before it ends:
+    /// the claim engine's `HeadTake`.)
     pub(crate) fn around(&self) -> Option<Steer<K>> {
         let mut slots = self.all.slots();
         let past = slots.furthest.clone()?;

@@ -222,9 +222,8 @@
 //!   [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)).
 //!   The cost: a job left free behind the loops' batches (rolled back, let go
 //!   by another process, or committed by its producer after jobs with higher
-//!   keys, as concurrent producers' jobs often are) waits for a look ahead, at
-//!   most about as long as a batch takes, rather than being the very next one
-//!   taken. Workers in other processes still pass over each other's rows, and
+//!   keys, as concurrent producers' jobs often are) waits for a look ahead, about
+//!   as long as a batch takes, rather than being the very next one taken. Workers in other processes still pass over each other's rows, and
 //!   a queue in another order (by priority) takes from the head as above. A
 //!   loop made to [`stop_when_empty`](crate::ClaimWorker::stop_when_empty)
 //!   takes its last look at the whole query.

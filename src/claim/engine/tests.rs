@@ -448,9 +448,10 @@ fn from_the_head_a_call_ends_past_its_exclusions() {
 
 /// Two loops of a pooled worker steer their takes from the head around each
 /// other's batches: the first take is of the whole query; a take ahead of the
-/// other's batch that finds nothing is followed by one past it; takes start
-/// past the last batch taken; and a take past it that comes back short ends
-/// the run.
+/// other's batch that comes back short is followed by one past it; takes
+/// start past the last batch taken; a take past it that comes back short is
+/// followed by a last look ahead; a look ahead that fills its batch looks on
+/// after it; and a last look that comes back short ends the run.
 #[test]
 fn loops_on_a_pool_steer_around_each_others_batches() {
     let siblings = crate::claim::siblings::Siblings::new(2);
