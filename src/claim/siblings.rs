@@ -17,11 +17,11 @@
 //! whose take past them came back short; a look that fills its batch goes on
 //! after it. So a row left free behind them (rolled back, let go by another
 //! process, or committed late by its producer, as concurrent producers' rows
-//! often are) waits about as long as a batch takes, and many such
-//! rows are taken batch after batch. The head of a queue of deleted jobs is
-//! also where vacuum has yet to pass: a take that starts past it reads no
-//! dead index entries either, and a look ahead does. Other processes' rows
-//! are still passed over under lock.
+//! often are) waits about as long as a batch takes, and many such rows are
+//! taken batch after batch. The head of a queue of deleted jobs is also where
+//! vacuum has yet to pass: a take that starts past it reads no dead index
+//! entries either, and a look ahead does. Other processes' rows are still
+//! passed over under lock.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
