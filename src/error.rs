@@ -1,5 +1,7 @@
 //! The crate's error type and helpers that classify `diesel::result::Error`.
 
+use std::any::Any;
+
 use diesel::result::{DatabaseErrorInformation, DatabaseErrorKind};
 
 use crate::trace;
@@ -448,6 +450,27 @@ pub fn is_deadlock(error: &diesel::result::Error) -> bool {
     classify(error) == Some(ErrorClass::Deadlock)
 }
 
+/// Whether a closure's error, of whatever type, says that the database rolled
+/// the closure's transaction back to break a deadlock or a serialization
+/// conflict: this crate's [`Error::Deadlock`] or [`Error::SerializationFailure`],
+/// or a `diesel::result::Error` of either class. Running the transaction again
+/// may succeed; a worker does (see `Backoff::record`).
+pub(crate) fn rolled_back_by_the_database<E: 'static>(error: &E) -> bool {
+    let error: &dyn Any = error;
+    if let Some(error) = error.downcast_ref::<Error>() {
+        return matches!(error, Error::Deadlock(_) | Error::SerializationFailure(_));
+    }
+    error
+        .downcast_ref::<diesel::result::Error>()
+        .and_then(classify)
+        .is_some_and(|class| {
+            matches!(
+                class,
+                ErrorClass::Deadlock | ErrorClass::SerializationFailure
+            )
+        })
+}
+
 /// Whether `error` is PostgreSQL's serialization failure of a row that a
 /// concurrent transaction moved to another partition of a partitioned table
 /// ("tuple to be locked was already moved to another partition due to
@@ -476,6 +499,41 @@ mod tests {
             DatabaseErrorKind::Unknown,
             Box::new(message.to_owned()),
         )
+    }
+
+    /// A closure's error says the database rolled its transaction back when
+    /// it is this crate's or diesel's deadlock or serialization failure, and
+    /// only then.
+    #[test]
+    fn closure_errors_rolled_back_by_the_database_are_recognised() {
+        let serialization = || {
+            let message = "could not serialize access due to concurrent update".to_owned();
+            diesel::result::Error::DatabaseError(
+                DatabaseErrorKind::SerializationFailure,
+                Box::new(message),
+            )
+        };
+        assert!(rolled_back_by_the_database(&database_error(
+            "deadlock detected"
+        )));
+        assert!(rolled_back_by_the_database(&serialization()));
+        assert!(rolled_back_by_the_database(&Error::from(database_error(
+            "deadlock detected"
+        ))));
+        assert!(rolled_back_by_the_database(&Error::from(serialization())));
+        let conflict = Error::VersionConflict {
+            table: "accounts".to_owned(),
+            expected: 1,
+            actual: Some(2),
+        };
+        assert!(!rolled_back_by_the_database(&conflict));
+        assert!(!rolled_back_by_the_database(&Error::LockNotAvailable));
+        assert!(!rolled_back_by_the_database(&database_error(
+            "relation \"nope\" does not exist"
+        )));
+        assert!(!rolled_back_by_the_database(
+            &"deadlock detected".to_owned()
+        ));
     }
 
     #[test]

@@ -381,8 +381,9 @@
 //!   separately, so a claim whose locking read goes through the flag's index can
 //!   deadlock with another claim's closure updating that flag. The victim's batch
 //!   is rolled back and stays pending, and the call ends with
-//!   [`Error::Deadlock`]: call again (it is transient; [`retry`] does it).
-//!   It is rare, and more likely where a scan visits several indexes: 32
+//!   [`Error::Deadlock`]: call again (it is transient; [`retry`] does it, and
+//!   a [worker](crate::ClaimWorker) does, whichever side was the victim). It
+//!   is rare, and more likely where a scan visits several indexes: 32
 //!   workers draining a table partitioned by time (one index per partition)
 //!   saw 15 deadlocks in 4 × 10^5 calls
 //!   ([RELIABILITY.md](https://github.com/diesel-claim/diesel-claim/blob/main/RELIABILITY.md), scenario 22).

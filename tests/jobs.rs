@@ -20,7 +20,7 @@ on_every_backend! {
     /// The queue: jobs not done and not dead-lettered, by priority, then due
     /// time.
     /// The queue's type.
-    type Queue = diesel::dsl::Order<
+    pub type Queue = diesel::dsl::Order<
         diesel::dsl::Select<
             diesel::dsl::Filter<
                 jobs::table,
@@ -31,7 +31,7 @@ on_every_backend! {
         (diesel::dsl::Desc<jobs::priority>, jobs::due),
     >;
 
-    fn queue() -> Queue {
+    pub fn queue() -> Queue {
         jobs::table
             .filter(jobs::done.eq(false).and(jobs::attempts.lt(MAX_ATTEMPTS)))
             .select(Job::as_select())
@@ -48,7 +48,7 @@ on_every_backend! {
     }
 
     /// Does a job: marks it done and counts how often it was done.
-    fn finish(conn: &mut Conn, job: &Job) -> Result<(), Error> {
+    pub fn finish(conn: &mut Conn, job: &Job) -> Result<(), Error> {
         diesel::update(job)
             .set((jobs::done.eq(true), jobs::times_done.eq(jobs::times_done + 1)))
             .execute(conn)?;
@@ -65,7 +65,7 @@ on_every_backend! {
     }
 
     /// `(times_done, attempts)` of every job, by id.
-    fn figures(conn: &mut Conn) -> HashMap<i32, (i32, i32)> {
+    pub fn figures(conn: &mut Conn) -> HashMap<i32, (i32, i32)> {
         jobs::table
             .select((jobs::id, jobs::times_done, jobs::attempts))
             .load::<(i32, i32, i32)>(conn)
@@ -79,7 +79,7 @@ on_every_backend! {
     /// advises: under `REPEATABLE READ`, a take keeps the locks of the done
     /// rows it passed, and MariaDB's `SKIP LOCKED` then waits for some of
     /// them, deadlocking with other claimers.
-    fn read_committed(conn: &mut Conn) {
+    pub fn read_committed(conn: &mut Conn) {
         if BACKEND == "mysql" {
             diesel::connection::SimpleConnection::batch_execute(
                 conn,
@@ -408,5 +408,87 @@ on_every_backend! {
         refused(queue().build_claim().in_pages().from_head().each(conn, work));
         refused(queue().build_claim().from_head().candidates_from(&mut replica).each(conn, work));
         assert_eq!(queued(conn), 3);
+    }
+}
+
+on_every_backend! {
+    row_locks;
+
+    use testkit::fixtures::accounts;
+
+    /// A worker whose closure is a deadlock's victim goes on: the database
+    /// rolled the job's transaction back, and the worker runs the job again,
+    /// where it used to end on the error. The first job's closure locks
+    /// account 1 and then waits for account 2, which another transaction holds
+    /// and which then waits for account 1. The closure waits first, so
+    /// PostgreSQL's check (after `deadlock_timeout`) breaks the cycle in the
+    /// closure's session; the other transaction has written more rows, so
+    /// InnoDB rolls back the closure's, the smaller.
+    #[test]
+    fn a_worker_runs_a_job_again_when_its_closure_is_a_deadlocks_victim() {
+        let (_db, pool) = test_db(2);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        read_committed(conn);
+        seed_accounts(conn, &[100; 202]);
+        insert_jobs(conn, 3);
+        let add_one = |conn: &mut Conn, id: i32| {
+            diesel::update(accounts::table.find(id))
+                .set(accounts::balance.eq(accounts::balance + 1))
+                .execute(conn)
+        };
+        let (other_holds_two, holds_two) = std::sync::mpsc::channel();
+        let (closure_holds_one, holds_one) = std::sync::mpsc::channel();
+        let other = thread::spawn({
+            let pool = pool.clone();
+            move || {
+                let mut conn = pool.get().unwrap();
+                conn.transaction(|conn| {
+                    diesel::update(accounts::table.filter(accounts::id.ge(3)))
+                        .set(accounts::balance.eq(accounts::balance + 1))
+                        .execute(conn)?;
+                    add_one(conn, 2)?;
+                    other_holds_two.send(()).unwrap();
+                    holds_one.recv().unwrap();
+                    // The closure is waiting for account 2 by now.
+                    thread::sleep(Duration::from_millis(300));
+                    add_one(conn, 1)
+                })
+            }
+        });
+        holds_two.recv().unwrap();
+        let stop = StopHandle::new();
+        let (mut calls, mut deadlocks) = (0, 0);
+        let report = queue()
+            .build_claim()
+            .worker(&stop)
+            .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
+            .stop_when_empty()
+            .run(conn, |conn, job: Job| {
+                calls += 1;
+                if calls == 1 {
+                    add_one(conn, 1)?;
+                    closure_holds_one.send(()).unwrap();
+                    add_one(conn, 2).inspect_err(|error| {
+                        deadlocks += usize::from(diesel_claim::is_deadlock(error));
+                    })?;
+                }
+                finish(conn, &job)
+            })
+            .unwrap();
+        let other = other.join().unwrap();
+        assert!(other.is_ok(), "the other transaction failed: {other:?}");
+        assert_eq!(deadlocks, 1, "the closure was not the deadlock's victim");
+        assert_eq!((report.processed, calls), (3, 4));
+        let done: Vec<(i32, i32)> = figures(conn).into_values().collect();
+        assert!(done.iter().all(|&(times_done, _)| times_done == 1), "{done:?}");
+        // The closure's write to account 1 was rolled back with its job.
+        let balances: Vec<i64> = accounts::table
+            .filter(accounts::id.le(2))
+            .order(accounts::id)
+            .select(accounts::balance)
+            .load(conn)
+            .unwrap();
+        assert_eq!(balances, [101, 101]);
     }
 }

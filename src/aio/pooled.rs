@@ -141,7 +141,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + Clone
             + Send
             + 'a,
-        E: From<Error> + Display + Send + 'a,
+        E: From<Error> + Display + Send + 'static,
     {
         async move {
             let ClaimWorker { claim, polling } = self;
@@ -221,7 +221,7 @@ async fn claim_loop<P, K, E>(
 where
     P: WorkerPool,
     K: Clone + Eq + Hash + Debug + Send,
-    E: From<Error> + Display,
+    E: From<Error> + Display + 'static,
 {
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;

@@ -57,7 +57,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + AsyncFnMut2<&'c mut C, I, Result<(), E>, Fut: Send>
             + Send
             + 'a,
-        E: From<Error> + Display + Send + 'a,
+        E: From<Error> + Display + Send + 'static,
     {
         async move {
             let ClaimWorker { mut claim, polling } = self;
@@ -138,7 +138,7 @@ async fn serve<C, K, E>(
 where
     C: WaitForRows,
     K: Clone + Eq + Hash + Debug + Send,
-    E: From<Error> + Display,
+    E: From<Error> + Display + 'static,
 {
     let table = once.table();
     let span = polling.span(&table);

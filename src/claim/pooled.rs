@@ -72,7 +72,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         C: WaitForRows + R2D2Connection + Send + 'static,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, I) -> Result<(), E> + Clone + Send,
-        E: From<Error> + Display + Send,
+        E: From<Error> + Display + Send + 'static,
     {
         let ClaimWorker { claim, polling } = self;
         let shared = Shared::new(&polling);
@@ -165,7 +165,7 @@ fn claim_loop<C, K, E>(
 where
     C: R2D2Connection + Send + 'static,
     K: Clone + Eq + Hash + Debug + Send,
-    E: From<Error> + Display,
+    E: From<Error> + Display + 'static,
 {
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;

@@ -15,6 +15,7 @@ use super::run::PerRow;
 use super::siblings::LeftOut;
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
+use crate::error::rolled_back_by_the_database;
 use crate::trace::{self, Span, WorkerTrace};
 use crate::{Blocking, Error};
 
@@ -75,7 +76,10 @@ impl From<Arc<AtomicBool>> for StopHandle {
 /// [`StopHandle::stop`] ends it gracefully: the row or batch in hand is
 /// finished and committed, and [`run`](Self::run) returns the report of
 /// everything the worker did. A closure's error ends it too, unless the claim
-/// [keeps going](ClaimBuilder::keep_going) or has a failure hook.
+/// [keeps going](ClaimBuilder::keep_going) or has a failure hook, or the error
+/// is a deadlock or a serialization failure ([`Error::Deadlock`],
+/// [`Error::SerializationFailure`], or a `diesel::result::Error` of either
+/// class): the database rolled the batch back, and the worker takes it again.
 ///
 /// The closure's error type shows itself (`Display`): with the `tracing`
 /// feature, a worker's events say what failed, as it passes the errors over
@@ -236,7 +240,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         C: WaitForRows,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, I) -> Result<(), E>,
-        E: From<Error> + Display,
+        E: From<Error> + Display + 'static,
     {
         let ClaimWorker { mut claim, polling } = self;
         let mut f = PerRow(f);
@@ -349,7 +353,7 @@ impl Polling {
     where
         C: WaitForRows,
         K: Clone + Eq + Hash + Debug,
-        E: From<Error> + Display,
+        E: From<Error> + Display + 'static,
     {
         let span = self.span(&table);
         let _entered = span.enter();
@@ -436,10 +440,10 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
 
     /// Counts what a run did into `total`, and backs off from the rows that
     /// failed in it, saying so in the worker's `events`: the rows it
-    /// processed, or the failure that ended it (a run ended by a deadlock or
-    /// a serialization failure of the crate's own statements, rolled back, is
-    /// not the worker's end).
-    pub(crate) fn record<E: Display>(
+    /// processed, or the failure that ended it. A run ended by a deadlock or
+    /// a serialization failure, of the crate's own statements or of the
+    /// closure's, was rolled back by the database: it is not the worker's end.
+    pub(crate) fn record<E: Display + 'static>(
         &mut self,
         total: &mut ClaimReport,
         outcome: ClaimOutcome<K, E>,
@@ -462,7 +466,7 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
         };
         match outcome.stopped {
             // Rolled back, nothing lost: the next run takes the rows again.
-            Some(failure) if outcome.transient => {
+            Some(failure) if outcome.transient || rolled_back_by_the_database(&failure.error) => {
                 events.rolled_back(&failure.error);
                 Ok(Ran { took: true, ..ran })
             }

@@ -173,9 +173,15 @@
 //! from a signal handler. The worker then finishes the row or batch in hand,
 //! commits it, and returns the report of all it did. An error from the
 //! closure ends the worker unless the claim has a failure hook or
-//! [keeps going](crate::ClaimBuilder::keep_going); a deadlock or a
-//! serialization failure of the crate's own statements rolls the batch back
-//! and the worker goes on. [`run`](crate::ClaimWorker::run) holds its one
+//! [keeps going](crate::ClaimBuilder::keep_going). A deadlock or a
+//! serialization failure does not: the database rolled the batch back, and
+//! the worker goes on and takes its rows again. That holds for the crate's
+//! own statements, and for the closure's when its error is
+//! [`Error::Deadlock`](crate::Error::Deadlock),
+//! [`Error::SerializationFailure`](crate::Error::SerializationFailure), or a
+//! `diesel::result::Error` of either class; an error type of your own that
+//! wraps one of them ends the worker, as any other closure error does, since
+//! the worker cannot see inside it. [`run`](crate::ClaimWorker::run) holds its one
 //! connection (and, listening, its session) for as long as it runs; a worker
 //! [on a pool](#on-a-pool) does not. The async twin (`diesel_claim::aio`)
 //! runs the same loop as a future, waiting with tokio timers and, on
@@ -207,7 +213,8 @@
 //!   keep failing), with a warning event; a checkout that fails, or a
 //!   listener whose connection dies, the same. A server restart is waited
 //!   out. The worker ends when stopped, or on an error another connection
-//!   cannot mend: the closure's (without a hook or `keep_going`), an invalid
+//!   cannot mend: the closure's (without a hook or `keep_going`, and other
+//!   than a deadlock or a serialization failure), an invalid
 //!   option, an error of the query on a connection that answers.
 //! - In the key's order (a query with no order, or ordered by its key) and
 //!   with row locks (PostgreSQL, MySQL, MariaDB), the loops steer their takes

@@ -322,4 +322,85 @@ on_async_backends! {
             assert_eq!(queued(&mut conn).await, 2, "{way}: the failed jobs are back in the queue");
         }
     }
+
+    /// A worker task whose closure is a deadlock's victim goes on and runs
+    /// the job again, as the blocking worker does (`jobs.rs`, whose test this
+    /// is, awaited): the first job's closure locks account 1 and then waits
+    /// for account 2, held by a heavier blocking transaction that then waits
+    /// for account 1.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_runs_a_job_again_when_its_closure_is_a_deadlocks_victim() {
+        use diesel::Connection;
+        use testkit::fixtures::accounts;
+
+        let (db, pool) = test_db(1).await;
+        let mut setup = blocking(&db.url);
+        insert_jobs(&mut setup, 3);
+        let seeded: Vec<_> = (1..=202).map(|id| (accounts::id.eq(id), accounts::balance.eq(100_i64))).collect();
+        diesel::RunQueryDsl::execute(diesel::insert_into(accounts::table).values(&seeded), &mut setup).unwrap();
+        let (other_holds_two, holds_two) = std::sync::mpsc::channel();
+        let (closure_holds_one, holds_one) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            let add_one = |conn: &mut Db, ids| {
+                let accounts = accounts::table.filter(ids);
+                let update = diesel::update(accounts).set(accounts::balance.eq(accounts::balance + 1));
+                diesel::RunQueryDsl::execute(update, conn)
+            };
+            setup.transaction(|conn| {
+                add_one(conn, accounts::id.between(2, 202))?;
+                other_holds_two.send(()).unwrap();
+                holds_one.recv().unwrap();
+                // The closure is waiting for account 2 by now.
+                std::thread::sleep(Duration::from_millis(300));
+                add_one(conn, accounts::id.between(1, 1))
+            })
+        });
+        holds_two.recv().unwrap();
+        let add_one = async |conn: &mut Conn, id: i32| {
+            diesel::update(accounts::table.find(id))
+                .set(accounts::balance.eq(accounts::balance + 1))
+                .execute(conn)
+                .await
+        };
+        let mut conn = pool.get().await.unwrap();
+        let stop = StopHandle::new();
+        let (calls, deadlocks) = (Mutex::new(0), Mutex::new(0));
+        let report = queue()
+            .build_claim()
+            .worker(&stop)
+            .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
+            .stop_when_empty()
+            .run(&mut *conn, async |conn: &mut Conn, job: Job| {
+                let first = {
+                    let mut calls = calls.lock().unwrap();
+                    *calls += 1;
+                    *calls == 1
+                };
+                if first {
+                    add_one(conn, 1).await?;
+                    closure_holds_one.send(()).unwrap();
+                    add_one(conn, 2).await.inspect_err(|error| {
+                        *deadlocks.lock().unwrap() += usize::from(diesel_claim::is_deadlock(error));
+                    })?;
+                }
+                finish(conn, &job).await
+            })
+            .await
+            .unwrap();
+        let other = other.join().unwrap();
+        assert!(other.is_ok(), "the other transaction failed: {other:?}");
+        assert_eq!(*deadlocks.lock().unwrap(), 1, "the closure was not the deadlock's victim");
+        assert_eq!((report.processed, *calls.lock().unwrap()), (3, 4));
+        let done: Vec<(i32, i32)> = figures(&mut conn).await.into_values().collect();
+        assert!(done.iter().all(|&(times_done, _)| times_done == 1), "{done:?}");
+        // The closure's write to account 1 was rolled back with its job.
+        let balances: Vec<i64> = accounts::table
+            .filter(accounts::id.le(2))
+            .order(accounts::id)
+            .select(accounts::balance)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(balances, [101, 101]);
+    }
 }
