@@ -79,7 +79,10 @@ impl From<Arc<AtomicBool>> for StopHandle {
 /// [keeps going](ClaimBuilder::keep_going) or has a failure hook, or the error
 /// is a deadlock or a serialization failure ([`Error::Deadlock`],
 /// [`Error::SerializationFailure`], or a `diesel::result::Error` of either
-/// class): the database rolled the batch back, and the worker takes it again.
+/// class): the database rolled the closure's transaction back, and the worker
+/// goes on. Rows locked in that transaction are taken again; rows a
+/// [`mark_and_commit`](ClaimBuilder::mark_and_commit) or a visibility timeout
+/// claimed stay claimed, as after any failure of their closure.
 ///
 /// The closure's error type shows itself (`Display`): with the `tracing`
 /// feature, a worker's events say what failed, as it passes the errors over

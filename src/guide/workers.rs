@@ -174,9 +174,9 @@
 //! commits it, and returns the report of all it did. An error from the
 //! closure ends the worker unless the claim has a failure hook or
 //! [keeps going](crate::ClaimBuilder::keep_going). A deadlock or a
-//! serialization failure does not: the database rolled the batch back, and
-//! the worker goes on and takes its rows again. That holds for the crate's
-//! own statements, and for the closure's when its error is
+//! serialization failure does not: the database rolled the transaction back,
+//! and the worker goes on (rows locked in it are taken again). That holds
+//! for the crate's own statements, and for the closure's when its error is
 //! [`Error::Deadlock`](crate::Error::Deadlock),
 //! [`Error::SerializationFailure`](crate::Error::SerializationFailure), or a
 //! `diesel::result::Error` of either class; an error type of your own that
