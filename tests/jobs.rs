@@ -414,39 +414,20 @@ on_every_backend! {
 on_every_backend! {
     row_locks;
 
-    use testkit::fixtures::{accounts, PG_LOCK_WAITERS};
-
-    /// On PostgreSQL, waits (10 s at most) until a session of the test
-    /// database waits for a lock: the first to wait is its deadlock's
-    /// victim. InnoDB picks the victim by the rows written, whoever waited
-    /// first.
-    fn wait_for_a_lock_waiter(watcher: &mut Conn) {
-        if BACKEND != "pg" {
-            return;
-        }
-        let waiters = diesel::dsl::sql::<diesel::sql_types::BigInt>(PG_LOCK_WAITERS);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while diesel::RunQueryDsl::get_result::<i64>(diesel::select(waiters.clone()), watcher)
-            .unwrap()
-            == 0
-            && Instant::now() < deadline
-        {
-            thread::sleep(Duration::from_millis(5));
-        }
-    }
+    use testkit::fixtures::accounts;
 
     /// A worker whose closure is a deadlock's victim goes on: the database
     /// rolled the job's transaction back, and the worker runs the job again,
     /// where it used to end on the error. The first job's closure locks
     /// account 1 and then waits for account 2, which another transaction holds
     /// and which then waits for account 1. The closure waits first (on PostgreSQL the
-    /// other transaction watches for it on a third connection), so PostgreSQL's
+    /// other transaction watches for it), so PostgreSQL's
     /// check (after `deadlock_timeout`) breaks the cycle in the closure's
     /// session; the other transaction has written more rows, so InnoDB rolls
     /// back the closure's, the smaller.
     #[test]
     fn a_worker_runs_a_job_again_when_its_closure_is_a_deadlocks_victim() {
-        let (_db, pool) = test_db(3);
+        let (db, pool) = test_db(2);
         let mut pooled = pool.get().unwrap();
         let conn: &mut Conn = &mut pooled;
         read_committed(conn);
@@ -460,9 +441,9 @@ on_every_backend! {
         let (other_holds_two, holds_two) = std::sync::mpsc::channel();
         let (closure_holds_one, holds_one) = std::sync::mpsc::channel();
         let other = thread::spawn({
-            let pool = pool.clone();
+            let (pool, url) = (pool.clone(), db.url.clone());
             move || {
-                let (mut conn, mut watcher) = (pool.get().unwrap(), pool.get().unwrap());
+                let mut conn = pool.get().unwrap();
                 conn.transaction(|conn| {
                     diesel::update(accounts::table.filter(accounts::id.ge(3)))
                         .set(accounts::balance.eq(accounts::balance + 1))
@@ -470,7 +451,7 @@ on_every_backend! {
                     add_one(conn, 2)?;
                     other_holds_two.send(()).unwrap();
                     holds_one.recv().unwrap();
-                    wait_for_a_lock_waiter(&mut watcher);
+                    testkit::sessions::wait_for_a_lock_waiter(&url);
                     add_one(conn, 1)
                 })
             }

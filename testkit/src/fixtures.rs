@@ -136,12 +136,6 @@ pub fn schema_of(backend: &str) -> &'static str {
     }
 }
 
-/// An expression counting the sessions on the current PostgreSQL database
-/// that wait for a lock, as a `BIGINT`. Run it outside a transaction: each
-/// statement then sees the sessions as they are.
-pub const PG_LOCK_WAITERS: &str = "(SELECT count(*) FROM pg_stat_activity \
-     WHERE datname = current_database() AND wait_event_type = 'Lock')";
-
 #[cfg(feature = "postgres")]
 pub const POSTGRES_SCHEMA: &str = "
     CREATE TABLE customers (id SERIAL PRIMARY KEY, name TEXT NOT NULL, vip BOOLEAN NOT NULL DEFAULT FALSE);

@@ -43,6 +43,31 @@ pub fn terminate_all_but_mine(url: &str, database: &str) -> usize {
     panic!("no server of a backend this build has at {url}")
 }
 
+/// On PostgreSQL, waits (10 s at most) until a session of the database at
+/// `url` waits for a lock: the first to wait is its deadlock's victim there.
+/// Elsewhere it returns at once (InnoDB picks the victim by the rows written,
+/// whoever waited first).
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+pub fn wait_for_a_lock_waiter(url: &str) {
+    #[cfg(feature = "postgres")]
+    if crate::url::is_postgres_url(url) {
+        let mut conn = PgConnection::establish(url).unwrap();
+        let waiters = diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "(SELECT count(*) FROM pg_stat_activity \
+              WHERE datname = current_database() AND wait_event_type = 'Lock')",
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while diesel::select(waiters.clone())
+            .get_result::<i64>(&mut conn)
+            .unwrap()
+            == 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
 /// A server of its own for `backend` (`pg` or `mysql`), and the URL of a
 /// database on it to use.
 pub fn private_server(backend: &str) -> (crate::PrivateServer, String) {

@@ -323,25 +323,6 @@ on_async_backends! {
         }
     }
 
-    /// On PostgreSQL, waits (10 s at most) until a session of the test
-    /// database waits for a lock: the first to wait is its deadlock's
-    /// victim. InnoDB picks the victim by the rows written, whoever waited
-    /// first.
-    fn wait_for_a_lock_waiter(watcher: &mut Db) {
-        if BACKEND != "pg" {
-            return;
-        }
-        let waiters = diesel::dsl::sql::<diesel::sql_types::BigInt>(testkit::fixtures::PG_LOCK_WAITERS);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while diesel::RunQueryDsl::get_result::<i64>(diesel::select(waiters.clone()), watcher)
-            .unwrap()
-            == 0
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
     /// A worker task whose closure is a deadlock's victim goes on and runs
     /// the job again, as the blocking worker does (`jobs.rs`, whose test this
     /// is, awaited): the first job's closure locks account 1 and then waits
@@ -353,7 +334,8 @@ on_async_backends! {
         use testkit::fixtures::accounts;
 
         let (db, pool) = test_db(1).await;
-        let (mut setup, mut watcher) = (blocking(&db.url), blocking(&db.url));
+        let mut setup = blocking(&db.url);
+        let url = db.url.clone();
         insert_jobs(&mut setup, 3);
         let seeded: Vec<_> =
             (1..=202).map(|id| (accounts::id.eq(id), accounts::balance.eq(100_i64))).collect();
@@ -371,7 +353,7 @@ on_async_backends! {
                 add_one(conn, accounts::id.between(2, 202))?;
                 other_holds_two.send(()).unwrap();
                 holds_one.recv().unwrap();
-                wait_for_a_lock_waiter(&mut watcher);
+                testkit::sessions::wait_for_a_lock_waiter(&url);
                 add_one(conn, accounts::id.between(1, 1))
             })
         });
