@@ -227,10 +227,16 @@
 //!   hold, trying each row's lock: at a full queue, 64 loops spent all of the
 //!   server's time so (see
 //!   [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)).
-//!   The cost: a job left free behind the loops' batches (rolled back, let go
-//!   by another process, or committed by its producer after jobs with higher
-//!   keys, as concurrent producers' jobs often are) waits for a look ahead, about
-//!   as long as a batch takes, rather than being the very next one taken. Workers in other processes still pass over each other's rows, and
+//!   The cost: a job left free behind the loops' batches (rolled back, let
+//!   go by another process, or committed by its producer after jobs with
+//!   higher keys, as concurrent producers' jobs often are) waits for a look
+//!   ahead, about as long as a batch takes, rather than being the very next
+//!   one taken; and a loop that finds the queue empty sends two statements
+//!   before it waits again (its take past the others and its last look;
+//!   three when the round's look ahead is its turn), where a loop of the
+//!   whole query sends one. A notification wakes every waiting loop, so an
+//!   idle worker answers each one with two or three short statements a
+//!   loop. Workers in other processes still pass over each other's rows, and
 //!   a queue in another order (by priority) takes from the head as above. A
 //!   loop made to [`stop_when_empty`](crate::ClaimWorker::stop_when_empty)
 //!   takes its last look at the whole query.
