@@ -10,6 +10,8 @@
 //! Their methods are the crate's own and may change in any release.
 
 pub use crate::claim::timed::Unclaimed;
+pub use crate::claim::worker::ClaimPerLoop;
 pub use crate::claim::ClaimStatements;
+pub use crate::reusable::QueryPerLoop;
 pub use crate::sql::order::{ClaimOrder, Directed, KeyOrder, NotNullColumn, OrderTerms};
 pub use crate::sql::stamp::{StampColumn, StampType};

@@ -28,7 +28,8 @@ impl<Q: Clone> Reusable for Q {
 }
 
 /// A query rebuilt for every statement of a claim or a row lock, made by
-/// [`rebuild`].
+/// [`rebuild`]. A worker on a pool runs a copy in each of its loops, made by
+/// cloning the closure ([`QueryPerLoop`]).
 #[derive(Debug)]
 #[must_use = "a query does nothing until it is claimed or locked"]
 pub struct Rebuild<F>(F);
@@ -74,5 +75,26 @@ where
 
     fn query(&self) -> Q {
         (self.0)()
+    }
+}
+
+/// A query a worker on a pool can run in each of its loops: a clone of a
+/// typed query, a `rebuild` query whose closure is `Clone` (when what it
+/// captures is), or a visibility timeout's narrowing of either.
+pub trait QueryPerLoop: Sized {
+    /// A copy for one loop.
+    #[doc(hidden)]
+    fn per_loop(&self) -> Self;
+}
+
+impl<Q: Clone> QueryPerLoop for Q {
+    fn per_loop(&self) -> Q {
+        self.clone()
+    }
+}
+
+impl<F: Clone> QueryPerLoop for Rebuild<F> {
+    fn per_loop(&self) -> Self {
+        Rebuild(self.0.clone())
     }
 }

@@ -49,6 +49,35 @@ where
         .build_unchecked(ConnectionManager::new(url))
 }
 
+/// Checks the runs `(job, started, ended)` of `jobs` jobs that failed on
+/// every run for about 1.5 s, with a backoff from `first` doubling to `max`:
+/// no job ran again before its backoff had passed since its last run ended
+/// (so no two runs overlap), and each ran about as often as the backoff
+/// allows (60 + 120 + 240 + 240 … ms: about 7 runs, where loops that each
+/// kept their own backoff would run it about 4 times as often).
+pub fn assert_each_run_after_its_backoff(
+    runs: &[(i32, Instant, Instant)],
+    jobs: i32,
+    (first, max): (Duration, Duration),
+) {
+    for id in 1..=jobs {
+        let of_job: Vec<_> = runs.iter().filter(|run| run.0 == id).collect();
+        assert!(
+            (4..=9).contains(&of_job.len()),
+            "job {id} ran {} times",
+            of_job.len()
+        );
+        for (failures, pair) in of_job.windows(2).enumerate() {
+            let backoff = (first * (1 << failures.min(8))).min(max);
+            let gap = pair[1].1.saturating_duration_since(pair[0].2);
+            assert!(
+                gap >= backoff,
+                "job {id} ran again {gap:?} after failing, before its backoff of {backoff:?}"
+            );
+        }
+    }
+}
+
 on_every_backend! {
     /// Jobs not done, by priority.
     type Pending = diesel::dsl::Order<
@@ -196,6 +225,80 @@ on_every_backend! {
             .unwrap();
         assert_eq!((report.processed, report.failed), (600, 1));
         assert_eq!(duplicates_and_left(&mut pool.get().unwrap()), (0, 0));
+    }
+
+    /// Four loops on a pool share one backoff for failing jobs: no loop runs
+    /// a job before its backoff (recorded when its last run failed, doubling)
+    /// has passed, so no two loops take a failing job at one instant, and no
+    /// two runs of a job overlap.
+    #[test]
+    fn loops_share_the_backoff_of_a_failing_job() {
+        let (db, _) = test_db(1);
+        let pool = pool(&db.url, 5);
+        insert_jobs(&mut pool.get().unwrap(), 3);
+        let (first, max) = (Duration::from_millis(60), Duration::from_millis(240));
+        let runs = std::sync::Mutex::new(Vec::<(i32, Instant, Instant)>::new());
+        let stop = StopHandle::new();
+        let began = Instant::now();
+        let report = pending()
+            .build_claim()
+            .on_failure(|_: &mut Conn, _: Job, _: &Error| Ok(()))
+            .worker(&stop)
+            .concurrency(4)
+            .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
+            .failure_backoff(first, max)
+            .run_pooled(&pool, |_: &mut Conn, job: Job| {
+                let started = Instant::now();
+                if began.elapsed() > Duration::from_millis(1500) {
+                    stop.stop();
+                }
+                runs.lock().unwrap().push((job.id, started, Instant::now()));
+                Err(Error::InvalidArgument(format!("job {} fails", job.id)))
+            })
+            .unwrap();
+        let runs = runs.into_inner().unwrap();
+        assert_eq!(report.failed as usize, runs.len());
+        assert_each_run_after_its_backoff(&runs, 3, (first, max));
+    }
+
+    /// A boxed queue, its filter chosen at run time (the job kinds a
+    /// service runs, as a `Box<dyn BoxableExpression>`), runs on a pool
+    /// through `rebuild`: four loops take every job of those kinds once, and
+    /// none of the others.
+    #[test]
+    fn a_rebuilt_boxed_queue_runs_on_a_pool() {
+        let (db, _) = test_db(1);
+        let pool = pool(&db.url, 5);
+        insert_jobs(&mut pool.get().unwrap(), 400);
+        let kinds: Vec<i32> = vec![0, 1, 3];
+        type Backend = <Conn as Connection>::Backend;
+        let queue = diesel_claim::rebuild(move || {
+            let of_kinds: Box<dyn BoxableExpression<jobs::table, Backend, SqlType = diesel::sql_types::Bool>> =
+                Box::new(jobs::priority.eq_any(kinds.clone()));
+            jobs::table
+                .filter(jobs::done.eq(false))
+                .filter(of_kinds)
+                .order(jobs::priority.desc())
+                .select(Job::as_select())
+        });
+        let report = queue
+            .build_claim()
+            .then_update(jobs::done.eq(true))
+            .worker(&StopHandle::new())
+            .concurrency(4)
+            .stop_when_empty()
+            .run_pooled(&pool, |conn: &mut Conn, job: Job| {
+                diesel::update(&job).set(jobs::times_done.eq(jobs::times_done + 1)).execute(conn)?;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert_eq!(report.processed, 300);
+        let conn = &mut pool.get().unwrap();
+        let twice: i64 = jobs::table.filter(jobs::times_done.gt(1)).count().get_result(conn).unwrap();
+        let other_kind_done: i64 =
+            jobs::table.filter(jobs::priority.eq(2).and(jobs::times_done.gt(0))).count().get_result(conn).unwrap();
+        let left: i64 = jobs::table.filter(jobs::done.eq(false).and(jobs::priority.ne(2))).count().get_result(conn).unwrap();
+        assert_eq!((twice, other_kind_done, left), (0, 0, 0));
     }
 }
 

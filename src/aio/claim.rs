@@ -17,7 +17,7 @@ use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::Async;
 use crate::claim::run::panicked;
-use crate::claim::siblings::LeftOut;
+use crate::claim::worker::LeftOut;
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::Instrument;
@@ -240,7 +240,9 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             Ok(claim) => claim,
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
-        claim.exclude(left_out.backed_off.into_iter().map(Position::of_key));
+        if let Some(backoff) = &left_out.backoff {
+            claim.exclude(backoff.excluded().into_iter().map(Position::of_key));
+        }
         if let Some(sibling) = left_out.sibling {
             claim.beside(sibling);
         }
@@ -255,6 +257,7 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             options: &self.options,
             failed: Vec::new(),
             transient: false,
+            backoff: left_out.backoff.as_deref(),
             metrics: ClaimMetrics::new(&table),
         };
         let stopped = driver.run(conn, f).instrument(span.clone()).await.err();

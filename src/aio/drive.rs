@@ -13,7 +13,8 @@ use super::claim::{call, Closure};
 use super::kind::{FailureHook, Takes};
 use super::transaction::{locking_transaction, roll_back_to, transaction_depth};
 use crate::claim::engine::{Claim, Step, Taking};
-use crate::claim::run::{calls, Failing, NextBatch};
+use crate::claim::run::{backed_off, calls, pass_over_backed_off, Failing, NextBatch};
+use crate::claim::worker::Backoff;
 use crate::claim::{failures_in_savepoints, Options};
 use crate::metrics::ClaimMetrics;
 use crate::sql::{KeyRange, Position};
@@ -32,6 +33,8 @@ pub(super) struct Driver<'d, Q, T, H, K, E> {
     pub(super) failed: Vec<RowFailure<K, E>>,
     /// See the blocking driver's.
     pub(super) transient: bool,
+    /// See the blocking driver's.
+    pub(super) backoff: Option<&'d Backoff<K>>,
     pub(super) metrics: ClaimMetrics,
 }
 
@@ -143,6 +146,7 @@ where
                 &mut *f,
                 range.clone(),
             );
+            let backoff = self.backoff;
             let batch = locking_transaction(conn, self.options.lock.bound(), |conn| {
                 async move {
                     let rows = kind
@@ -150,8 +154,11 @@ where
                         .await;
                     let rows = locking_read(rows, moved_read)
                         .inspect_err(|error| *own_failed_at = error.is_transient())?;
-                    let rows =
+                    let mut rows =
                         claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
+                    if claim.taking == Taking::Select {
+                        pass_over_backed_off(claim, backoff, &mut rows, T::taken_key);
+                    }
                     span.record("taken", rows.len());
                     if let Some(range) = claim.locked_check(range) {
                         let keys = kind.keys(query, conn, range, i64::MAX, true).await;
@@ -167,6 +174,9 @@ where
                         if !savepoints {
                             let called = call(f.call(conn, items), catch).await;
                             called.inspect_err(|_| {
+                                if catch {
+                                    backed_off(backoff, &batch_keys);
+                                }
                                 *failing_at = Some(Failing::Closure(batch_keys.clone()))
                             })?;
                             succeeded.extend(keys);
@@ -185,6 +195,7 @@ where
                                 succeeded.extend(keys);
                             }
                             Err(error) => {
+                                backed_off(backoff, &keys);
                                 if !roll_back_to(conn, depth).await {
                                     *failing_at = Some(Failing::Ends(batch_keys));
                                     return Err(error);
@@ -302,6 +313,7 @@ where
                     break;
                 }
             };
+            backed_off(self.backoff, &keys);
             let error = if H::SET {
                 // The error goes into the hook's transaction, and comes back.
                 let (kind, hook) = (&*self.kind, &mut *self.hook);

@@ -8,7 +8,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::ops::DerefMut;
 use std::pin::pin;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
@@ -20,9 +20,9 @@ use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
-use crate::claim::siblings::{LeftOut, Sibling, Siblings};
-use crate::claim::worker::on_a_pool::{lock, summed, Reconnect, Shared};
-use crate::claim::worker::{Backoff, Polling, Ran};
+use crate::claim::siblings::{Sibling, Siblings};
+use crate::claim::worker::on_a_pool::{summed, Reconnect, Shared};
+use crate::claim::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
 use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
 use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure};
@@ -129,7 +129,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
     where
         P: WorkerPool,
-        ClaimBuilder<Q, Async, T, H>: Clone + Send + 'a,
+        ClaimBuilder<Q, Async, T, H>: ClaimPerLoop + 'a,
         Q: Send + Sync + 'a,
         T: Takes<'a, Q, P::Connection, I> + 'a,
         T::Key: Send,
@@ -150,12 +150,12 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             polling.check(true)?;
             let events = span.in_scope(|| polling.events(table));
             let shared = Shared::new(&polling);
-            let backoff = Mutex::new(Backoff::new(polling.backoff));
+            let backoff = Backoff::new(polling.backoff);
             let siblings = Siblings::new(polling.concurrency);
             // Cloned up front: the loops' futures hold no reference to the
             // originals, which need not be `Sync`.
             let clones: Vec<_> = (0..polling.concurrency)
-                .map(|_| (claim.clone(), PerRow(f.clone())))
+                .map(|_| (claim.per_loop(), PerRow(f.clone())))
                 .collect();
             drop((claim, f));
             let loops = clones
@@ -213,7 +213,7 @@ async fn claim_loop<P, K, E>(
     pool: &P,
     polling: &Polling,
     shared: &Shared,
-    backoff: &Mutex<Backoff<K>>,
+    backoff: &Arc<Backoff<K>>,
     events: &WorkerTrace,
     sibling: Sibling<Position<K>>,
     once: &mut (dyn ClaimOnce<P::Connection, Key = K, Error = E> + '_),
@@ -250,7 +250,7 @@ where
         };
         let seen = shared.woken();
         let left_out = LeftOut {
-            backed_off: lock(backoff).excluded(),
+            backoff: Some(Arc::clone(backoff)),
             sibling: steering.then(|| sibling.clone()),
         };
         let outcome = once.claim_once(&mut conn, left_out).await;
@@ -258,9 +258,9 @@ where
             && !outcome.transient
             && conn.batch_execute("SELECT 1").await.is_err();
         drop(conn);
-        let recorded = lock(backoff).record(&mut total, outcome, events);
-        let Ran { processed, took } = match recorded {
-            Ok(ran) => ran,
+        let recorded = tally(&mut total, outcome, events);
+        let took = match recorded {
+            Ok(took) => took,
             Err(failure) if lost => {
                 let pause = reconnect.pause();
                 let what = "a worker's claim lost its connection, and its rows were rolled back";
@@ -284,7 +284,7 @@ where
             break;
         }
         steering = polling.concurrency > 1;
-        if let Some(wait) = polling.next_pause(processed, &mut pause) {
+        if let Some(wait) = polling.next_pause(took, &mut pause) {
             let waiting = Instant::now();
             sleep_until(shared, waiting + wait, seen).await;
             events.idled(waiting.elapsed());

@@ -16,10 +16,9 @@ use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::Async;
-use crate::claim::siblings::LeftOut;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
-use crate::claim::worker::{Backoff, Polling, Ran, NOTHING_PENDING, STOPPED};
+use crate::claim::worker::{tally, Backoff, LeftOut, Polling, NOTHING_PENDING, STOPPED};
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, RowFailure, StopHandle};
 
@@ -153,19 +152,17 @@ where
             }
             let mut total = ClaimReport::default();
             let mut pause = polling.min_poll;
-            let mut backoff = Backoff::new(polling.backoff);
+            let backoff = Backoff::new(polling.backoff);
             loop {
                 if polling.stop.is_stopped() {
                     return Ok((total, STOPPED));
                 }
-                let outcome = once
-                    .claim_once(conn, LeftOut::backed_off(backoff.excluded()))
-                    .await;
-                let Ran { processed, took } = backoff.record(&mut total, outcome, &events)?;
+                let outcome = once.claim_once(conn, LeftOut::backed_off(&backoff)).await;
+                let took = tally(&mut total, outcome, &events)?;
                 if polling.until_empty && !took {
                     return Ok((total, NOTHING_PENDING));
                 }
-                if let Some(wait) = polling.next_pause(processed, &mut pause) {
+                if let Some(wait) = polling.next_pause(took, &mut pause) {
                     let waiting = Instant::now();
                     let woken = conn.wait_for_rows(wait, &polling.stop).await;
                     events.idled(waiting.elapsed());

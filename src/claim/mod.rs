@@ -111,7 +111,7 @@ pub struct ClaimBuilder<Q, M = Blocking, T = Select, H = NoHook> {
     pub(crate) options: Options,
     pub(crate) kind: T,
     pub(crate) hook: H,
-    mode: PhantomData<M>,
+    pub(crate) mode: PhantomData<M>,
 }
 
 /// A claim's options, whatever its kind.

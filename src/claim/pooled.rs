@@ -4,7 +4,7 @@
 
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
@@ -12,9 +12,9 @@ use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
-use super::siblings::{LeftOut, Sibling, Siblings};
-use super::worker::on_a_pool::{lock, summed, Reconnect, Shared};
-use super::worker::{Backoff, Polling, Ran};
+use super::siblings::{Sibling, Siblings};
+use super::worker::on_a_pool::{summed, Reconnect, Shared};
+use super::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::sql::Position;
@@ -65,7 +65,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         f: F,
     ) -> Result<ClaimReport, E>
     where
-        ClaimBuilder<Q, Blocking, T, H>: Clone + Send,
+        ClaimBuilder<Q, Blocking, T, H>: ClaimPerLoop,
         T: Takes<'q, Q, C, I>,
         T::Key: Send,
         H: FailureHook<C, I, T::Row, E>,
@@ -78,7 +78,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         let shared = Shared::new(&polling);
         // One backoff for all the loops: a row that failed in one is not
         // retried by another sooner.
-        let backoff = Mutex::new(Backoff::new(polling.backoff));
+        let backoff = Backoff::new(polling.backoff);
         let siblings = Siblings::new(polling.concurrency);
         let table = T::table_name();
         let span = polling.span(&table);
@@ -95,7 +95,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
             }
             let loops: Vec<_> = (0..polling.concurrency)
                 .map(|index| {
-                    let (mut claim, mut f) = (claim.clone(), PerRow(f.clone()));
+                    let (mut claim, mut f) = (claim.per_loop(), PerRow(f.clone()));
                     let sibling = siblings.slot(index);
                     let (shared, polling, span) = (&shared, &polling, &span);
                     let (backoff, events) = (&backoff, &events);
@@ -157,7 +157,7 @@ fn claim_loop<C, K, E>(
     pool: &Pool<ConnectionManager<C>>,
     polling: &Polling,
     shared: &Shared,
-    backoff: &Mutex<Backoff<K>>,
+    backoff: &Arc<Backoff<K>>,
     events: &WorkerTrace,
     sibling: Sibling<Position<K>>,
     mut claim_once: impl FnMut(&mut C, LeftOut<K>) -> ClaimOutcome<K, E>,
@@ -186,7 +186,7 @@ where
         };
         let seen = shared.woken();
         let left_out = LeftOut {
-            backed_off: lock(backoff).excluded(),
+            backoff: Some(Arc::clone(backoff)),
             sibling: steering.then(|| sibling.clone()),
         };
         let outcome = claim_once(&mut conn, left_out);
@@ -194,8 +194,8 @@ where
             && !outcome.transient
             && conn.batch_execute("SELECT 1").is_err();
         drop(conn);
-        let ran = match lock(backoff).record(&mut total, outcome, events) {
-            Ok(ran) => ran,
+        let took = match tally(&mut total, outcome, events) {
+            Ok(took) => took,
             Err(failure) if lost => {
                 let pause = reconnect.pause();
                 let what = "a worker's claim lost its connection, and its rows were rolled back";
@@ -211,7 +211,6 @@ where
         if let Some(failures) = reconnect.mended() {
             events.reconnected(failures);
         }
-        let Ran { processed, took } = ran;
         if polling.until_empty && !took {
             if steering {
                 steering = false;
@@ -220,7 +219,7 @@ where
             break;
         }
         steering = polling.concurrency > 1;
-        if let Some(wait) = polling.next_pause(processed, &mut pause) {
+        if let Some(wait) = polling.next_pause(took, &mut pause) {
             let waiting = Instant::now();
             let deadline = waiting + wait;
             while let Some(step) = shared.next_step(deadline, seen, LOOK_EVERY) {

@@ -12,7 +12,7 @@ use diesel::QueryResult;
 use super::engine::{Claim, Step, Taking};
 use super::kind::{FailureHook, Takes};
 use super::report::{ClaimOutcome, ClaimReport, RowFailure};
-use super::siblings::LeftOut;
+use super::worker::{Backoff, LeftOut};
 use super::{failures_in_savepoints, ClaimBuilder, Options};
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
@@ -124,7 +124,9 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             Ok(claim) => claim,
             Err(error) => return ClaimOutcome::refused(error.into()),
         };
-        claim.exclude(left_out.backed_off.into_iter().map(Position::of_key));
+        if let Some(backoff) = &left_out.backoff {
+            claim.exclude(backoff.excluded().into_iter().map(Position::of_key));
+        }
         if let Some(sibling) = left_out.sibling {
             claim.beside(sibling);
         }
@@ -139,6 +141,7 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             options: &self.options,
             failed: Vec::new(),
             transient: false,
+            backoff: left_out.backoff.as_deref(),
             metrics: ClaimMetrics::new(&table),
         };
         let stopped = span.in_scope(|| driver.run(conn, f)).err();
@@ -209,6 +212,9 @@ struct Driver<'d, Q, T, H, K, E> {
     /// The error that ended the run is one of the crate's statements', and
     /// running again mends it (see [`ClaimOutcome::transient`]).
     transient: bool,
+    /// A worker's backoff: failing rows are recorded in it before their
+    /// transaction ends, and rows it holds are passed over.
+    backoff: Option<&'d Backoff<K>>,
     metrics: ClaimMetrics,
 }
 
@@ -308,6 +314,7 @@ where
             options,
             failed,
             transient,
+            backoff,
             metrics: _,
         } = self;
         let catch = options.keep_going || H::SET;
@@ -321,7 +328,11 @@ where
                 let rows = kind.take(query, conn, range.clone(), limit, &claim.clause);
                 let rows = locking_read(rows, moved)
                     .inspect_err(|error| own_failed_transiently = error.is_transient())?;
-                let rows = claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
+                let mut rows =
+                    claim.taken(rows, limit, |row| Position::of_key(T::taken_key(row)))?;
+                if claim.taking == Taking::Select {
+                    pass_over_backed_off(claim, *backoff, &mut rows, T::taken_key);
+                }
                 span.record("taken", rows.len());
                 if let Some(range) = claim.locked_check(range.clone()) {
                     let keys = kind
@@ -339,6 +350,9 @@ where
                     if !savepoints {
                         let called = call(|| f.call(conn, items), catch);
                         called.inspect_err(|_| {
+                            if catch {
+                                backed_off(*backoff, &batch_keys);
+                            }
                             failing = Some(Failing::Closure(batch_keys.clone()))
                         })?;
                         succeeded.extend(keys);
@@ -348,6 +362,7 @@ where
                     match in_savepoint(conn, |conn| call(|| f.call(conn, items), catch))? {
                         Saved::Done => succeeded.extend(keys),
                         Saved::RolledBack(error) => {
+                            backed_off(*backoff, &keys);
                             for item in kept.into_iter().flatten() {
                                 let hooked = hook.failed(conn, T::into_row(item), &error);
                                 hooked.inspect_err(|_| {
@@ -452,6 +467,7 @@ where
                     Err(error) if catch => error,
                     Err(error) => return Err(RowFailure::new(keys, error)),
                 };
+                backed_off(self.backoff, &keys);
                 if H::SET {
                     let (kind, hook) = (&*self.kind, &mut *self.hook);
                     let hooked = locking_transaction(conn, false, |conn| {
@@ -472,6 +488,40 @@ where
         self.claim.processed(processed);
         ended
     }
+}
+
+/// Records rows whose closure failed in a worker's backoff, before their
+/// transaction ends (both APIs): a loop whose take locks them once it has
+/// ended finds them there.
+pub(crate) fn backed_off<K: Clone + Eq + Hash>(backoff: Option<&Backoff<K>>, keys: &[K]) {
+    if let Some(backoff) = backoff {
+        backoff.failed(keys);
+    }
+}
+
+/// Passes over the rows of a take that a worker's backoff holds (both APIs):
+/// their failure was recorded after this take began, and they stay out of the
+/// rest of the run. Only for rows a select took: a mark or a stamp has
+/// already changed its rows, which must reach the closure.
+pub(crate) fn pass_over_backed_off<K, R>(
+    claim: &mut Claim<Position<K>>,
+    backoff: Option<&Backoff<K>>,
+    rows: &mut Vec<R>,
+    key_of: impl Fn(&R) -> K,
+) where
+    K: Clone + Eq + Hash,
+{
+    let Some(backoff) = backoff else { return };
+    let mut held = Vec::new();
+    rows.retain(|row| {
+        let key = key_of(row);
+        let free = !backoff.holds(&key);
+        if !free {
+            held.push(Position::of_key(key));
+        }
+        free
+    });
+    claim.exclude(held);
 }
 
 /// Counts a failure the call goes on past, and says so (a worker says so

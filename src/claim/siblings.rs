@@ -25,8 +25,6 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::sql::Position;
-
 /// What a worker's loops hold and have taken, shared by the loops.
 #[derive(Debug)]
 pub(crate) struct Siblings<K> {
@@ -185,30 +183,6 @@ impl<K> Sibling<K> {
 impl<K> Drop for Sibling<K> {
     fn drop(&mut self) {
         self.released();
-    }
-}
-
-/// What a worker's run of its claim leaves out of its takes.
-#[derive(Debug)]
-pub(crate) struct LeftOut<K> {
-    /// The rows the worker backs off from.
-    pub(crate) backed_off: Vec<K>,
-    /// On a pool, the loop's slot: where the other loops' batches lie.
-    pub(crate) sibling: Option<Sibling<Position<K>>>,
-}
-
-impl<K> LeftOut<K> {
-    /// Nothing: a claim that is not a worker's.
-    pub(crate) fn nothing() -> Self {
-        Self::backed_off(Vec::new())
-    }
-
-    /// The rows at `keys`, which the worker backs off from.
-    pub(crate) fn backed_off(keys: Vec<K>) -> Self {
-        LeftOut {
-            backed_off: keys,
-            sibling: None,
-        }
     }
 }
 

@@ -20,7 +20,7 @@ use diesel::sql_types::{BigInt, HasSqlType};
 use super::kind::{Select, Stamp};
 use super::ClaimBuilder;
 use crate::backend::ClaimBackend;
-use crate::reusable::Reusable;
+use crate::reusable::{QueryPerLoop, Reusable};
 use crate::sql::rendered;
 use crate::sql::stamp::{
     CountRows, NewStamp, StampColumn, StampMicros, StampPassed, StampType, StillStamped,
@@ -31,7 +31,7 @@ use crate::{Blocking, Error};
 
 /// The caller's query, restricted to rows that are not claimed or whose claim
 /// has run out. (Not `Clone`: it is rebuilt from the caller's query for each
-/// statement.)
+/// statement, and copied per loop of a worker on a pool as that query is.)
 #[derive(Debug)]
 pub struct Unclaimed<Q, Col> {
     query: Q,
@@ -50,6 +50,15 @@ where
 
     fn query(&self) -> Self::Query {
         FilterDsl::filter(self.query.query(), StampPassed(self.column))
+    }
+}
+
+impl<Q: QueryPerLoop, Col: Copy> QueryPerLoop for Unclaimed<Q, Col> {
+    fn per_loop(&self) -> Self {
+        Unclaimed {
+            query: self.query.per_loop(),
+            column: self.column,
+        }
     }
 }
 

@@ -5,17 +5,20 @@
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::engine::MAX_EXCLUDED;
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
-use super::siblings::LeftOut;
+use super::siblings::Sibling;
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::error::rolled_back_by_the_database;
+use crate::reusable::QueryPerLoop;
+use crate::sql::Position;
 use crate::trace::{self, Span, WorkerTrace};
 use crate::{Blocking, Error};
 
@@ -122,6 +125,43 @@ pub struct ClaimWorker<B> {
     pub(crate) polling: Polling,
 }
 
+/// A claim a worker on a pool can run in each of its loops: each loop runs a
+/// copy of it, so its query must be [`QueryPerLoop`] (a typed query, or a
+/// [`rebuild`](crate::rebuild) closure that is `Clone`), its kind and its
+/// failure hook `Clone`, and all of it `Send`.
+#[diagnostic::on_unimplemented(
+    message = "a worker on a pool runs a copy of its claim in each loop, and this claim cannot be \
+               copied",
+    label = "this claim cannot be copied for each loop",
+    note = "a `rebuild(|| …)` query is copied with its closure: move into it only what is `Clone` \
+            and `Send` (the values its filters compare with), or an `Arc` of what is not",
+    note = "a failure hook is copied for each loop too, and must be `Clone` and `Send`"
+)]
+pub trait ClaimPerLoop: Send + Sized {
+    /// A copy for one loop.
+    #[doc(hidden)]
+    fn per_loop(&self) -> Self;
+}
+
+#[diagnostic::do_not_recommend]
+impl<Q, M, T, H> ClaimPerLoop for ClaimBuilder<Q, M, T, H>
+where
+    Q: QueryPerLoop + Send,
+    T: Clone + Send,
+    H: Clone + Send,
+    M: Send,
+{
+    fn per_loop(&self) -> Self {
+        ClaimBuilder {
+            query: self.query.per_loop(),
+            options: self.options.clone(),
+            kind: self.kind.clone(),
+            hook: self.hook.clone(),
+            mode: PhantomData,
+        }
+    }
+}
+
 /// How a worker waits between its claims, and backs off from failing rows.
 #[derive(Debug, Clone)]
 pub(crate) struct Polling {
@@ -182,12 +222,17 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     /// closure failed: `first` after its first failure here, doubling with
     /// each failure after it up to `max` (by default 1 s up to 5 min).
     ///
-    /// The backoff is this worker's own, kept in memory: a row that a
-    /// [failure hook](ClaimBuilder::on_failure) leaves matching the query is
-    /// not retried by this worker sooner, but other workers may take it. To
-    /// retry a row no sooner than a time of your choosing across workers,
-    /// write that time in the hook and filter on it (`run_at <= now`). A
-    /// worker leaves out at most 500 rows at a time, those that failed last.
+    /// The backoff is kept in memory, one for all the claim loops of a
+    /// worker on a pool: a failing row is recorded in it before its
+    /// transaction ends (while the row is still locked), and a take that
+    /// locks a row the backoff holds passes it over, so no loop of the
+    /// worker runs a row again before its backoff has passed. Workers in
+    /// other processes do not see it: to retry a row no sooner than a time of
+    /// your choosing across workers and processes, write that time in the
+    /// row (a failure hook, and a filter on it: `run_at <= now`). A worker
+    /// leaves out at most 500 rows at a time, those that failed last. (A row
+    /// taken by a [`mark`](ClaimBuilder::mark) is marked before the backoff
+    /// is checked, and reaches the closure.)
     ///
     /// With `first` zero, the worker has no backoff of its own: a row the
     /// hook leaves in the queue may be taken again at once, even in the same
@@ -247,8 +292,8 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
     {
         let ClaimWorker { mut claim, polling } = self;
         let mut f = PerRow(f);
-        polling.serve(conn, T::table_name(), |conn, excluded| {
-            claim.run_once(conn, &mut f, LeftOut::backed_off(excluded))
+        polling.serve(conn, T::table_name(), |conn, left_out| {
+            claim.run_once(conn, &mut f, left_out)
         })
     }
 }
@@ -331,10 +376,10 @@ impl Polling {
         }
     }
 
-    /// The wait after a claim that processed `processed` rows: none after
-    /// rows were found, else `pause`, doubled for the next time.
-    pub(crate) fn next_pause(&self, processed: u64, pause: &mut Duration) -> Option<Duration> {
-        if processed > 0 {
+    /// The wait after a claim: none after it `took` rows (whether they
+    /// succeeded or failed), else `pause`, doubled for the next time.
+    pub(crate) fn next_pause(&self, took: bool, pause: &mut Duration) -> Option<Duration> {
+        if took {
             *pause = self.min_poll;
             return None;
         }
@@ -351,7 +396,7 @@ impl Polling {
         &self,
         conn: &mut C,
         table: String,
-        mut claim_once: impl FnMut(&mut C, Vec<K>) -> ClaimOutcome<K, E>,
+        mut claim_once: impl FnMut(&mut C, LeftOut<K>) -> ClaimOutcome<K, E>,
     ) -> Result<ClaimReport, E>
     where
         C: WaitForRows,
@@ -369,17 +414,17 @@ impl Polling {
             }
             let mut total = ClaimReport::default();
             let mut pause = self.min_poll;
-            let mut backoff = Backoff::new(self.backoff);
+            let backoff = Backoff::new(self.backoff);
             loop {
                 if self.stop.is_stopped() {
                     return Ok((total, STOPPED));
                 }
-                let outcome = claim_once(conn, backoff.excluded());
-                let Ran { processed, took } = backoff.record(&mut total, outcome, &events)?;
+                let outcome = claim_once(conn, LeftOut::backed_off(&backoff));
+                let took = tally(&mut total, outcome, &events)?;
                 if self.until_empty && !took {
                     return Ok((total, NOTHING_PENDING));
                 }
-                if let Some(wait) = self.next_pause(processed, &mut pause) {
+                if let Some(wait) = self.next_pause(took, &mut pause) {
                     let waiting = Instant::now();
                     let woken = conn.wait_for_rows(wait, &self.stop);
                     events.idled(waiting.elapsed());
@@ -411,21 +456,19 @@ pub(crate) const STOPPED: &str = "stopped";
 pub(crate) const NOTHING_PENDING: &str = "nothing pending";
 
 /// The rows a worker leaves out of its claims after their closures failed,
-/// each until its backoff has passed.
+/// each until its backoff has passed: one for all the loops of a worker on a
+/// pool, shared with each run of its claim.
+///
+/// A run records a failing row here while the row is still locked, before
+/// its transaction ends, and passes over the rows a take locked that the
+/// backoff holds: so no loop runs a row again before its backoff has passed,
+/// not even one whose take began before the failure was recorded.
+#[derive(Debug)]
 pub(crate) struct Backoff<K> {
     first: Duration,
     max: Duration,
     /// Per row: its failures here, and when it may be taken again.
-    rows: HashMap<K, (u32, Instant)>,
-}
-
-/// What a worker's run did, as its loop needs it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ran {
-    /// The rows processed.
-    pub(crate) processed: u64,
-    /// Whether it took any row, or was rolled back before it knew.
-    pub(crate) took: bool,
+    rows: Mutex<HashMap<K, (u32, Instant)>>,
 }
 
 /// Rows a worker leaves out of a claim, at most: the rest of the claim's
@@ -433,70 +476,50 @@ pub(crate) struct Ran {
 const MAX_BACKED_OFF: usize = MAX_EXCLUDED / 2;
 
 impl<K: Clone + Eq + Hash> Backoff<K> {
-    pub(crate) fn new((first, max): (Duration, Duration)) -> Self {
-        Backoff {
+    pub(crate) fn new((first, max): (Duration, Duration)) -> Arc<Self> {
+        Arc::new(Backoff {
             first,
             max,
-            rows: HashMap::new(),
-        }
+            rows: Mutex::new(HashMap::new()),
+        })
     }
 
-    /// Counts what a run did into `total`, and backs off from the rows that
-    /// failed in it, saying so in the worker's `events`: the rows it
-    /// processed, or the failure that ended it. A run ended by a deadlock or
-    /// a serialization failure, of the crate's own statements or of the
-    /// closure's, was rolled back by the database: it is not the worker's end.
-    pub(crate) fn record<E: Display + 'static>(
-        &mut self,
-        total: &mut ClaimReport,
-        outcome: ClaimOutcome<K, E>,
-        events: &WorkerTrace,
-    ) -> Result<Ran, RowFailure<K, E>>
-    where
-        K: Debug,
-    {
-        total.add(&outcome.report);
-        events.ran(outcome.report.processed, outcome.report.failed);
-        for failure in &outcome.failed {
-            events.passed_over(&failure.keys, &failure.error);
-            for key in &failure.keys {
-                self.failed(key.clone());
-            }
-        }
-        let ran = Ran {
-            processed: outcome.report.processed,
-            took: outcome.report.processed > 0 || !outcome.failed.is_empty(),
-        };
-        match outcome.stopped {
-            // Rolled back, nothing lost: the next run takes the rows again.
-            Some(failure) if outcome.transient || rolled_back_by_the_database(&failure.error) => {
-                events.rolled_back(&failure.error);
-                Ok(Ran { took: true, ..ran })
-            }
-            Some(failure) => Err(failure),
-            None => Ok(ran),
-        }
+    fn rows(&self) -> MutexGuard<'_, HashMap<K, (u32, Instant)>> {
+        // Each entry is written whole: a panic elsewhere leaves none half
+        // written.
+        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The row at `key` failed: it is left out until its backoff passes.
-    fn failed(&mut self, key: K) {
+    /// The rows at `keys` failed: each is left out until its backoff passes.
+    pub(crate) fn failed(&self, keys: &[K]) {
+        if self.first.is_zero() {
+            return;
+        }
         let now = Instant::now();
-        let (failures, until) = self.rows.entry(key).or_insert((0, now));
-        let doublings = (*failures).min(31);
-        *failures += 1;
-        *until = now + self.first.saturating_mul(1 << doublings).min(self.max);
+        let mut rows = self.rows();
+        for key in keys {
+            let (failures, until) = rows.entry(key.clone()).or_insert((0, now));
+            let doublings = (*failures).min(31);
+            *failures += 1;
+            *until = now + self.first.saturating_mul(1 << doublings).min(self.max);
+        }
+    }
+
+    /// Whether the row at `key` is still backed off from.
+    pub(crate) fn holds(&self, key: &K) -> bool {
+        let now = Instant::now();
+        self.rows().get(key).is_some_and(|(_, until)| *until > now)
     }
 
     /// The rows to leave out now: those whose backoff has not passed, the
     /// latest first, at most [`MAX_BACKED_OFF`]. Rows whose backoff passed
     /// longer than the longest backoff ago are forgotten.
-    pub(crate) fn excluded(&mut self) -> Vec<K> {
+    pub(crate) fn excluded(&self) -> Vec<K> {
         let now = Instant::now();
         let max = self.max;
-        self.rows
-            .retain(|_, (_, until)| now.saturating_duration_since(*until) <= max);
-        let mut waiting: Vec<(&K, Instant)> = self
-            .rows
+        let mut rows = self.rows();
+        rows.retain(|_, (_, until)| now.saturating_duration_since(*until) <= max);
+        let mut waiting: Vec<(&K, Instant)> = rows
             .iter()
             .filter(|(_, (_, until))| *until > now)
             .map(|(key, (_, until))| (key, *until))
@@ -510,6 +533,63 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
     }
 }
 
+/// What a worker's run of its claim leaves out of its takes.
+#[derive(Debug)]
+pub(crate) struct LeftOut<K> {
+    /// The worker's backoff: the rows it leaves out after they failed, and
+    /// where the run records the rows that fail in it.
+    pub(crate) backoff: Option<Arc<Backoff<K>>>,
+    /// On a pool, the loop's slot: where the other loops' batches lie.
+    pub(crate) sibling: Option<Sibling<Position<K>>>,
+}
+
+impl<K> LeftOut<K> {
+    /// Nothing: a claim that is not a worker's.
+    pub(crate) fn nothing() -> Self {
+        LeftOut {
+            backoff: None,
+            sibling: None,
+        }
+    }
+
+    /// The rows `backoff` holds, the worker's on one connection.
+    pub(crate) fn backed_off(backoff: &Arc<Backoff<K>>) -> Self {
+        LeftOut {
+            backoff: Some(Arc::clone(backoff)),
+            sibling: None,
+        }
+    }
+}
+
+/// Counts what a worker's run did into `total`, saying so in the worker's
+/// `events`: the rows it processed and those it passed over, or the failure
+/// that ended it; whether it took any row, or was rolled back before it knew
+/// (a run whose rows all failed is not an idle one). A run ended by a
+/// deadlock or a serialization failure, of the crate's own statements or of
+/// the closure's, was rolled back by the database: it is not the worker's
+/// end.
+pub(crate) fn tally<K: Debug, E: Display + 'static>(
+    total: &mut ClaimReport,
+    outcome: ClaimOutcome<K, E>,
+    events: &WorkerTrace,
+) -> Result<bool, RowFailure<K, E>> {
+    total.add(&outcome.report);
+    events.ran(outcome.report.processed, outcome.report.failed);
+    for failure in &outcome.failed {
+        events.passed_over(&failure.keys, &failure.error);
+    }
+    let took = outcome.report.processed > 0 || !outcome.failed.is_empty();
+    match outcome.stopped {
+        // Rolled back, nothing lost: the next run takes the rows again.
+        Some(failure) if outcome.transient || rolled_back_by_the_database(&failure.error) => {
+            events.rolled_back(&failure.error);
+            Ok(true)
+        }
+        Some(failure) => Err(failure),
+        None => Ok(took),
+    }
+}
+
 /// What the workers on a pool, blocking and async, share.
 #[cfg(any(
     feature = "postgres",
@@ -520,7 +600,6 @@ impl<K: Clone + Eq + Hash> Backoff<K> {
 ))]
 pub(crate) mod on_a_pool {
     use std::sync::atomic::AtomicU64;
-    use std::sync::Mutex;
 
     use super::*;
 
@@ -628,70 +707,54 @@ pub(crate) mod on_a_pool {
         let stopped = polling.stop.is_stopped() || !polling.until_empty;
         Ok((total, if stopped { STOPPED } else { NOTHING_PENDING }))
     }
-
-    /// The shared backoff, whatever a panicking loop left in it.
-    pub(crate) fn lock<K>(backoff: &Mutex<Backoff<K>>) -> std::sync::MutexGuard<'_, Backoff<K>> {
-        backoff
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RowFailure;
-
-    fn failing(keys: &[i32]) -> ClaimOutcome<i32, Error> {
-        let failed = keys
-            .iter()
-            .map(|key| RowFailure::new(vec![*key], Error::NotFound))
-            .collect();
-        ClaimOutcome {
-            report: ClaimReport::default(),
-            failed,
-            stopped: None,
-            transient: false,
-        }
-    }
 
     /// A failing row is left out for the first backoff, doubling with each
     /// failure up to the longest; it comes back once its backoff has passed.
     #[test]
     fn failing_rows_are_left_out_until_their_backoff_passes() {
         let first = Duration::from_millis(40);
-        let mut backoff = Backoff::new((first, first * 3));
-        let mut total = ClaimReport::default();
-        let events = WorkerTrace::new("jobs".to_owned(), PROGRESS_EVERY, 1);
-        backoff
-            .record(&mut total, failing(&[1, 2]), &events)
-            .unwrap();
+        let backoff = Backoff::new((first, first * 3));
+        backoff.failed(&[1, 2]);
         let mut excluded = backoff.excluded();
         excluded.sort();
         assert_eq!(excluded, [1, 2]);
+        assert!(backoff.holds(&1) && !backoff.holds(&3));
         std::thread::sleep(first + Duration::from_millis(10));
         assert!(backoff.excluded().is_empty());
+        assert!(!backoff.holds(&1));
         // The second failure doubles the backoff, the third caps it.
-        backoff.record(&mut total, failing(&[1]), &events).unwrap();
-        backoff.record(&mut total, failing(&[1]), &events).unwrap();
-        let (failures, until) = backoff.rows[&1];
+        backoff.failed(&[1]);
+        backoff.failed(&[1]);
+        let (failures, until) = backoff.rows()[&1];
         assert_eq!(failures, 3);
         let left = until.saturating_duration_since(Instant::now());
         assert!(left > first * 2 && left <= first * 3, "{left:?}");
-        assert_eq!(total.failed, 0, "the report is the runs' own");
     }
 
     /// At most half the claim's room for left-out rows goes to the backoff,
     /// the rows that failed last.
     #[test]
     fn a_worker_leaves_out_a_bounded_number_of_rows() {
-        let mut backoff = Backoff::new((Duration::from_secs(60), Duration::from_secs(60)));
+        let backoff = Backoff::new((Duration::from_secs(60), Duration::from_secs(60)));
         let keys: Vec<i32> = (0..(MAX_BACKED_OFF as i32 + 10)).collect();
         for key in &keys {
-            backoff.failed(*key);
+            backoff.failed(&[*key]);
         }
         let excluded = backoff.excluded();
         assert_eq!(excluded.len(), MAX_BACKED_OFF);
         assert!(excluded.contains(keys.last().unwrap()));
+    }
+
+    /// Without a backoff, a failing row is not left out at all.
+    #[test]
+    fn no_backoff_holds_nothing() {
+        let backoff = Backoff::new((Duration::ZERO, Duration::ZERO));
+        backoff.failed(&[1]);
+        assert!(!backoff.holds(&1) && backoff.excluded().is_empty());
     }
 }

@@ -213,6 +213,98 @@ on_async_backends! {
         assert_eq!(duplicates_and_left(&mut pool.get().await.unwrap()).await, (0, 0));
     }
 
+    /// Four loops on a bb8 pool share one backoff for failing jobs: no loop
+    /// runs a job before its backoff (recorded when its last run failed,
+    /// doubling) has passed, and no two runs of a job overlap.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn loops_share_the_backoff_of_a_failing_job() {
+        let db = TestDb::new();
+        testkit::fixtures::create_schema(&mut blocking(&db.url), testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(&mut blocking(&db.url), 3);
+        let pool = bb8_pool(&db.url, 5).await;
+        let (first, max) = (Duration::from_millis(60), Duration::from_millis(240));
+        let runs = std::sync::Mutex::new(Vec::<(i32, Instant, Instant)>::new());
+        let stop = StopHandle::new();
+        let began = Instant::now();
+        let report = pending()
+            .build_claim()
+            .on_failure(async |_: &mut Conn, _: Job, _: &Error| Ok(()))
+            .worker(&stop)
+            .concurrency(4)
+            .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
+            .failure_backoff(first, max)
+            .run_pooled(&pool, async |_: &mut Conn, job: Job| {
+                let started = Instant::now();
+                if began.elapsed() > Duration::from_millis(1500) {
+                    stop.stop();
+                }
+                tokio::task::yield_now().await;
+                runs.lock().unwrap().push((job.id, started, Instant::now()));
+                Err(Error::InvalidArgument(format!("job {} fails", job.id)))
+            })
+            .await
+            .unwrap();
+        let runs = runs.into_inner().unwrap();
+        assert_eq!(report.failed as usize, runs.len());
+        crate::pooled::assert_each_run_after_its_backoff(&runs, 3, (first, max));
+    }
+
+    /// A boxed queue, its filter chosen at run time (the job kinds a
+    /// service runs), runs on bb8 and on deadpool through `rebuild`: four
+    /// loops take every job of those kinds once, and none of the others. (A
+    /// boxed query is claimed in key order: its own order cannot be read.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rebuilt_boxed_queue_runs_on_bb8_and_deadpool() {
+        let db = TestDb::new();
+        let setup = &mut blocking(&db.url);
+        testkit::fixtures::create_schema(setup, testkit::fixtures::schema_of(BACKEND));
+        let kinds: Vec<i32> = vec![0, 1, 3];
+        let queue = move || {
+            let kinds = kinds.clone();
+            diesel_claim::rebuild(move || {
+                jobs::table
+                    .filter(jobs::done.eq(false))
+                    .select(Job::as_select())
+                    .into_boxed()
+                    .filter(jobs::priority.eq_any(kinds.clone()))
+            })
+        };
+        let count = |done: bool, priority: i32, conn: &mut Db| -> i64 {
+            use diesel::BoolExpressionMethods;
+            let query = jobs::table.filter(jobs::done.eq(done).and(jobs::priority.eq(priority))).count();
+            diesel::RunQueryDsl::get_result(query, conn).unwrap()
+        };
+        async fn count_once(conn: &mut Conn, job: Job) -> Result<(), Error> {
+            diesel::update(&job).set(jobs::times_done.eq(jobs::times_done + 1)).execute(conn).await?;
+            Ok(())
+        }
+        let bb8 = bb8_pool(&db.url, 5).await;
+        let deadpool = deadpool_pool(&db.url, 5);
+        for on_deadpool in [false, true] {
+            diesel::RunQueryDsl::execute(diesel::delete(jobs::table), setup).unwrap();
+            insert_jobs(setup, 400);
+            let worker = queue()
+                .build_claim()
+                .then_update(jobs::done.eq(true))
+                .worker(&StopHandle::new())
+                .concurrency(4)
+                .stop_when_empty();
+            let report = if on_deadpool {
+                worker.run_pooled(&deadpool, async |conn: &mut Conn, job: Job| count_once(conn, job).await).await
+            } else {
+                worker.run_pooled(&bb8, async |conn: &mut Conn, job: Job| count_once(conn, job).await).await
+            };
+            assert_eq!(report.unwrap().processed, 300, "on deadpool: {on_deadpool}");
+            let twice: i64 = diesel::RunQueryDsl::get_result(
+                jobs::table.filter(jobs::times_done.gt(1)).count(),
+                setup,
+            )
+            .unwrap();
+            let left: i64 = [0, 1, 3].into_iter().map(|kind| count(false, kind, setup)).sum();
+            assert_eq!((twice, left, count(true, 2, setup)), (0, 0, 0), "on deadpool: {on_deadpool}");
+        }
+    }
+
     /// Runs a pooled worker of 4 loops on `url` over 600 slow jobs while
     /// `disrupt` runs beside it, ending its sessions `ends` times; every job
     /// is done once.
