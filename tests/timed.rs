@@ -456,6 +456,28 @@ on_every_backend! {
         assert_eq!(invoice_figures(&mut conn), (0, 0, 0));
     }
 
+    /// A visibility-timeout worker runs on a pool: four loops, each with a
+    /// copy of the claim, send every invoice once and leave no stamp.
+    #[test]
+    fn a_visibility_timeout_worker_runs_on_a_pool() {
+        let (_db, pool) = invoices_db(200, 5);
+        let report = unsent()
+            .build_claim()
+            .visibility_timeout(invoices::claimed_until, Duration::from_secs(60))
+            .worker(&diesel_claim::StopHandle::new())
+            .concurrency(4)
+            .stop_when_empty()
+            .run_pooled(&pool, |conn: &mut Conn, invoice: Claimed<Invoice, _>| {
+                work_on(conn, &invoice, 0)?;
+                send(conn, invoice)
+            })
+            .unwrap();
+        let mut conn = pool.get().unwrap();
+        let worked: i64 = invoice_work::table.count().get_result(&mut conn).unwrap();
+        assert_eq!((report.processed, worked), (200, 200));
+        assert_eq!(invoice_figures(&mut conn), (0, 0, 0));
+    }
+
     /// Batches: the closure gets the batch's claims, in key order, outside
     /// any transaction; an error ends the call, its rows stay stamped.
     #[test]
