@@ -9,9 +9,14 @@
 //!
 //! Their methods are the crate's own and may change in any release.
 
+pub use crate::claim::retries::{
+    AttemptsColumn, ErrorTextColumn, IntegerType, RetriedRow, Retrying, RunAtColumn,
+    ScheduleColumns, TimestampType,
+};
 pub use crate::claim::timed::Unclaimed;
 pub use crate::claim::worker::ClaimPerLoop;
 pub use crate::claim::ClaimStatements;
 pub use crate::reusable::QueryPerLoop;
 pub use crate::sql::order::{ClaimOrder, Directed, KeyOrder, NotNullColumn, OrderTerms};
+pub use crate::sql::retry::{DueNow, ErrorColumn, NoColumn, TextType};
 pub use crate::sql::stamp::{StampColumn, StampType};

@@ -34,11 +34,16 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// A job queue: jobs run by priority; `attempts` counts failures.
+    use diesel::sql_types::*;
+    use super::ClaimStamp;
+
+    /// A job queue: jobs run by priority; `attempts` counts failures, and a
+    /// job runs no sooner than `run_at`.
     jobs (id) {
         id -> Integer,
         priority -> Integer,
         attempts -> Integer,
+        run_at -> ClaimStamp,
         last_error -> Nullable<Text>,
         done -> Bool,
     }
@@ -99,7 +104,7 @@ fn establish_connection() -> PgConnection {
          CREATE TABLE orders (id SERIAL PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
          CREATE TABLE accounts (id SERIAL PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
          CREATE TABLE invoices (id SERIAL PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMPTZ);
-         CREATE TABLE jobs (id SERIAL PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE);",
+         CREATE TABLE jobs (id SERIAL PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, run_at TIMESTAMPTZ NOT NULL DEFAULT now(), last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE);",
     )
     .unwrap();
     conn.batch_execute(DOCTEST_ROWS).unwrap();
@@ -117,7 +122,7 @@ fn establish_connection() -> MysqlConnection {
          CREATE TEMPORARY TABLE orders (id INTEGER AUTO_INCREMENT PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE accounts (id INTEGER AUTO_INCREMENT PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE invoices (id INTEGER AUTO_INCREMENT PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until DATETIME(6)) ENGINE = InnoDB;
-         CREATE TEMPORARY TABLE jobs (id INTEGER AUTO_INCREMENT PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE = InnoDB;
+         CREATE TEMPORARY TABLE jobs (id INTEGER AUTO_INCREMENT PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, run_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)), last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE = InnoDB;
          CREATE TEMPORARY TABLE diesel_claim_leases (name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, expires_at BIGINT NOT NULL) ENGINE = InnoDB;",
     )
     .unwrap();
@@ -132,7 +137,7 @@ fn establish_connection() -> SqliteConnection {
         "CREATE TABLE orders (id INTEGER PRIMARY KEY, shipped BOOLEAN NOT NULL, email_sent BOOLEAN NOT NULL);
          CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version INTEGER NOT NULL);
          CREATE TABLE invoices (id INTEGER PRIMARY KEY, sent BOOLEAN NOT NULL, claimed_until TIMESTAMP);
-         CREATE TABLE jobs (id INTEGER PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE);",
+         CREATE TABLE jobs (id INTEGER PRIMARY KEY, priority INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, run_at TIMESTAMP NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')), last_error TEXT, done BOOLEAN NOT NULL DEFAULT FALSE);",
     )
     .unwrap();
     conn.batch_execute(DOCTEST_ROWS).unwrap();

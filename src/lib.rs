@@ -42,6 +42,7 @@ pub use backend::ClaimBackend;
 pub use claim::kind;
 #[cfg(feature = "postgres_backend")]
 pub use claim::notify;
+pub use claim::retries::{Retries, MAX_ERROR_LEN};
 pub use claim::{
     ClaimBuilder, ClaimDsl, ClaimOutcome, ClaimQuery, ClaimReport, ClaimWorker, Claimed, MarkQuery,
     RowFailure, StampQuery, StampedRow, StopHandle, WaitForRows,

@@ -81,6 +81,17 @@ mod enabled {
         );
     }
 
+    /// The row at `key` of `table` failed for the `attempts`th time, its
+    /// last under its retry schedule: a dead letter, out of the queue.
+    pub(crate) fn dead_letter<K: Debug>(table: &str, key: &K, attempts: u32) {
+        tracing::error!(
+            table,
+            key = ?key,
+            attempts,
+            "a job used its last attempt: it is a dead letter, out of the queue"
+        );
+    }
+
     /// Keys as an event shows them: `[3, 7]`, the first few of a long list.
     struct KeyList<'a, K>(&'a [K]);
 
@@ -411,6 +422,8 @@ mod disabled {
     pub(crate) fn renewal_abandoned(_name: &str, _token: i64) {}
 
     pub(crate) fn passed_over<K: Debug>(_table: &str, _keys: &[K], _error: Option<&dyn Display>) {}
+
+    pub(crate) fn dead_letter<K: Debug>(_table: &str, _key: &K, _attempts: u32) {}
 
     /// A worker's events, which go nowhere.
     pub(crate) struct WorkerTrace;

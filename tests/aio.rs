@@ -1744,6 +1744,9 @@ mod workers;
 // Workers on bb8 and deadpool pools, through lost connections.
 #[cfg(all(feature = "bb8", feature = "deadpool"))]
 mod pooled;
+// Retries scheduled in the rows, on a pool of loops.
+#[cfg(all(feature = "bb8", feature = "deadpool"))]
+mod retries;
 // Visibility-timeout claims, on the backends above.
 mod timed;
 // Sessions the server ends under a claim, and pools that give no connection.

@@ -32,6 +32,7 @@ mod migrations;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod partitions;
 mod pooled;
+mod retries;
 // Candidates read on a streaming replica the test starts.
 #[cfg(feature = "postgres")]
 mod replica;

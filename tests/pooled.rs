@@ -29,7 +29,7 @@ impl<C: SimpleConnection> CustomizeConnection<C, diesel::r2d2::Error> for Sessio
 }
 
 /// What a session of each backend is set up with.
-fn session_setup(backend: &str) -> &'static str {
+pub fn session_setup(backend: &str) -> &'static str {
     match backend {
         "mysql" => "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         "sqlite" => "PRAGMA busy_timeout = 10000",
@@ -38,7 +38,7 @@ fn session_setup(backend: &str) -> &'static str {
 }
 
 /// A pool of `size` connections to `url`, each set up for claiming.
-fn pool_of<C>(url: &str, size: u32, backend: &'static str) -> Pool<ConnectionManager<C>>
+pub fn pool_of<C>(url: &str, size: u32, backend: &'static str) -> Pool<ConnectionManager<C>>
 where
     C: diesel::r2d2::R2D2Connection + SimpleConnection + Send + 'static,
 {

@@ -171,6 +171,7 @@ mod migrations;
 #[cfg(any(feature = "bb8", feature = "deadpool"))]
 mod pooled;
 mod query;
+mod retries;
 mod timed;
 mod transaction;
 mod versioned;
@@ -189,6 +190,7 @@ pub use migrations::run_migrations;
 #[cfg(any(feature = "bb8", feature = "deadpool"))]
 pub use pooled::WorkerPool;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
+pub use retries::RetriedRow;
 pub use timed::StampedRow;
 pub use versioned::{retry, VersionedDsl};
 #[cfg(feature = "postgres_backend")]

@@ -81,6 +81,8 @@ impl<Rc> fmt::Debug for Replica<'_, Rc> {
     }
 }
 
+pub use super::retries::Retry;
+
 /// No failure hook: a failing closure's rows are rolled back and left as
 /// they were.
 #[derive(Debug, Clone, Copy, Default)]
@@ -106,6 +108,10 @@ pub trait Kind {
     /// locked on.
     #[doc(hidden)]
     const READS_REPLICA: bool = false;
+
+    /// The statement that takes a batch changes the rows (a mark).
+    #[doc(hidden)]
+    const MARKS: bool = false;
 }
 
 impl<D> Kind for Select<D> {
@@ -122,6 +128,8 @@ impl<V> Kind for Mark<V> {
             Taking::Mark
         }
     }
+
+    const MARKS: bool = true;
 }
 
 impl<Col> Kind for Stamp<Col> {
@@ -392,6 +400,14 @@ where
     S: ClaimStatements<DB, R>,
     K: Kind,
 {
+    if options.retry_schedule && K::MARKS {
+        return Err(Error::InvalidArgument(
+            "a retry schedule cannot be combined with a mark: the mark takes a row out of the \
+             queue before its closure runs, and stays when it fails; finish rows with \
+             then_update instead"
+                .to_owned(),
+        ));
+    }
     options.start::<DB, R, S>(kind.taking(), K::READS_REPLICA, query, depth)
 }
 

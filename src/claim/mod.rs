@@ -21,6 +21,7 @@ mod page;
 pub(crate) mod pooled;
 pub(crate) mod query;
 pub(crate) mod report;
+pub(crate) mod retries;
 pub(crate) mod run;
 pub(crate) mod siblings;
 pub(crate) mod timed;
@@ -134,6 +135,8 @@ pub struct Options {
     /// A row whose closure failed may be taken again in the same run: a
     /// worker without a backoff of its own.
     pub(crate) failed_again: bool,
+    /// The rows carry a retry schedule ([`retries`](ClaimBuilder::retries)).
+    pub(crate) retry_schedule: bool,
     reading: Reading,
 }
 
@@ -164,6 +167,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
                 stop: None,
                 in_worker: false,
                 failed_again: false,
+                retry_schedule: false,
                 reading: Reading::Chosen,
             },
             kind: Select(Keep),

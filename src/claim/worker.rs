@@ -184,6 +184,12 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 
 impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     pub(crate) fn new(claim: ClaimBuilder<Q, M, T, H>, stop: StopHandle) -> Self {
+        // Rows that carry their retry schedule need no backoff of the worker's.
+        let backoff = if claim.options.retry_schedule {
+            (Duration::ZERO, Duration::ZERO)
+        } else {
+            (Duration::from_secs(1), Duration::from_secs(300))
+        };
         ClaimWorker {
             claim,
             polling: Polling {
@@ -191,7 +197,7 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
                 min_poll: Duration::from_millis(10),
                 max_poll: Duration::from_secs(1),
                 channel: None,
-                backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+                backoff,
                 until_empty: false,
                 concurrency: 1,
                 progress_every: PROGRESS_EVERY,

@@ -8,6 +8,7 @@
 mod keys;
 pub(crate) mod order;
 pub mod rendered;
+pub(crate) mod retry;
 pub mod stamp;
 mod statements;
 

@@ -37,6 +37,10 @@ use crate::reusable::Reusable;
             MySQL, `Nullable<Timestamp>` on SQLite"
 )]
 pub trait StampType<DB: Backend> {
+    /// The type holds nulls.
+    #[doc(hidden)]
+    const NULLABLE: bool;
+
     /// The database clock now, as a value of the column's type.
     #[doc(hidden)]
     fn walk_now(out: AstPass<'_, '_, DB>) -> QueryResult<()>;
@@ -45,6 +49,11 @@ pub trait StampType<DB: Backend> {
     /// column's type.
     #[doc(hidden)]
     fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
+
+    /// The database clock `offset` (an expression of microseconds) from
+    /// now, as a value of the column's type.
+    #[doc(hidden)]
+    fn walk_after<'b>(offset: Offset<'_, 'b, DB>, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
 
     /// `column`'s value as microseconds since the Unix epoch.
     #[doc(hidden)]
@@ -96,11 +105,56 @@ impl NullableTimestamp for Nullable<diesel::sql_types::Timestamptz> {}
 #[cfg(feature = "mysql_backend")]
 impl NullableTimestamp for Nullable<diesel::sql_types::Datetime> {}
 
+// A nullable type is read and written as its values' type: a nullable
+// column's null is tested apart (`IS NULL`). Told as the nullable type it
+// is, where the compiler stops here.
+#[diagnostic::do_not_recommend]
+impl<DB: Backend, T: StampType<DB>> StampType<DB> for Nullable<T> {
+    const NULLABLE: bool = true;
+
+    fn walk_now(out: AstPass<'_, '_, DB>) -> QueryResult<()> {
+        T::walk_now(out)
+    }
+
+    fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        T::walk_later(micros, out)
+    }
+
+    fn walk_after<'b>(offset: Offset<'_, 'b, DB>, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        T::walk_after(offset, out)
+    }
+
+    fn walk_micros<'b>(
+        column: &'b dyn QueryFragment<DB>,
+        out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        T::walk_micros(column, out)
+    }
+}
+
+/// Renders an offset from the database clock now, in microseconds: a
+/// bound count, or an expression of the row's columns.
+pub type Offset<'o, 'b, DB> = &'o dyn Fn(AstPass<'_, 'b, DB>) -> QueryResult<()>;
+
+/// Renders `micros`, bound.
+#[cfg(any(
+    feature = "postgres_backend",
+    feature = "mysql_backend",
+    feature = "sqlite"
+))]
+fn bound_micros<'b, DB>(micros: &'b i64) -> impl Fn(AstPass<'_, 'b, DB>) -> QueryResult<()>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    i64: ToSql<BigInt, DB>,
+{
+    move |mut out| out.push_bind_param::<BigInt, i64>(micros)
+}
+
 #[cfg(feature = "postgres_backend")]
 mod pg {
     use super::*;
     use diesel::pg::Pg;
-    use diesel::sql_types::{Nullable, Timestamp, Timestamptz};
+    use diesel::sql_types::{Timestamp, Timestamptz};
 
     /// `statement_timestamp()` rather than `now()`: it moves on with each
     /// statement, also inside a caller's transaction, yet is one value within
@@ -117,77 +171,84 @@ mod pg {
         Ok(())
     }
 
-    fn walk_later_pg<'b>(
+    fn walk_after_pg<'b>(
         now: &'static str,
-        micros: &'b i64,
+        offset: Offset<'_, 'b, Pg>,
         mut out: AstPass<'_, 'b, Pg>,
     ) -> QueryResult<()> {
         out.push_sql("(");
         out.push_sql(now);
-        out.push_sql(" + ");
-        out.push_bind_param::<BigInt, i64>(micros)?;
-        out.push_sql(" * INTERVAL '1 microsecond')");
+        out.push_sql(" + (");
+        offset(out.reborrow())?;
+        out.push_sql(") * INTERVAL '1 microsecond')");
         Ok(())
     }
 
     const NOW_TZ: &str = "statement_timestamp()";
     const NOW_UTC: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
 
-    impl StampType<Pg> for Nullable<Timestamptz> {
-        fn walk_now(mut out: AstPass<'_, '_, Pg>) -> QueryResult<()> {
-            out.push_sql(NOW_TZ);
-            Ok(())
-        }
+    /// `timestamptz` and `timestamp` (kept in UTC), read from `$now`.
+    macro_rules! pg_clock {
+        ($($sql_type:ty => $now:expr),+) => {$(
+            impl StampType<Pg> for $sql_type {
+                const NULLABLE: bool = false;
 
-        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-            walk_later_pg(NOW_TZ, micros, out)
-        }
+                fn walk_now(mut out: AstPass<'_, '_, Pg>) -> QueryResult<()> {
+                    out.push_sql($now);
+                    Ok(())
+                }
 
-        fn walk_micros<'b>(
-            column: &'b dyn QueryFragment<Pg>,
-            out: AstPass<'_, 'b, Pg>,
-        ) -> QueryResult<()> {
-            walk_micros_pg(column, out)
-        }
+                fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+                    walk_after_pg($now, &bound_micros(micros), out)
+                }
+
+                fn walk_after<'b>(
+                    offset: Offset<'_, 'b, Pg>,
+                    out: AstPass<'_, 'b, Pg>,
+                ) -> QueryResult<()> {
+                    walk_after_pg($now, offset, out)
+                }
+
+                fn walk_micros<'b>(
+                    column: &'b dyn QueryFragment<Pg>,
+                    out: AstPass<'_, 'b, Pg>,
+                ) -> QueryResult<()> {
+                    walk_micros_pg(column, out)
+                }
+            }
+        )+};
     }
 
-    impl StampType<Pg> for Nullable<Timestamp> {
-        fn walk_now(mut out: AstPass<'_, '_, Pg>) -> QueryResult<()> {
-            out.push_sql(NOW_UTC);
-            Ok(())
-        }
-
-        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-            walk_later_pg(NOW_UTC, micros, out)
-        }
-
-        fn walk_micros<'b>(
-            column: &'b dyn QueryFragment<Pg>,
-            out: AstPass<'_, 'b, Pg>,
-        ) -> QueryResult<()> {
-            walk_micros_pg(column, out)
-        }
-    }
+    pg_clock!(Timestamptz => NOW_TZ, Timestamp => NOW_UTC);
 }
 
 #[cfg(feature = "mysql_backend")]
 mod mysql {
     use super::*;
     use diesel::mysql::Mysql;
-    use diesel::sql_types::{Datetime, Nullable};
+    use diesel::sql_types::Datetime;
 
     /// UTC, whatever the session's time zone. MySQL reads the clock once per
     /// statement.
-    impl StampType<Mysql> for Nullable<Datetime> {
+    impl StampType<Mysql> for Datetime {
+        const NULLABLE: bool = false;
+
         fn walk_now(mut out: AstPass<'_, '_, Mysql>) -> QueryResult<()> {
             out.push_sql("UTC_TIMESTAMP(6)");
             Ok(())
         }
 
-        fn walk_later<'b>(micros: &'b i64, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-            out.push_sql("(UTC_TIMESTAMP(6) + INTERVAL ");
-            out.push_bind_param::<BigInt, i64>(micros)?;
-            out.push_sql(" MICROSECOND)");
+        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+            Self::walk_after(&bound_micros(micros), out)
+        }
+
+        fn walk_after<'b>(
+            offset: Offset<'_, 'b, Mysql>,
+            mut out: AstPass<'_, 'b, Mysql>,
+        ) -> QueryResult<()> {
+            out.push_sql("(UTC_TIMESTAMP(6) + INTERVAL (");
+            offset(out.reborrow())?;
+            out.push_sql(") MICROSECOND)");
             Ok(())
         }
 
@@ -206,25 +267,34 @@ mod mysql {
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
-    use diesel::sql_types::{Nullable, Timestamp};
+    use diesel::sql_types::Timestamp;
     use diesel::sqlite::Sqlite;
 
     /// Text in one fixed format, so that stamps compare as strings. SQLite
     /// reads `'now'` once per statement.
     const FORMAT: &str = "strftime('%Y-%m-%d %H:%M:%f', ";
 
-    impl StampType<Sqlite> for Nullable<Timestamp> {
+    impl StampType<Sqlite> for Timestamp {
+        const NULLABLE: bool = false;
+
         fn walk_now(mut out: AstPass<'_, '_, Sqlite>) -> QueryResult<()> {
             out.push_sql(FORMAT);
             out.push_sql("'now')");
             Ok(())
         }
 
-        fn walk_later<'b>(micros: &'b i64, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+            Self::walk_after(&bound_micros(micros), out)
+        }
+
+        fn walk_after<'b>(
+            offset: Offset<'_, 'b, Sqlite>,
+            mut out: AstPass<'_, 'b, Sqlite>,
+        ) -> QueryResult<()> {
             out.push_sql(FORMAT);
-            out.push_sql("julianday('now') + ");
-            out.push_bind_param::<BigInt, i64>(micros)?;
-            out.push_sql(" / 86400000000.0)");
+            out.push_sql("julianday('now') + (");
+            offset(out.reborrow())?;
+            out.push_sql(") / 86400000000.0)");
             Ok(())
         }
 

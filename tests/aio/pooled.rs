@@ -16,7 +16,7 @@ use diesel_claim::{Error, StopHandle};
 use testkit::fixtures::{insert_jobs, jobs, Job};
 
 /// A connection manager for `url`: on MySQL, sessions at `READ COMMITTED`.
-fn manager<C>(url: &str, mysql: bool) -> AsyncDieselConnectionManager<C>
+pub fn manager<C>(url: &str, mysql: bool) -> AsyncDieselConnectionManager<C>
 where
     C: diesel_async::pooled_connection::PoolableConnection + 'static,
 {
