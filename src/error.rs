@@ -181,6 +181,18 @@ pub enum Error {
     #[error("the closure panicked: {0}")]
     ClosurePanicked(String),
 
+    /// A claim's closure ran past its [`timeout`](crate::ClaimBuilder::timeout):
+    /// its work was rolled back and its row counted as failed (and recorded
+    /// by the claim's failure hook or retry schedule, while the row was still
+    /// locked). On diesel-async its future was dropped at the timeout; on a
+    /// blocking connection it was treated so once it returned, and on
+    /// PostgreSQL each of its statements was ended at the timeout.
+    #[error("the closure ran past its timeout of {timeout:?}: its work was rolled back")]
+    TimedOut {
+        /// The claim's timeout.
+        timeout: std::time::Duration,
+    },
+
     /// Running the crate's embedded migrations failed.
     #[cfg(feature = "migrations")]
     #[error("migration failed: {0}")]
@@ -448,6 +460,18 @@ pub fn is_lock_not_available(error: &diesel::result::Error) -> bool {
 /// (PostgreSQL `40P01`, MySQL and MariaDB 1213).
 pub fn is_deadlock(error: &diesel::result::Error) -> bool {
     classify(error) == Some(ErrorClass::Deadlock)
+}
+
+/// Whether a claim's error, of whatever type, is this crate's
+/// [`Error::IdleBoundExceeded`]: the server ended the session of a
+/// transaction that sat idle past its bound, while its closure ran.
+#[cfg(any(feature = "bb8", feature = "deadpool"))]
+pub(crate) fn idle_bound_exceeded<E: 'static>(error: &E) -> bool {
+    let error: &dyn Any = error;
+    matches!(
+        error.downcast_ref::<Error>(),
+        Some(Error::IdleBoundExceeded { .. })
+    )
 }
 
 /// Whether a closure's error, of whatever type, says that the database rolled

@@ -79,8 +79,9 @@ pub struct LockOptions {
     strength: LockStrength,
     on_locked: Option<OnLocked>,
     invalid: Option<String>,
+    /// The idle bound chosen, if one was.
     #[cfg(feature = "async")]
-    idle_bound: IdleBound,
+    idle_bound: Option<IdleBound>,
 }
 
 /// How long a transaction the async API opens may sit idle before the server
@@ -129,13 +130,19 @@ impl LockOptions {
                 "idle_bound is more than 0 and at most {} days, got {bound:?} (None sets no bound)",
                 LONGEST_IDLE_BOUND.as_secs() / 86_400
             )),
-            _ => self.idle_bound = IdleBound(bound),
+            _ => self.idle_bound = Some(IdleBound(bound)),
         }
     }
 
     /// The idle bound chosen, or the default.
     #[cfg(feature = "async")]
     pub(crate) fn bound(&self) -> IdleBound {
+        self.idle_bound.unwrap_or_default()
+    }
+
+    /// The idle bound chosen, if one was.
+    #[cfg(feature = "async")]
+    pub(crate) fn chosen_bound(&self) -> Option<IdleBound> {
         self.idle_bound
     }
 

@@ -69,6 +69,8 @@ use crate::claim::report::Counts;
 const ROWS_PROCESSED: &str = "diesel_claim_rows_processed_total";
 /// The rows that failed and were passed over.
 const ROWS_FAILED: &str = "diesel_claim_rows_failed_total";
+/// The rows whose closure ran past its timeout (counted as failed too).
+const ROWS_TIMED_OUT: &str = "diesel_claim_rows_timed_out_total";
 /// The candidates gone before they were locked.
 const ROWS_GONE: &str = "diesel_claim_rows_gone_total";
 /// The candidates locked by someone else.
@@ -92,6 +94,11 @@ pub fn describe() {
         ROWS_FAILED,
         Unit::Count,
         "Rows whose closure failed and which the claim passed over (keep_going, a failure hook)."
+    );
+    describe_counter!(
+        ROWS_TIMED_OUT,
+        Unit::Count,
+        "Rows whose closure ran past the claim's timeout (counted as failed too)."
     );
     describe_counter!(
         ROWS_GONE,
@@ -135,6 +142,7 @@ pub fn record_pickup(table: &str, runnable_at: SystemTime) {
 pub(crate) struct ClaimMetrics {
     processed: Counter,
     failed: Counter,
+    timed_out: Counter,
     gone: Counter,
     locked: Counter,
     claim: Histogram,
@@ -148,6 +156,7 @@ impl ClaimMetrics {
         ClaimMetrics {
             processed: counter!(ROWS_PROCESSED, &labels),
             failed: counter!(ROWS_FAILED, &labels),
+            timed_out: counter!(ROWS_TIMED_OUT, &labels),
             gone: counter!(ROWS_GONE, &labels),
             locked: counter!(ROWS_LOCKED, &labels),
             claim: histogram!(CLAIM_DURATION, &labels),
@@ -174,12 +183,20 @@ impl ClaimMetrics {
         }
     }
 
+    /// `rows` failed outside any claim's count: a worker's batch whose
+    /// session the server ended under its job.
+    #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+    pub(crate) fn failed_outside_the_claim(&mut self, rows: u64) {
+        self.failed.increment(rows);
+    }
+
     /// Adds what moved since last counted (`locked` is the call's end's
     /// alone); whether rows were handed over since.
     fn count(&mut self, now: Counts) -> bool {
         let before = self.counted;
         self.processed.increment(now.processed - before.processed);
         self.failed.increment(now.failed - before.failed);
+        self.timed_out.increment(now.timed_out - before.timed_out);
         self.gone.increment(now.gone - before.gone);
         self.counted = now;
         now.processed + now.failed > before.processed + before.failed

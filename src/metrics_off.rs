@@ -16,4 +16,7 @@ impl ClaimMetrics {
     pub(crate) fn batch_ended(&mut self, _began: Instant, _so_far: Counts) {}
 
     pub(crate) fn claim_ended(&mut self, _began: Instant, _report: Counts, _polled: bool) {}
+
+    #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+    pub(crate) fn failed_outside_the_claim(&mut self, _rows: u64) {}
 }

@@ -260,6 +260,19 @@ mod enabled {
         allow(dead_code)
     )]
     impl WorkerTrace {
+        /// The transaction of the rows at `keys` outlived its idle bound
+        /// (`error`): the server ended its session while the job ran.
+        #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+        pub(crate) fn bound_fired<K: Debug>(&self, keys: &[K], error: &dyn Display) {
+            tracing::error!(
+                table = self.table,
+                keys = %KeyList(keys),
+                %error,
+                "a job outlived its transaction's idle bound: its work was rolled back, its row \
+                 freed while it ran, and another worker may have started it again"
+            );
+        }
+
         /// A connection of a worker on a pool failed (`what` failed): it
         /// tries again on another after `pause`.
         pub(crate) fn reconnecting(&self, what: &str, error: &dyn Display, pause: Duration) {
@@ -459,6 +472,9 @@ mod disabled {
         allow(dead_code)
     )]
     impl WorkerTrace {
+        #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+        pub(crate) fn bound_fired<K: Debug>(&self, _keys: &[K], _error: &dyn Display) {}
+
         pub(crate) fn reconnecting(&self, _what: &str, _error: &dyn Display, _pause: Duration) {}
 
         pub(crate) fn reconnected(&self, _failures: u32) {}

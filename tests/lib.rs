@@ -37,6 +37,7 @@ mod retries;
 #[cfg(feature = "postgres")]
 mod replica;
 mod timed;
+mod timeouts;
 mod torture;
 // The spans and events of the `tracing` feature.
 #[cfg(feature = "tracing")]

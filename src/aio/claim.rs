@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use diesel::query_builder::Query;
 use diesel_async::AsyncConnection;
@@ -16,7 +16,7 @@ use super::kind::{FailureHook, Takes};
 use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::Async;
-use crate::claim::run::panicked;
+use crate::claim::run::{panicked, ran_late};
 use crate::claim::worker::LeftOut;
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
@@ -326,6 +326,22 @@ where
         I: 'c,
     {
         Box::pin(async move { (self.0)(conn, items).await })
+    }
+}
+
+/// Awaits a closure's `call` under the claim's `timeout`: at the timeout its
+/// future is dropped, wherever it awaits, and the call failed with
+/// [`Error::TimedOut`]. The error says whether the call ran late.
+pub(super) async fn within<E: From<Error>>(
+    timeout: Option<Duration>,
+    call: impl Future<Output = Result<(), E>>,
+) -> Result<(), (E, bool)> {
+    let Some(timeout) = timeout else {
+        return call.await.map_err(|error| (error, false));
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(called) => called.map_err(|error| (error, false)),
+        Err(_) => Err((ran_late(timeout), true)),
     }
 }
 

@@ -9,9 +9,10 @@ use diesel_async::{AsyncConnection, TransactionManager};
 use scoped_futures::ScopedFutureExt;
 
 use super::backend::AsyncBackend;
-use super::claim::{call, Closure};
+use super::claim::{call, within, Closure};
 use super::kind::{FailureHook, Takes};
 use super::transaction::{locking_transaction, roll_back_to, transaction_depth};
+use crate::backend::strategy::Strategy;
 use crate::claim::engine::{Claim, Step, Taking};
 use crate::claim::run::{backed_off, calls, pass_over_backed_off, Failing, NextBatch};
 use crate::claim::worker::Backoff;
@@ -132,12 +133,14 @@ where
         let catch = self.options.keep_going || H::SET;
         let savepoints =
             failures_in_savepoints(self.options, self.claim.taking, H::SET, F::PER_ROW);
+        let timeout = self.options.timeout;
         let mut attempts = 0;
-        let (batch, failing, caught, own_failed_transiently) = loop {
+        let (batch, failing, caught, own_failed_transiently, timed_out, handed) = loop {
             let (mut moved, mut failing, mut caught) = (false, None, Vec::new());
-            let mut own_failed_transiently = false;
+            let (mut own_failed_transiently, mut timed_out, mut handed) = (false, 0, Vec::new());
             let (moved_read, failing_at, caught_in) = (&mut moved, &mut failing, &mut caught);
-            let own_failed_at = &mut own_failed_transiently;
+            let (own_failed_at, late, handed_over) =
+                (&mut own_failed_transiently, &mut timed_out, &mut handed);
             let (claim, kind, hook, query, f, range) = (
                 &mut *self.claim,
                 &mut *self.kind,
@@ -147,7 +150,7 @@ where
                 range.clone(),
             );
             let backoff = self.backoff;
-            let batch = locking_transaction(conn, self.options.lock.bound(), |conn| {
+            let batch = locking_transaction(conn, self.options.idle_bound(), |conn| {
                 async move {
                     let rows = kind
                         .take(query, conn, range.clone(), limit, &claim.clause)
@@ -165,15 +168,26 @@ where
                         let key_of = |row: &T::Taken| Position::of_key(T::taken_key(row));
                         claim.verify_none_locked(keys.map_err(Error::from)?, &rows, key_of)?;
                     }
+                    if let Some(bound) = timeout.filter(|_| !rows.is_empty()) {
+                        if let Some(sql) = <C::Backend as Strategy>::bound_statements(bound) {
+                            conn.batch_execute(&sql).await.map_err(Error::from)?;
+                        }
+                    }
                     let now = Instant::now();
                     let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
                     let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
+                    handed_over.clone_from(&batch_keys);
                     let mut succeeded = Vec::new();
                     for items in calls(items, savepoints && F::PER_ROW) {
                         let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                        let rows = keys.len();
+                        let count_late = |(error, ran_late): (E, bool)| {
+                            *late += usize::from(ran_late) * rows;
+                            error
+                        };
                         if !savepoints {
-                            let called = call(f.call(conn, items), catch).await;
-                            called.inspect_err(|_| {
+                            let called = within(timeout, call(f.call(conn, items), catch)).await;
+                            called.map_err(count_late).inspect_err(|_| {
                                 if catch {
                                     backed_off(backoff, &batch_keys);
                                 }
@@ -187,7 +201,8 @@ where
                         C::TransactionManager::begin_transaction(conn)
                             .await
                             .map_err(Error::from)?;
-                        match call(f.call(conn, items), catch).await {
+                        let called = within(timeout, call(f.call(conn, items), catch)).await;
+                        match called.map_err(count_late) {
                             Ok(()) => {
                                 C::TransactionManager::commit_transaction(conn)
                                     .await
@@ -225,28 +240,41 @@ where
                     attempts += 1;
                     trace::moved_row(attempts);
                 }
-                batch => break (batch, failing, caught, own_failed_transiently),
+                batch => {
+                    break (
+                        batch,
+                        failing,
+                        caught,
+                        own_failed_transiently,
+                        timed_out,
+                        handed,
+                    )
+                }
             }
         };
         span.record("outcome", transaction_outcome(&batch));
         match (batch, failing) {
             (Ok(processed), _) => {
                 self.claim.processed(processed);
+                self.claim.timed_out(timed_out);
                 for failure in caught {
                     self.passed_over::<C, I>(&failure.keys);
                     self.failed.push(failure);
                 }
             }
             (Err(error), Some(Failing::Closure(keys))) if catch => {
+                self.claim.timed_out(timed_out);
                 self.passed_over::<C, I>(&keys);
                 self.failed.push(RowFailure::new(keys, error));
             }
             (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
                 return Err(RowFailure::new(keys, error))
             }
+            // The crate's own statement failed: after the closures, the
+            // rows they ran on are rolled back.
             (Err(error), None) => {
                 self.transient = own_failed_transiently;
-                return Err(RowFailure::new(Vec::new(), error));
+                return Err(RowFailure::new(handed, error));
             }
         }
         Ok(())
@@ -302,13 +330,17 @@ where
             }
             let keys: Vec<K> = items.iter().map(T::item_key).collect();
             let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
-            let error = match call(f.call(conn, items), catch).await {
+            let timeout = self.options.timeout;
+            let error = match within(timeout, call(f.call(conn, items), catch)).await {
                 Ok(()) => {
                     processed += keys.len();
                     continue;
                 }
-                Err(error) if catch => error,
-                Err(error) => {
+                Err((error, late)) if catch => {
+                    self.claim.timed_out(usize::from(late) * keys.len());
+                    error
+                }
+                Err((error, _)) => {
                     ended = Err(RowFailure::new(keys, error));
                     break;
                 }
@@ -317,7 +349,7 @@ where
             let error = if H::SET {
                 // The error goes into the hook's transaction, and comes back.
                 let (kind, hook) = (&*self.kind, &mut *self.hook);
-                let hooked = locking_transaction(conn, self.options.lock.bound(), |conn| {
+                let hooked = locking_transaction(conn, self.options.idle_bound(), |conn| {
                     async move {
                         for item in kept.into_iter().flatten() {
                             if kind.settle(&item, conn).await? {
@@ -372,7 +404,7 @@ where
                 locking_read(rows, &mut moved)
             } else {
                 let moved = &mut moved;
-                locking_transaction(conn, self.options.lock.bound(), |conn| {
+                locking_transaction(conn, self.options.idle_bound(), |conn| {
                     async move {
                         locking_read(kind.take(query, conn, range, limit, clause).await, moved)
                     }

@@ -23,6 +23,8 @@ use super::Async;
 use crate::claim::siblings::{Sibling, Siblings};
 use crate::claim::worker::on_a_pool::{summed, Reconnect, Shared};
 use crate::claim::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
+use crate::error::idle_bound_exceeded;
+use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
 use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure};
@@ -226,6 +228,7 @@ where
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;
     let mut reconnect = Reconnect::new();
+    let mut metrics = ClaimMetrics::new(&once.table());
     // Takes steer around the other loops' batches, but the last claim of a
     // loop that stops once nothing is pending takes from the whole query.
     let mut steering = polling.concurrency > 1;
@@ -262,6 +265,12 @@ where
         let took = match recorded {
             Ok(took) => took,
             Err(failure) if lost => {
+                if idle_bound_exceeded(&failure.error) {
+                    // Never a silent retry: the job ran past its bound.
+                    total.failed += failure.keys.len() as u64;
+                    metrics.failed_outside_the_claim(failure.keys.len() as u64);
+                    events.bound_fired(&failure.keys, &failure.error);
+                }
                 let pause = reconnect.pause();
                 let what = "a worker's claim lost its connection, and its rows were rolled back";
                 events.reconnecting(what, &failure.error, pause);

@@ -59,6 +59,15 @@ pub(crate) mod strategy {
         #[cfg(feature = "migrations")]
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations;
 
+        /// The statement that bounds how long each statement after it, in
+        /// the transaction it runs in, may take: a claim's
+        /// [`timeout`](crate::ClaimBuilder::timeout), for the statements of
+        /// its closure. `None` where the backend has no such bound for a
+        /// transaction alone (MySQL, MariaDB, SQLite).
+        fn bound_statements(_timeout: std::time::Duration) -> Option<String> {
+            None
+        }
+
         /// Appends the locking clause (after the query's own `LIMIT`).
         fn walk_lock_clause(clause: &LockClause, out: AstPass<'_, '_, Self>) -> QueryResult<()>;
 

@@ -60,6 +60,14 @@ impl Strategy for Pg {
     }
 
     // Row locks are taken by the statements, with their own wait policy.
+    // For this transaction only, after which the session's own applies.
+    fn bound_statements(timeout: std::time::Duration) -> Option<String> {
+        Some(format!(
+            "SET LOCAL statement_timeout = {}",
+            timeout.as_millis().max(1)
+        ))
+    }
+
     fn begin_locking_transaction<C>(conn: &mut C, _depth: u32, _nowait: bool) -> QueryResult<()>
     where
         C: LoadConnection<Backend = Self>,

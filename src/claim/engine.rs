@@ -788,6 +788,11 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         }
     }
 
+    /// Of the rows that failed, `rows` ran past the claim's timeout.
+    pub(crate) fn timed_out(&mut self, rows: usize) {
+        self.report.timed_out += rows as u64;
+    }
+
     /// A row taken was gone before the closure got it: another worker took
     /// it since (a visibility timeout's stamp ran out).
     pub(crate) fn gone(&mut self) {

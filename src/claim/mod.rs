@@ -6,6 +6,7 @@
 //! drive the one engine (`engine.rs`) with the kind's statements.
 
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
@@ -115,6 +116,10 @@ pub struct ClaimBuilder<Q, M = Blocking, T = Select, H = NoHook> {
     pub(crate) mode: PhantomData<M>,
 }
 
+/// The longest [`ClaimBuilder::timeout`]: PostgreSQL counts a statement's
+/// in milliseconds in an `int`.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 24 * 3600);
+
 /// A claim's options, whatever its kind.
 #[doc(hidden)]
 #[derive(Debug, Clone)]
@@ -137,6 +142,8 @@ pub struct Options {
     pub(crate) failed_again: bool,
     /// The rows carry a retry schedule ([`retries`](ClaimBuilder::retries)).
     pub(crate) retry_schedule: bool,
+    /// How long a closure may run ([`ClaimBuilder::timeout`]).
+    pub(crate) timeout: Option<Duration>,
     reading: Reading,
 }
 
@@ -168,6 +175,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
                 in_worker: false,
                 failed_again: false,
                 retry_schedule: false,
+                timeout: None,
                 reading: Reading::Chosen,
             },
             kind: Select(Keep),
@@ -402,6 +410,44 @@ impl<Q, M, T, H> ClaimBuilder<Q, M, T, H> {
     /// [failure hook](Self::on_failure), which implies `keep_going`.
     pub fn keep_going(mut self) -> Self {
         self.options.keep_going = true;
+        self
+    }
+
+    /// Ends each closure that runs longer than `timeout` (a row's, or a
+    /// batch's with [`each_batch`](Self::each_batch)), as a failure: its work
+    /// is rolled back, its row counted in [`ClaimReport::failed`] and
+    /// [`ClaimReport::timed_out`], and recorded by the claim's
+    /// [failure hook](Self::on_failure) or [retry schedule](Self::retries)
+    /// under its lock, with [`Error::TimedOut`] as its error; without either,
+    /// and without [`keep_going`](Self::keep_going), the call ends with that
+    /// error. `timeout` is more than 0 and at most 24 days.
+    ///
+    /// What it can end:
+    ///
+    /// - **On diesel-async** (`aio`), the closure's future is dropped at the
+    ///   timeout, wherever it awaits. A statement of the closure's in flight
+    ///   then is ended by PostgreSQL at the timeout (below); MySQL and
+    ///   MariaDB run it to its end before the row's rollback can start.
+    /// - **On a blocking connection**, a thread cannot be stopped from the
+    ///   outside: a closure that runs past its timeout is a failure once it
+    ///   returns, whatever it returned, and its work is rolled back then.
+    /// - **On PostgreSQL**, either way, each statement of the closure is
+    ///   ended by the server at the timeout (`SET LOCAL statement_timeout`,
+    ///   one more statement per batch): a closure blocked on a slow query or
+    ///   a lock wait gets its error then. MySQL, MariaDB and SQLite have no
+    ///   bound for a transaction alone.
+    ///
+    /// Async, the timeout also sets the transactions' idle bound (unless
+    /// [`idle_bound`](crate::ClaimBuilder::idle_bound) sets one): 30 s above
+    /// the timeout, a backstop that the timeout keeps from firing.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        if timeout.is_zero() || timeout > MAX_TIMEOUT {
+            self.options.lock.reject(format!(
+                "timeout is more than 0 and at most {} days, got {timeout:?}",
+                MAX_TIMEOUT.as_secs() / 86_400
+            ));
+        }
+        self.options.timeout = Some(timeout);
         self
     }
 
@@ -678,6 +724,26 @@ impl Options {
             failed_again: self.failed_again,
             from_head,
         }))
+    }
+}
+
+impl Options {
+    /// The idle bound of the claim's transactions on diesel-async: the one
+    /// chosen; else 30 s above the claim's timeout; else none for a worker,
+    /// whose jobs may run for as long as they take (a bound below a job
+    /// ends its session while it runs, and another worker starts it again);
+    /// else the default, [`IDLE_TRANSACTION_BOUND`](crate::aio::IDLE_TRANSACTION_BOUND).
+    #[cfg(feature = "async")]
+    pub(crate) fn idle_bound(&self) -> crate::locking::IdleBound {
+        use crate::locking::IdleBound;
+        if let Some(chosen) = self.lock.chosen_bound() {
+            return chosen;
+        }
+        match self.timeout {
+            Some(timeout) => IdleBound(Some(timeout + crate::aio::IDLE_TRANSACTION_BOUND)),
+            None if self.in_worker => IdleBound(None),
+            None => IdleBound::default(),
+        }
     }
 }
 

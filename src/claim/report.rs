@@ -27,6 +27,9 @@ pub struct ClaimReport {
     /// [visibility timeout](crate::ClaimBuilder::visibility_timeout), nothing
     /// rolls back: the row keeps its stamp until it passes.)
     pub failed: u64,
+    /// Of the [`failed`](Self::failed) rows, those whose closure ran past
+    /// the claim's [`timeout`](crate::ClaimBuilder::timeout).
+    pub timed_out: u64,
     /// Candidates this call read and did not get to, because it had processed
     /// [`max_rows`](crate::ClaimBuilder::max_rows): left for the next call,
     /// not to others. (Also, rarely, a row of a failed batch that
@@ -46,6 +49,7 @@ impl ClaimReport {
         self.locked += other.locked;
         self.gone += other.gone;
         self.failed += other.failed;
+        self.timed_out += other.timed_out;
         self.not_reached += other.not_reached;
         self.passes += other.passes;
     }
@@ -55,6 +59,7 @@ impl ClaimReport {
         Counts {
             processed: self.processed,
             failed: self.failed,
+            timed_out: self.timed_out,
             gone: self.gone,
             locked: self.locked,
         }
@@ -77,7 +82,7 @@ pub struct ClaimOutcome<K, E> {
     pub failed: Vec<RowFailure<K, E>>,
     /// What ended the call early, if anything did: a closure's failure (the
     /// keys its transaction rolled back), or an error outside any closure (a
-    /// lost connection: no keys).
+    /// lost connection: no keys, or, once rows were handed over, theirs).
     pub stopped: Option<RowFailure<K, E>>,
     /// The call was ended by one of the crate's own statements failing in a
     /// way that running again mends (a deadlock, a serialization failure):
@@ -93,7 +98,9 @@ pub struct RowFailure<K, E> {
     /// alone when claiming per row, or when
     /// [`keep_going`](crate::ClaimBuilder::keep_going) retried a failing batch
     /// row by row; every row of the batch when a batch failed and the call
-    /// stopped. Empty when the error came from outside any closure.
+    /// stopped. Empty when the error came from outside any closure before
+    /// any row was handed over; after, the rows handed over in the batch (a
+    /// failed commit, or the server ending the session under them).
     pub keys: Vec<K>,
     /// The error: the closure's own, or (for a panic, with `keep_going`)
     /// [`Error::ClosurePanicked`](crate::Error::ClosurePanicked) converted into
@@ -168,6 +175,7 @@ impl<K, E> ClaimOutcome<K, E> {
 pub(crate) struct Counts {
     pub(crate) processed: u64,
     pub(crate) failed: u64,
+    pub(crate) timed_out: u64,
     pub(crate) gone: u64,
     pub(crate) locked: u64,
 }

@@ -37,8 +37,9 @@ use crate::{trace, Error};
 /// - **The take** of every worker, in every process, runs the query's
 ///   filter and `attempts < max AND run_at <= now`, by the database's clock:
 ///   no worker takes a job before its next run time.
-/// - **A failure** (the closure returned an error or panicked) is written
-///   while the job is still locked, in its transaction, after its work was rolled back to a
+/// - **A failure** (the closure returned an error, panicked, or ran past its
+///   [timeout](crate::ClaimBuilder::timeout)) is written while the job is
+///   still locked, in its transaction, after its work was rolled back to a
 ///   savepoint: `attempts = attempts + 1`, `run_at = now + delay`, and the
 ///   error's text. Its release commits with it: no other worker can take the
 ///   job in between, or run it before the delay has passed.

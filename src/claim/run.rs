@@ -4,7 +4,7 @@
 
 use std::hash::Hash;
 use std::panic::{self, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use diesel::connection::{Connection, LoadConnection, TransactionManager};
 use diesel::QueryResult;
@@ -14,6 +14,7 @@ use super::kind::{FailureHook, Takes};
 use super::report::{ClaimOutcome, ClaimReport, RowFailure};
 use super::worker::{Backoff, LeftOut};
 use super::{failures_in_savepoints, ClaimBuilder, Options};
+use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
 use crate::locking::LockClause;
@@ -319,11 +320,15 @@ where
         } = self;
         let catch = options.keep_going || H::SET;
         let savepoints = failures_in_savepoints(options, claim.taking, H::SET, F::PER_ROW);
+        let timeout = options.timeout;
         let mut failing = None;
         let mut caught = Vec::new();
         let mut own_failed_transiently = false;
+        let mut timed_out = 0;
+        let mut handed = Vec::new();
         let batch = again_if_moved(|moved| {
-            (failing, caught, own_failed_transiently) = (None, Vec::new(), false);
+            (failing, caught, own_failed_transiently, timed_out) = (None, Vec::new(), false, 0);
+            handed.clear();
             locking_transaction(conn, claim.nowait, |conn| {
                 let rows = kind.take(query, conn, range.clone(), limit, &claim.clause);
                 let rows = locking_read(rows, moved)
@@ -341,14 +346,28 @@ where
                     let key_of = |row: &T::Taken| Position::of_key(T::taken_key(row));
                     claim.verify_none_locked(keys, &rows, key_of)?;
                 }
+                if let Some(bound) = timeout.filter(|_| !rows.is_empty()) {
+                    bound_statements::<C>(conn, bound)?;
+                }
                 let now = Instant::now();
                 let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
                 let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
+                handed.clone_from(&batch_keys);
                 let mut succeeded = Vec::new();
                 for items in calls(items, savepoints && F::PER_ROW) {
                     let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                    let kept: Vec<Option<I>> = match savepoints {
+                        true => items.iter().map(H::keep).collect(),
+                        false => Vec::new(),
+                    };
+                    let rows = keys.len();
+                    let run = |conn: &mut C| {
+                        within(timeout, || call(|| f.call(conn, items), catch))
+                            .inspect_err(|(_, late)| timed_out += usize::from(*late) * rows)
+                            .map_err(|(error, _)| error)
+                    };
                     if !savepoints {
-                        let called = call(|| f.call(conn, items), catch);
+                        let called = run(conn);
                         called.inspect_err(|_| {
                             if catch {
                                 backed_off(*backoff, &batch_keys);
@@ -358,8 +377,7 @@ where
                         succeeded.extend(keys);
                         continue;
                     }
-                    let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
-                    match in_savepoint(conn, |conn| call(|| f.call(conn, items), catch))? {
+                    match in_savepoint(conn, run)? {
                         Saved::Done => succeeded.extend(keys),
                         Saved::RolledBack(error) => {
                             backed_off(*backoff, &keys);
@@ -389,21 +407,25 @@ where
         match (batch, failing) {
             (Ok(processed), _) => {
                 claim.processed(processed);
+                claim.timed_out(timed_out);
                 for failure in caught {
                     failure_passed_over::<T, _, _, _>(claim, &failure.keys);
                     failed.push(failure);
                 }
             }
             (Err(error), Some(Failing::Closure(keys))) if catch => {
+                claim.timed_out(timed_out);
                 failure_passed_over::<T, _, _, _>(claim, &keys);
                 failed.push(RowFailure::new(keys, error));
             }
             (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
                 return Err(RowFailure::new(keys, error))
             }
+            // The crate's own statement failed: after the closures, the rows
+            // they ran on are rolled back.
             (Err(error), None) => {
                 *transient = own_failed_transiently;
-                return Err(RowFailure::new(Vec::new(), error));
+                return Err(RowFailure::new(handed, error));
             }
         }
         Ok(())
@@ -459,13 +481,17 @@ where
                 }
                 let keys: Vec<K> = items.iter().map(T::item_key).collect();
                 let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
-                let error = match call(|| f.call(conn, items), catch) {
+                let timeout = self.options.timeout;
+                let error = match within(timeout, || call(|| f.call(conn, items), catch)) {
                     Ok(()) => {
                         processed += keys.len();
                         continue;
                     }
-                    Err(error) if catch => error,
-                    Err(error) => return Err(RowFailure::new(keys, error)),
+                    Err((error, late)) if catch => {
+                        self.claim.timed_out(usize::from(late) * keys.len());
+                        error
+                    }
+                    Err((error, _)) => return Err(RowFailure::new(keys, error)),
                 };
                 backed_off(self.backoff, &keys);
                 if H::SET {
@@ -598,6 +624,43 @@ where
         Err(error) if roll_back_to(conn, depth) => Ok(Saved::RolledBack(error)),
         Err(error) => Ok(Saved::Lost(error)),
     }
+}
+
+/// Runs a closure's `call` under the claim's `timeout`: a call that ran past
+/// it failed, with [`Error::TimedOut`], whatever it returned (a thread cannot
+/// be stopped; its work is rolled back once it returns). The error says
+/// whether the call ran late.
+pub(crate) fn within<E: From<Error>>(
+    timeout: Option<Duration>,
+    call: impl FnOnce() -> Result<(), E>,
+) -> Result<(), (E, bool)> {
+    let began = Instant::now();
+    let called = call();
+    match timeout {
+        Some(timeout) if began.elapsed() >= timeout => Err((ran_late(timeout), true)),
+        _ => called.map_err(|error| (error, false)),
+    }
+}
+
+/// The error of a closure that ran past its `timeout`, said as it happens.
+pub(crate) fn ran_late<E: From<Error>>(timeout: Duration) -> E {
+    trace::warning!(
+        ?timeout,
+        "a closure ran past its timeout: its work is rolled back"
+    );
+    Error::TimedOut { timeout }.into()
+}
+
+/// Bounds the statements of the rest of the transaction open on `conn` by
+/// a claim's `timeout`, where the backend can (PostgreSQL).
+fn bound_statements<C: Connection>(conn: &mut C, timeout: Duration) -> Result<(), Error>
+where
+    C::Backend: ClaimBackend,
+{
+    if let Some(sql) = <C::Backend as Strategy>::bound_statements(timeout) {
+        conn.batch_execute(&sql)?;
+    }
+    Ok(())
 }
 
 /// Runs the closure (on a batch, or a row); with `catch_panics`, a panic is

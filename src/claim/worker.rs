@@ -271,6 +271,18 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
         self
     }
 
+    /// Ends each job that runs longer than `timeout`, as a failure recorded
+    /// under its lock: see [`ClaimBuilder::timeout`] for what a timeout can
+    /// end, blocking and async. Without one, a job runs for as long as it
+    /// takes, and an async worker's transactions have no idle bound (unless
+    /// [`idle_bound`](crate::ClaimBuilder::idle_bound) sets one): a bound shorter than a job
+    /// would end its session while it runs, free its row, and let another
+    /// worker start it again.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.claim = self.claim.timeout(timeout);
+        self
+    }
+
     /// How often the worker reports its progress (by default every 60 s):
     /// with the `tracing` feature, an `info` event `worker progress` with
     /// its table, the rows it processed and the rows that failed since the

@@ -1,13 +1,16 @@
-//! Retries scheduled in the rows, on diesel-async: four loops on a bb8 pool
-//! keep each failing job's schedule by the database's clock, record its
-//! attempts and error under its lock, and leave it a dead letter.
+//! Retries scheduled in the rows and job timeouts, on diesel-async: four
+//! loops on a bb8 pool keep each failing job's schedule by the database's
+//! clock, record its attempts and error under its lock, and leave it a dead
+//! letter; a long job is ended at its timeout and not started again, and
+//! without a timeout it runs once, however long it takes.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::{ExpressionMethods, QueryDsl, SelectableHelper};
-use diesel_async::pooled_connection::{bb8, AsyncDieselConnectionManager};
+use diesel_async::pooled_connection::{bb8, deadpool, AsyncDieselConnectionManager};
+use diesel_async::AsyncConnection;
 use diesel_async::RunQueryDsl;
 use diesel_claim::aio::prelude::*;
 use diesel_claim::{Error, Retries, StopHandle};
@@ -119,4 +122,211 @@ on_async_backends! {
             }
         }
     }
+    diesel::table! {
+        use diesel::sql_types::*;
+        use super::ClaimStamp;
+
+        long_jobs (id) {
+            id -> Integer,
+            attempts -> Integer,
+            run_at -> ClaimStamp,
+            last_error -> Nullable<Text>,
+            finished -> Integer,
+        }
+    }
+
+    diesel::table! {
+        /// One row per start of a long job, written outside its transaction.
+        long_job_starts (id) {
+            id -> Integer,
+            job_id -> Integer,
+        }
+    }
+
+    #[derive(Debug, Clone, diesel::Queryable, diesel::Selectable, diesel::Identifiable)]
+    #[diesel(table_name = long_jobs)]
+    struct LongJob {
+        id: i32,
+    }
+
+    /// A database with `count` long jobs due now; its URL.
+    fn long_jobs_db(count: i32) -> (TestDb, String) {
+        let db = TestDb::new();
+        let now = if BACKEND == "pg" { "now()" } else { "(UTC_TIMESTAMP(6))" };
+        let serial = if BACKEND == "pg" { "SERIAL" } else { "INTEGER AUTO_INCREMENT" };
+        let rows: Vec<String> = (1..=count).map(|id| format!("({id})")).collect();
+        blocking(&db.url)
+            .batch_execute(&format!(
+                "CREATE TABLE long_jobs (id INTEGER PRIMARY KEY, attempts INTEGER NOT NULL DEFAULT 0, \
+                     run_at {CLAIM_STAMP_COLUMN} NOT NULL DEFAULT {now}, last_error TEXT, \
+                     finished INTEGER NOT NULL DEFAULT 0);
+                 CREATE TABLE long_job_starts (id {serial} PRIMARY KEY, job_id INTEGER NOT NULL);
+                 INSERT INTO long_jobs (id) VALUES {};",
+                rows.join(", ")
+            ))
+            .unwrap();
+        let url = db.url.clone();
+        (db, url)
+    }
+
+    /// Counts a start of job `id`, outside its transaction (on a connection
+    /// of its own, so that the count stays whatever becomes of the job).
+    async fn count_start(url: &str, id: i32) {
+        let mut other = Conn::establish(url).await.unwrap();
+        diesel::insert_into(long_job_starts::table)
+            .values(long_job_starts::job_id.eq(id))
+            .execute(&mut other)
+            .await
+            .unwrap();
+    }
+
+    /// `(attempts, last_error, starts, finished)` of every job, by id.
+    fn long_figures(url: &str) -> Vec<(i32, Option<String>, i64, i32)> {
+        let conn = &mut blocking(url);
+        let query = long_jobs::table
+            .order(long_jobs::id)
+            .select((long_jobs::id, long_jobs::attempts, long_jobs::last_error, long_jobs::finished));
+        let jobs: Vec<(i32, i32, Option<String>, i32)> = diesel::RunQueryDsl::load(query, conn).unwrap();
+        jobs.into_iter()
+            .map(|(id, attempts, error, finished)| {
+                let starts = long_job_starts::table.filter(long_job_starts::job_id.eq(id)).count();
+                (attempts, error, diesel::RunQueryDsl::get_result(starts, conn).unwrap(), finished)
+            })
+            .collect()
+    }
+
+    /// A job of 40 s with a timeout of 2 s, under two workers polling: its
+    /// future is dropped at 2 s, its failure recorded once (timed out), and
+    /// it is not started again before its next run time, a minute later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_job_is_ended_at_its_timeout_and_not_started_again() {
+        let (_db, url) = long_jobs_db(1);
+        let pool = bb8::Pool::builder()
+            .max_size(4)
+            .build(crate::aio::pooled::manager(&url, BACKEND == "mysql"))
+            .await
+            .unwrap();
+        let stop = StopHandle::new();
+        let began = std::time::Instant::now();
+        let worker = || {
+            long_jobs::table
+                .select(LongJob::as_select())
+                .build_claim()
+                .retries(
+                    Retries::new(long_jobs::attempts, long_jobs::run_at)
+                        .last_error(long_jobs::last_error)
+                        .backoff(Duration::from_secs(60), Duration::from_secs(60)),
+                )
+                .worker(&stop)
+                .timeout(Duration::from_secs(2))
+                .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
+                .run_pooled(&pool, async |conn: &mut Conn, job: LongJob| {
+                    count_start(&url, job.id).await;
+                    tokio::time::sleep(Duration::from_secs(40)).await;
+                    diesel::update(long_jobs::table.find(job.id))
+                        .set(long_jobs::finished.eq(1))
+                        .execute(conn)
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+        };
+        let watch = async {
+            let deadline = began + Duration::from_secs(10);
+            while long_figures(&url)[0].0 == 0 {
+                assert!(std::time::Instant::now() < deadline, "the timeout was not recorded");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let ended = began.elapsed();
+            assert!(ended >= Duration::from_secs(2) && ended < Duration::from_secs(5), "{ended:?}");
+            // Two workers keep polling: the job is not started again.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            stop.stop();
+        };
+        let (first, second, ()) = tokio::join!(worker(), worker(), watch);
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert_eq!(first.timed_out + second.timed_out, 1);
+        assert_eq!(first.failed + second.failed, 1);
+        let late = "the closure ran past its timeout of 2s: its work was rolled back".to_owned();
+        assert_eq!(long_figures(&url), [(1, Some(late), 1, 0)]);
+    }
+
+    /// Without a timeout, a worker's transactions have no idle bound: a job
+    /// that runs 35 s (past the 30 s an async claim's transaction may sit
+    /// idle by default) runs exactly once, on bb8 and on deadpool, and
+    /// finishes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_a_timeout_a_long_job_runs_once_on_every_pool() {
+        let (_db, url) = long_jobs_db(2);
+        let bb8 = bb8::Pool::builder()
+            .max_size(3)
+            .build(crate::aio::pooled::manager(&url, BACKEND == "mysql"))
+            .await
+            .unwrap();
+        let deadpool = deadpool::Pool::builder(crate::aio::pooled::manager(&url, BACKEND == "mysql"))
+            .max_size(3)
+            .build()
+            .unwrap();
+        let queue = || {
+            long_jobs::table
+                .filter(long_jobs::finished.eq(0))
+                .select(LongJob::as_select())
+                .build_claim()
+                .worker(&StopHandle::new())
+                .concurrency(2)
+                .stop_when_empty()
+        };
+        let job = async |conn: &mut Conn, job: LongJob| {
+            count_start(&url, job.id).await;
+            tokio::time::sleep(Duration::from_secs(35)).await;
+            diesel::update(long_jobs::table.find(job.id))
+                .set(long_jobs::finished.eq(long_jobs::finished + 1))
+                .execute(conn)
+                .await?;
+            Ok::<_, Error>(())
+        };
+        let both = async { tokio::join!(queue().run_pooled(&bb8, job), queue().run_pooled(&deadpool, job)) };
+        // A session ended under a job would have another loop start it again.
+        let (on_bb8, on_deadpool) = tokio::time::timeout(Duration::from_secs(60), both)
+            .await
+            .unwrap_or_else(|_| panic!("the jobs were not each done once in 60 s: {:?}", long_figures(&url)));
+        let done = on_bb8.unwrap().processed + on_deadpool.unwrap().processed;
+        assert_eq!(done, 2);
+        assert_eq!(long_figures(&url), [(0, None, 1, 1), (0, None, 1, 1)]);
+    }
+
+    /// An idle bound shorter than a job (set by hand) fires under it: the
+    /// server ends the job's session while it runs. The worker on a pool
+    /// goes on, on another connection, but not silently: the job's run is
+    /// counted as failed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bound_that_fires_under_a_job_is_counted_as_its_failure() {
+        let (_db, url) = long_jobs_db(1);
+        let pool = bb8::Pool::builder()
+            .max_size(3)
+            .build(crate::aio::pooled::manager(&url, BACKEND == "mysql"))
+            .await
+            .unwrap();
+        let stop = StopHandle::new();
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let report = long_jobs::table
+            .filter(long_jobs::finished.eq(0))
+            .select(LongJob::as_select())
+            .build_claim()
+            .then_update(long_jobs::finished.eq(1))
+            .worker(&stop)
+            .idle_bound(Duration::from_secs(1))
+            .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
+            .run_pooled(&pool, async |_: &mut Conn, _: LongJob| {
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                stop.stop();
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(runs.into_inner(), 1);
+        assert_eq!((report.processed, report.failed), (0, 1), "{report:?}");
+        assert_eq!(long_figures(&url)[0].3, 0, "nothing was committed");
+    }
+
 }
