@@ -126,6 +126,7 @@ pub(crate) fn assert_five_orders_counted(report: &diesel_claim::ClaimReport, rec
 pub(crate) const PROCESSED: &str = "diesel_claim_rows_processed_total";
 pub(crate) const FAILED: &str = "diesel_claim_rows_failed_total";
 pub(crate) const GONE: &str = "diesel_claim_rows_gone_total";
+pub(crate) const TIMED_OUT: &str = "diesel_claim_rows_timed_out_total";
 pub(crate) const LOCKED: &str = "diesel_claim_rows_locked_total";
 pub(crate) const CLAIM_DURATION: &str = "diesel_claim_claim_duration_seconds";
 pub(crate) const BATCH_DURATION: &str = "diesel_claim_batch_duration_seconds";
@@ -183,7 +184,8 @@ on_every_backend! {
         let pickup = recorded.samples(PICKUP_LATENCY);
         assert!(matches!(pickup[..], [latency] if (2.0..3.0).contains(&latency)), "{pickup:?}");
 
-        for name in [PROCESSED, FAILED, GONE, LOCKED] {
+        assert_eq!(recorded.counter(TIMED_OUT), 0);
+        for name in [PROCESSED, FAILED, TIMED_OUT, GONE, LOCKED] {
             let metric = recorded.the(name);
             assert_eq!(metric.unit, Some(Unit::Count), "{metric:?}");
             assert!(metric.description.as_ref().is_some_and(|text| !text.is_empty()), "{metric:?}");
@@ -193,6 +195,31 @@ on_every_backend! {
             assert_eq!(metric.unit, Some(Unit::Seconds), "{metric:?}");
             assert!(metric.description.as_ref().is_some_and(|text| !text.is_empty()), "{metric:?}");
         }
+    }
+
+    /// A closure that runs past its claim's timeout is counted as failed and
+    /// as timed out, as the report counts it.
+    #[test]
+    fn a_closure_past_its_timeout_is_counted() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 2);
+        let (report, recorded) = measured(|| {
+            pending()
+                .build_claim()
+                .keep_going()
+                .timeout(Duration::from_millis(50))
+                .each(&mut conn, |conn, order: Order| {
+                    if order.id == 1 {
+                        std::thread::sleep(Duration::from_millis(80));
+                    }
+                    Ok::<_, Error>(mark_sent(conn, order.id)?)
+                })
+                .unwrap()
+        });
+        assert_eq!((report.processed, report.failed, report.timed_out), (1, 1, 1));
+        assert_eq!(recorded.counter(FAILED), 1);
+        assert_eq!(recorded.counter(TIMED_OUT), 1);
     }
 
     /// A worker's claims count as any claim's, but those that found nothing

@@ -196,6 +196,70 @@ on_every_backend! {
         use diesel::sql_types::*;
         use super::ClaimStamp;
 
+        tried (id) {
+            id -> Integer,
+            attempts -> Integer,
+            run_at -> ClaimStamp,
+        }
+    }
+
+    #[derive(Debug, Clone, Queryable, Selectable, Identifiable)]
+    #[diesel(table_name = tried)]
+    struct Tried {
+        id: i32,
+    }
+
+    /// A closure past its timeout is a warning event, counted on the claim's
+    /// span; a job that used its last attempt under its retry schedule is an
+    /// error event with its table, key and attempts.
+    #[test]
+    fn a_timeout_and_a_dead_letter_are_events() {
+        use diesel::connection::SimpleConnection;
+
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let now = match BACKEND {
+            "pg" => "now()",
+            "mysql" => "(UTC_TIMESTAMP(6))",
+            _ => "(strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+        };
+        conn.batch_execute(&format!(
+            "CREATE TABLE tried (id INTEGER PRIMARY KEY, attempts INTEGER NOT NULL DEFAULT 0, \
+                 run_at {CLAIM_STAMP_COLUMN} NOT NULL DEFAULT {now});
+             INSERT INTO tried (id) VALUES (1), (2);"
+        ))
+        .unwrap();
+        let (report, seen) = traced(|| {
+            tried::table
+                .select(Tried::as_select())
+                .build_claim()
+                .retries(diesel_claim::Retries::new(tried::attempts, tried::run_at).max_attempts(1))
+                .timeout(Duration::from_millis(50))
+                .each(&mut conn, |_, job: Tried| {
+                    if job.id == 1 {
+                        std::thread::sleep(Duration::from_millis(80));
+                    }
+                    Err::<(), _>(Error::InvalidArgument("fails".to_owned()))
+                })
+                .unwrap()
+        });
+        assert_eq!((report.failed, report.timed_out), (2, 1));
+        let late = seen.saying("a closure ran past its timeout: its work is rolled back");
+        assert!(matches!(late[..], [event] if event.level == Level::WARN), "{:#?}", seen.events);
+        let dead = seen.saying("a job used its last attempt: it is a dead letter, out of the queue");
+        assert_eq!(dead.len(), 2, "{:#?}", seen.events);
+        for (key, event) in ["1", "2"].iter().zip(dead) {
+            assert_eq!(event.level, Level::ERROR);
+            assert_eq!((event.fields["table"].as_str(), event.fields["key"].as_str()), ("tried", *key));
+            assert_eq!(event.fields["attempts"], "1");
+        }
+        assert_eq!(seen.the_span("claim").fields["timed_out"], "1");
+    }
+
+    diesel::table! {
+        use diesel::sql_types::*;
+        use super::ClaimStamp;
+
         invoices (id) {
             id -> Integer,
             sent -> Bool,

@@ -339,6 +339,7 @@ impl<K> Claim<K> {
                     locked = trace::Empty,
                     gone = trace::Empty,
                     failed = trace::Empty,
+                    timed_out = trace::Empty,
                     not_reached = trace::Empty,
                     passes = trace::Empty,
                     stopped = trace::Empty,

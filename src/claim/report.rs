@@ -151,6 +151,7 @@ impl<K, E> ClaimOutcome<K, E> {
             .record("locked", report.locked)
             .record("gone", report.gone)
             .record("failed", report.failed)
+            .record("timed_out", report.timed_out)
             .record("not_reached", report.not_reached)
             .record("passes", report.passes)
             .record("stopped", self.stopped.is_some());

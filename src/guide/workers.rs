@@ -5,37 +5,37 @@
 //! # include!("../doctest_setup.rs");
 //! use std::time::Duration;
 //! use diesel_claim::prelude::*;
-//! use diesel_claim::StopHandle;
+//! use diesel_claim::{Retries, StopHandle};
 //!
 //! # fn main() -> Result<(), diesel_claim::Error> {
 //! # let mut conn = establish_connection();
 //! let stop = StopHandle::new(); // stop.stop() on SIGTERM
 //! # let stopper = stop.clone();
-//! // Runnable jobs, highest priority first; a job that failed 3 times is a
-//! // dead letter, out of the queue.
+//! // The jobs not done, highest priority first.
 //! let queue = jobs::table
 //!     .filter(jobs::done.eq(false))
-//!     .filter(jobs::attempts.lt(3))
 //!     .order(jobs::priority.desc())
 //!     .select(Job::as_select());
 //! let report = queue
 //!     .build_claim()
-//!     .on_failure(|conn, job: Job, error: &diesel_claim::Error| {
-//!         // The job's work is rolled back; it is still locked: count the
-//!         // attempt before any other worker can take it.
-//!         diesel::update(&job)
-//!             .set((jobs::attempts.eq(jobs::attempts + 1), jobs::last_error.eq(error.to_string())))
-//!             .execute(conn)?;
-//!         Ok(())
-//!     })
+//!     // A failing job is recorded under its lock (one more attempt, its
+//!     // error, its next run time: 1 s, 2 s, 4 s … up to an hour later), and
+//!     // no worker in any process takes it before then; after 5 attempts it
+//!     // is a dead letter, out of the queue.
+//!     .retries(
+//!         Retries::new(jobs::attempts, jobs::run_at)
+//!             .last_error(jobs::last_error)
+//!             .max_attempts(5),
+//!     )
 //!     // Once the job's work has succeeded, in the same transaction.
 //!     .then_update(jobs::done.eq(true))
 //!     .worker(&stop)
-//!     .poll_interval(Duration::from_millis(10), Duration::from_secs(1))
+//!     // A job that runs longer is ended, and recorded as a failure.
+//!     .timeout(Duration::from_secs(60))
 //!     .run(&mut conn, |conn, job: Job| {
 //!         // … the job's work, in its transaction (and a savepoint) …
 //!         # if job.id == 3 { stopper.stop(); }
-//!         Ok(())
+//!         Ok::<_, diesel_claim::Error>(())
 //!     })?;
 //! assert_eq!(report.processed, 3);
 //! # Ok(())
@@ -83,27 +83,46 @@
 //!
 //! A job that fails must be recorded: its attempts, its error, when to try it
 //! next. Recorded after the claim has released the row, another worker can
-//! take the row first, and run it again as if it had never failed. A failure
-//! hook, [`on_failure`](crate::ClaimBuilder::on_failure), runs in the row's
-//! transaction instead: the closure's work is rolled back to a savepoint
-//! taken before it ran, then the hook runs with the row (as the closure got
-//! it) and the error, the row still locked, and its writes commit with the
-//! row's release. In the crate's [tests](https://github.com/diesel-claim/diesel-claim/tree/main/tests), eight workers ran jobs that
-//! failed on every attempt: each run saw the attempts of the runs before it,
-//! 0, 1, 2, never one twice, and each job left the queue after its third.
+//! take the row first, and run it again as if it had never failed. So the
+//! failure is written in the row's transaction instead: the closure's work is
+//! rolled back to a savepoint taken before it ran, the failure is written,
+//! the row still locked, and it commits with the row's release.
 //!
-//! - **A hook implies [`keep_going`](crate::ClaimBuilder::keep_going)**: the
-//!   call goes on, and counts the row in [`failed`](crate::ClaimReport::failed);
+//! **A retry schedule** ([`retries`](crate::ClaimBuilder::retries), with
+//! [`Retries`](crate::Retries)) is the crate's own way, in three columns of
+//! the queue's table: the attempts, the next run time, and the last error.
+//! A failure writes all three in one statement (`attempts + 1`, `now +` the
+//! schedule's delay for that attempt, the error's text), by the database's
+//! clock; every take of every worker, in every process, adds `attempts <
+//! max AND run_at <= now` to the queue's filter. The delays double from a
+//! first one up to a cap (1 s up to an hour by default), or follow a list
+//! of your own, each lengthened at random by up to a tenth so that jobs that
+//! failed together come back spread out, and never shortened. A job that
+//! used its last attempt is a dead letter: left in the table, out of the
+//! queue, with an `error` event; set its attempts lower and its run time to
+//! now to send it back. In the crate's [tests](https://github.com/diesel-claim/diesel-claim/tree/main/tests), four worker
+//! processes of four loops each ran jobs that failed on every attempt under
+//! a schedule of 1 s, 2 s and 4 s: each job ran exactly its four attempts,
+//! each no sooner than its delay after the one before ended, by the
+//! database's clock, and ended a dead letter.
+//!
+//! **A failure hook** ([`on_failure`](crate::ClaimBuilder::on_failure)) is
+//! the way for anything else: it runs with the row (as the closure got it)
+//! and the error, under the same lock, and writes what it wants: a state
+//! column, a row in a table of failures, a schedule of your own. Filter the
+//! query on what it writes (`attempts < 3`, `run_at <= now()`), so that the
+//! hook takes a failed row out of the queue for as long as it should be.
+//!
+//! - **A schedule or a hook implies
+//!   [`keep_going`](crate::ClaimBuilder::keep_going)**: the call goes on, and
+//!   counts the row in [`failed`](crate::ClaimReport::failed);
 //!   [`each_outcome`](crate::ClaimBuilder::each_outcome) returns each failure
 //!   with its key and error. A hook that fails itself ends the call with its
 //!   error, and its batch is rolled back whole. A panic in the closure is a
-//!   failure ([`Error::ClosurePanicked`](crate::Error::ClosurePanicked)).
-//! - **Dead letters**: filter the query on the attempts (`attempts < 3`), so
-//!   that the hook takes a row out of the queue at the last one. List the dead
-//!   letters, fix them, and reset their attempts to send them back.
-//! - **The next run time**: write it in the hook (`run_at = now() + interval
-//!   '1 minute' * 2 ^ attempts`) and filter on it (`run_at <= now()`), so
-//!   that no worker takes the job sooner.
+//!   failure ([`Error::ClosurePanicked`](crate::Error::ClosurePanicked)), and
+//!   so is a closure that ran past the claim's
+//!   [`timeout`](crate::ClaimBuilder::timeout)
+//!   ([`Error::TimedOut`](crate::Error::TimedOut); see [long jobs](#long-jobs)).
 //! - **Batches**: with [`batch(n)`](crate::ClaimBuilder::batch), each row's
 //!   closure runs in a savepoint of its own: a failing row is rolled back
 //!   alone, its hook runs, and the other rows commit. No closure runs twice
@@ -135,13 +154,18 @@
 //!   0.92 to 0.99 × per job and 1.11 to 1.19 × in batches of 10
 //!   ([BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md), "Job runners").
 //!
-//! A worker also leaves a row whose closure failed out of its own takes for
-//! a while, [`failure_backoff`](crate::ClaimWorker::failure_backoff) (1 s,
-//! doubling with each failure up to 5 min), so that a row the hook leaves in
-//! the queue is not run again at once by the same worker; other workers may
-//! take it. When the hook writes a next run time, the queue's filter is the
-//! backoff that holds across workers, and `failure_backoff(Duration::ZERO,
-//! Duration::ZERO)` turns the worker's own off.
+//! A worker without a retry schedule also leaves a row whose closure failed
+//! out of its takes for a while,
+//! [`failure_backoff`](crate::ClaimWorker::failure_backoff) (1 s, doubling
+//! with each failure up to 5 min), so that a row the hook leaves in the
+//! queue is not run again at once. It is kept in memory, one for all the
+//! loops of a worker on a pool: a failing row is recorded in it before its
+//! transaction ends, and a take that locks a row it holds passes the row
+//! over, so no two loops take a failing row at one instant. Workers in other
+//! processes do not see it: the rows' own schedule is what holds across
+//! them. With a retry schedule the worker has none (it would only delay
+//! rows the schedule says are due), and with a hook that writes a next run
+//! time, `failure_backoff(Duration::ZERO, Duration::ZERO)` turns it off.
 //!
 //! # Waiting for jobs
 //!
@@ -289,16 +313,46 @@
 //! over), [`Claimed::remaining`](crate::Claimed::remaining) says how much is
 //! left, and [`extend`](crate::Claimed::extend) buys more.
 //!
-//! An async job that awaits something slow inside its claim's transaction
-//! meets the idle bound: after 30 s idle by default, the server ends the
-//! session, the row's lock goes while the job still runs, another worker may
-//! start it again, and the call fails with
-//! [`Error::IdleBoundExceeded`](crate::Error::IdleBoundExceeded). Give such
-//! a claim a bound above its longest job,
-//! [`idle_bound`](crate::ClaimBuilder::idle_bound)`(Duration::from_secs(600))`,
-//! or `idle_bound(None)` for the session's own setting (see
-//! [`aio`'s "Dropped futures"](crate::aio#dropped-futures) for what the
-//! bound also frees).
+//! **A timeout** ([`timeout`](crate::ClaimWorker::timeout)) bounds how
+//! long a job may run: past it, the job is ended as a failure, its work
+//! rolled back to its savepoint and the failure recorded under its lock
+//! ([`Error::TimedOut`](crate::Error::TimedOut), counted in
+//! [`timed_out`](crate::ClaimReport::timed_out), the metrics and a warning
+//! event), and its retry schedule says when it runs again. What it can end
+//! differs:
+//!
+//! - **Async**, the job's future is dropped at the timeout, wherever it
+//!   awaits: an HTTP call, a sleep, a query.
+//! - **Blocking**, a thread cannot be stopped from the outside: the job is a
+//!   failure once it returns, whatever it returned. Write long blocking work
+//!   to check the time itself, or give it a bound of its own (a client's
+//!   request timeout).
+//! - **On PostgreSQL**, either way, each of the job's statements is ended by
+//!   the server at the timeout (`SET LOCAL statement_timeout`, one statement
+//!   more per batch), so a job blocked on a slow query or a lock wait gets its
+//!   error then. MySQL, MariaDB and SQLite have no such bound for one
+//!   transaction: there a statement in flight at the timeout runs to its end
+//!   before the job's rollback can start.
+//!
+//! **Without a timeout**, a job runs for as long as it takes, and nothing
+//! starts it again while it runs: its row stays locked until it ends. That
+//! is why an async worker's transactions have **no idle bound** by default,
+//! where other async claims have one of 30 s
+//! ([`IDLE_TRANSACTION_BOUND`](crate::aio::IDLE_TRANSACTION_BOUND)): a bound
+//! is the server ending the session of a transaction that sat idle too long,
+//! and a job that awaits something slow inside its transaction sits idle; a
+//! bound below a job would free its row while it runs, and another worker
+//! would start it again. With a timeout, the bound is 30 s above it, a
+//! backstop the timeout keeps from firing, which still frees the rows of a
+//! future dropped mid-transaction whose `ROLLBACK` could not leave (see
+//! [`aio`'s "Dropped futures"](crate::aio#dropped-futures)). A bound set by
+//! hand ([`idle_bound`](crate::ClaimBuilder::idle_bound)) that fires under a
+//! job anyway is never a silent retry: a worker on a pool counts the job as
+//! failed, with an `error` event, and goes on on another connection; a
+//! worker on one connection returns
+//! [`Error::IdleBoundExceeded`](crate::Error::IdleBoundExceeded). Either
+//! way the job's own record of it is lost with its transaction, and it is
+//! taken again.
 //!
 //! # When the database goes away
 //!
