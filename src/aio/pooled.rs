@@ -2,6 +2,7 @@
 //! `run_pooled`, its claim loops futures of one future, its listener on a
 //! connection the pool makes outside its own count.
 
+use std::borrow::Borrow;
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-use futures_util::future::{self, Either};
+use futures_util::future::{self, BoxFuture, Either};
 
 use super::backend::AsyncBackend;
 use super::claim::PerRow;
@@ -112,7 +113,11 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     /// blocking [`run_pooled`](ClaimWorker#method.run_pooled), on a bb8 or
     /// deadpool pool of diesel-async connections (features `bb8`,
     /// `deadpool`). The loops are futures of the returned future, taking
-    /// turns on its task; spawn several workers to use several threads.
+    /// turns on its task: a job that blocks its thread, or computes for long
+    /// between its awaits, holds up the other loops. Where the claim, the
+    /// closure and the pool can be moved to other tasks (`'static`),
+    /// [`spawn_pooled`](Self::spawn_pooled) runs each loop on a task of its
+    /// own instead.
     ///
     /// With [`listen`](ClaimWorker::listen), the listener is a connection
     /// the pool makes outside its count (bb8's `dedicated_connection`,
@@ -131,10 +136,11 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
     where
         P: WorkerPool,
+        P::Connection: 'a,
         ClaimBuilder<Q, Async, T, H>: ClaimPerLoop + 'a,
         Q: Send + Sync + 'a,
         T: Takes<'a, Q, P::Connection, I> + 'a,
-        T::Key: Send,
+        T::Key: Send + Sync,
         H: FailureHook<P::Connection, I, T::Row, E> + 'a,
         <P::Connection as diesel_async::AsyncConnectionCore>::Backend: AsyncBackend,
         I: Send + 'a,
@@ -145,55 +151,168 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + 'a,
         E: From<Error> + Display + Send + 'static,
     {
+        self.run_loops::<_, P, _, _, _, _, _>(pool, f, future::join_all)
+    }
+
+    /// Runs the worker as [`run_pooled`](Self::run_pooled) does, each claim
+    /// loop on a tokio task of its own (`tokio::spawn`), so that on a
+    /// multi-threaded runtime the loops run in parallel, and a job that
+    /// blocks its thread or computes for long holds up no other loop. The
+    /// listener runs in the returned future, which ends once every loop has
+    /// ended; dropped before, it aborts the loops' tasks (each loop's claim
+    /// in hand is rolled back, as any dropped claim is). A loop that panics
+    /// stops the others, and its panic is resumed by the returned future.
+    ///
+    /// The pool is cloned (bb8's and deadpool's pools are handles), and the
+    /// claim, `f` and what they hold must be `'static`, as a task's are.
+    pub fn spawn_pooled<P, I, E, F>(
+        self,
+        pool: &P,
+        f: F,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'static
+    where
+        P: WorkerPool + Clone + Send + 'static,
+        ClaimBuilder<Q, Async, T, H>: ClaimPerLoop + 'static,
+        Q: Send + Sync + 'static,
+        T: Takes<'static, Q, P::Connection, I> + 'static,
+        T::Key: Send + Sync,
+        H: FailureHook<P::Connection, I, T::Row, E> + 'static,
+        <P::Connection as diesel_async::AsyncConnectionCore>::Backend: AsyncBackend,
+        I: Send + 'static,
+        for<'c> F: AsyncFnMut(&'c mut P::Connection, I) -> Result<(), E>
+            + AsyncFnMut2<&'c mut P::Connection, I, Result<(), E>, Fut: Send>
+            + Clone
+            + Send
+            + 'static,
+        E: From<Error> + Display + Send + 'static,
+    {
+        self.run_loops::<_, P, _, _, _, _, _>(pool.clone(), f, |loops| async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut ended = Vec::new();
+            for (index, one) in loops.into_iter().enumerate() {
+                tasks.spawn(async move { (index, one.await) });
+            }
+            let mut panicked = None;
+            while let Some(joined) = tasks.join_next().await {
+                match joined {
+                    Ok(one) => ended.push(one),
+                    // The others stop: their loops see the halt.
+                    Err(error) if error.is_panic() => {
+                        panicked.get_or_insert(error.into_panic());
+                    }
+                    Err(error) => panic!("a worker's loop task was cancelled: {error}"),
+                }
+            }
+            if let Some(payload) = panicked {
+                std::panic::resume_unwind(payload);
+            }
+            ended.sort_by_key(|(index, _)| *index);
+            ended.into_iter().map(|(_, one)| one).collect()
+        })
+    }
+
+    /// The worker's loops on `pool` (a pool, or a reference to one), each
+    /// with a copy of the claim and of `f`, run by `run` (joined in one
+    /// future, or spawned), beside the listener.
+    fn run_loops<'a, PP, P, I, E, F, R, Run>(
+        self,
+        pool: PP,
+        f: F,
+        run: R,
+    ) -> impl Future<Output = Result<ClaimReport, E>> + Send + 'a
+    where
+        PP: Borrow<P> + Send + Sync + 'a,
+        P: WorkerPool,
+        ClaimBuilder<Q, Async, T, H>: ClaimPerLoop + 'a,
+        Q: Send + Sync + 'a,
+        T: Takes<'a, Q, P::Connection, I> + 'a,
+        T::Key: Send + Sync,
+        H: FailureHook<P::Connection, I, T::Row, E> + 'a,
+        <P::Connection as diesel_async::AsyncConnectionCore>::Backend: AsyncBackend,
+        I: Send + 'a,
+        for<'c> F: AsyncFnMut(&'c mut P::Connection, I) -> Result<(), E>
+            + AsyncFnMut2<&'c mut P::Connection, I, Result<(), E>, Fut: Send>
+            + Clone
+            + Send
+            + 'a,
+        E: From<Error> + Display + Send + 'static,
+        P::Connection: 'a,
+        R: FnOnce(Vec<LoopFuture<'a, T::Key, E>>) -> Run + Send + 'a,
+        Run: Future<Output = Vec<Result<ClaimReport, RowFailure<T::Key, E>>>> + Send + 'a,
+    {
         async move {
             let ClaimWorker { claim, polling } = self;
             let table = T::table_name();
             let span = polling.span(&table);
             polling.check(true)?;
             let events = span.in_scope(|| polling.events(table));
-            let shared = Shared::new(&polling);
-            let backoff = Backoff::new(polling.backoff);
-            let siblings = Siblings::new(polling.concurrency);
-            // Cloned up front: the loops' futures hold no reference to the
+            let worker = Arc::new(PooledWorker {
+                shared: Shared::new(&polling),
+                backoff: Backoff::new(polling.backoff),
+                polling,
+                events,
+                pool,
+            });
+            let siblings = Siblings::new(worker.polling.concurrency);
+            // Copied up front: the loops' futures hold no reference to the
             // originals, which need not be `Sync`.
-            let clones: Vec<_> = (0..polling.concurrency)
-                .map(|_| (claim.per_loop(), PerRow(f.clone())))
-                .collect();
-            drop((claim, f));
-            let loops = clones
-                .into_iter()
-                .enumerate()
-                .map(|(index, (mut claim, f))| {
-                    let (shared, polling, backoff, events) = (&shared, &polling, &backoff, &events);
-                    let sibling = siblings.slot(index);
-                    async move {
+            let loops: Vec<LoopFuture<'a, T::Key, E>> = (0..worker.polling.concurrency)
+                .map(|index| {
+                    let (mut claim, f) = (claim.per_loop(), PerRow(f.clone()));
+                    let (worker, sibling) = (Arc::clone(&worker), siblings.slot(index));
+                    let span = span.clone();
+                    let one = async move {
                         let mut runs = Runs {
                             claim: &mut claim,
                             f,
                             types: PhantomData,
                         };
-                        claim_loop(pool, polling, shared, backoff, events, sibling, &mut runs).await
-                    }
-                });
+                        worker.claim_loop(sibling, &mut runs).await
+                    };
+                    Box::pin(one.instrument(span)) as LoopFuture<'a, T::Key, E>
+                })
+                .collect();
+            drop((claim, f));
             let loops = async {
-                let ended = future::join_all(loops).await;
+                let ended = run(loops).await;
                 // The loops have ended: so does the listener.
-                shared.halt.stop();
+                worker.shared.halt.stop();
                 ended
             };
             let listener = async {
-                if let Some(channel) = &polling.channel {
-                    listen(pool, channel, &shared, &events).await;
+                if let Some(channel) = &worker.polling.channel {
+                    listen(
+                        worker.pool.borrow(),
+                        channel,
+                        &worker.shared,
+                        &worker.events,
+                    )
+                    .await;
                 }
             };
             let ((), ended) = future::join(listener, loops).instrument(span.clone()).await;
-            let ended = summed(&polling, ended);
-            span.in_scope(|| Polling::ended(&span, &events, &ended));
+            let ended = summed(&worker.polling, ended);
+            span.in_scope(|| Polling::ended(&span, &worker.events, &ended));
             ended
                 .map(|(total, _)| total)
                 .map_err(|failure| failure.error)
         }
     }
+}
+
+/// One claim loop of a worker on a pool, as a future: what it did, or the
+/// failure that ended it.
+type LoopFuture<'a, K, E> = BoxFuture<'a, Result<ClaimReport, RowFailure<K, E>>>;
+
+/// What a pooled worker's loops and its listener share: the pool (or a
+/// reference to it), the options, the stop and wake-ups, the backoff, the
+/// events.
+struct PooledWorker<PP, K> {
+    pool: PP,
+    polling: Polling,
+    shared: Shared,
+    backoff: Arc<Backoff<K>>,
+    events: WorkerTrace,
 }
 
 /// How often a waiting loop looks at its stop handles.
@@ -210,99 +329,107 @@ async fn sleep_until(shared: &Shared, deadline: Instant, seen: u64) {
     }
 }
 
-/// One claim loop: checks out a connection, claims, returns it, waits.
-async fn claim_loop<P, K, E>(
-    pool: &P,
-    polling: &Polling,
-    shared: &Shared,
-    backoff: &Arc<Backoff<K>>,
-    events: &WorkerTrace,
-    sibling: Sibling<Position<K>>,
-    once: &mut (dyn ClaimOnce<P::Connection, Key = K, Error = E> + '_),
-) -> Result<ClaimReport, RowFailure<K, E>>
-where
-    P: WorkerPool,
-    K: Clone + Eq + Hash + Debug + Send,
-    E: From<Error> + Display + 'static,
-{
-    let mut total = ClaimReport::default();
-    let mut pause = polling.min_poll;
-    let mut reconnect = Reconnect::new();
-    let mut metrics = ClaimMetrics::new(&once.table());
-    // Takes steer around the other loops' batches, but the last claim of a
-    // loop that stops once nothing is pending takes from the whole query.
-    let mut steering = polling.concurrency > 1;
-    while !shared.stopping() {
-        let checked_out = {
-            // Only a stop ends the wait for a connection: a wake-up (the
-            // listener's) must not end the loop.
-            match future::select(pin!(pool.check_out()), pin!(until_stopped(shared))).await {
-                Either::Left((checked_out, _)) => checked_out,
-                Either::Right(_) => break,
-            }
-        };
-        let mut conn = match checked_out {
-            Ok(conn) => conn,
-            Err(error) => {
-                let pause = reconnect.pause();
-                let what = "a worker could not check out a connection";
-                events.reconnecting(what, &error, pause);
-                sleep_until(shared, Instant::now() + pause, shared.woken()).await;
-                continue;
-            }
-        };
-        let seen = shared.woken();
-        let left_out = LeftOut {
-            backoff: Some(Arc::clone(backoff)),
-            sibling: steering.then(|| sibling.clone()),
-        };
-        let outcome = once.claim_once(&mut conn, left_out).await;
-        let lost = outcome.stopped.is_some()
-            && !outcome.transient
-            && conn.batch_execute("SELECT 1").await.is_err();
-        drop(conn);
-        let recorded = tally(&mut total, outcome, events);
-        let took = match recorded {
-            Ok(took) => took,
-            Err(failure) if lost => {
-                if idle_bound_exceeded(&failure.error) {
-                    // Never a silent retry: the job ran past its bound.
-                    total.failed += failure.keys.len() as u64;
-                    metrics.failed_outside_the_claim(failure.keys.len() as u64);
-                    events.bound_fired(&failure.keys, &failure.error);
+impl<PP, K> PooledWorker<PP, K> {
+    /// One claim loop: checks out a connection, claims, returns it, waits.
+    async fn claim_loop<P, E>(
+        &self,
+        sibling: Sibling<Position<K>>,
+        once: &mut (dyn ClaimOnce<P::Connection, Key = K, Error = E> + '_),
+    ) -> Result<ClaimReport, RowFailure<K, E>>
+    where
+        PP: Borrow<P>,
+        P: WorkerPool,
+        K: Clone + Eq + Hash + Debug + Send,
+        E: From<Error> + Display + 'static,
+    {
+        let PooledWorker {
+            pool,
+            polling,
+            shared,
+            backoff,
+            events,
+        } = self;
+        let mut total = ClaimReport::default();
+        let mut pause = polling.min_poll;
+        let mut reconnect = Reconnect::new();
+        let mut metrics = ClaimMetrics::new(&once.table());
+        // Takes steer around the other loops' batches, but the last claim of a
+        // loop that stops once nothing is pending takes from the whole query.
+        let mut steering = polling.concurrency > 1;
+        while !shared.stopping() {
+            let checked_out = {
+                // Only a stop ends the wait for a connection: a wake-up (the
+                // listener's) must not end the loop.
+                let pool: &P = pool.borrow();
+                match future::select(pin!(pool.check_out()), pin!(until_stopped(shared))).await {
+                    Either::Left((checked_out, _)) => checked_out,
+                    Either::Right(_) => break,
                 }
-                let pause = reconnect.pause();
-                let what = "a worker's claim lost its connection, and its rows were rolled back";
-                events.reconnecting(what, &failure.error, pause);
-                sleep_until(shared, Instant::now() + pause, shared.woken()).await;
-                continue;
+            };
+            let mut conn = match checked_out {
+                Ok(conn) => conn,
+                Err(error) => {
+                    let pause = reconnect.pause();
+                    let what = "a worker could not check out a connection";
+                    events.reconnecting(what, &error, pause);
+                    sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+                    continue;
+                }
+            };
+            let seen = shared.woken();
+            let left_out = LeftOut {
+                backoff: Some(Arc::clone(backoff)),
+                sibling: steering.then(|| sibling.clone()),
+            };
+            let outcome = once.claim_once(&mut conn, left_out).await;
+            let lost = outcome.stopped.is_some()
+                && !outcome.transient
+                && conn.batch_execute("SELECT 1").await.is_err();
+            drop(conn);
+            let recorded = tally(&mut total, outcome, events);
+            let took = match recorded {
+                Ok(took) => took,
+                Err(failure) if lost => {
+                    if idle_bound_exceeded(&failure.error) {
+                        // Never a silent retry: the job ran past its bound.
+                        total.failed += failure.keys.len() as u64;
+                        metrics.failed_outside_the_claim(failure.keys.len() as u64);
+                        events.bound_fired(&failure.keys, &failure.error);
+                    }
+                    let pause = reconnect.pause();
+                    let what =
+                        "a worker's claim lost its connection, and its rows were rolled back";
+                    events.reconnecting(what, &failure.error, pause);
+                    sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+                    continue;
+                }
+                Err(failure) => {
+                    shared.halt.stop();
+                    return Err(failure);
+                }
+            };
+            if let Some(failures) = reconnect.mended() {
+                events.reconnected(failures);
             }
-            Err(failure) => {
-                shared.halt.stop();
-                return Err(failure);
+            if polling.until_empty && !took {
+                if steering {
+                    steering = false;
+                    continue;
+                }
+                break;
             }
-        };
-        if let Some(failures) = reconnect.mended() {
-            events.reconnected(failures);
+            steering = polling.concurrency > 1;
+            if let Some(wait) = polling.next_pause(took, &mut pause) {
+                let waiting = Instant::now();
+                sleep_until(shared, waiting + wait, seen).await;
+                events.idled(waiting.elapsed());
+                if shared.woken() != seen {
+                    pause = polling.min_poll;
+                }
+            }
         }
-        if polling.until_empty && !took {
-            if steering {
-                steering = false;
-                continue;
-            }
-            break;
-        }
-        steering = polling.concurrency > 1;
-        if let Some(wait) = polling.next_pause(took, &mut pause) {
-            let waiting = Instant::now();
-            sleep_until(shared, waiting + wait, seen).await;
-            events.idled(waiting.elapsed());
-            if shared.woken() != seen {
-                pause = polling.min_poll;
-            }
-        }
+        Ok(total)
     }
-    Ok(total)
 }
 
 /// Waits until the worker stops; wake-ups do not end it.

@@ -265,7 +265,10 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     /// by default 1): each runs one claim at a time on a connection of its
     /// own, and they share the worker's listener and its backoff. Blocking,
     /// each loop is a thread; async, the loops are futures of the worker's
-    /// own future, taking turns on its task.
+    /// own future, taking turns on its task
+    /// ([`run_pooled`](Self::run_pooled)), or each a task of its own
+    /// (`spawn_pooled`), so that a job that blocks its thread holds up no
+    /// other loop.
     pub fn concurrency(mut self, loops: usize) -> Self {
         self.polling.concurrency = loops;
         self

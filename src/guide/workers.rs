@@ -226,8 +226,15 @@
 //! - Each claim checks a connection out and returns it before the worker
 //!   waits: idle workers hold no connection, and the pool is shared with the
 //!   rest of the application. [`concurrency`](crate::ClaimWorker::concurrency)
-//!   runs several claim loops in one worker (threads, or futures of one
-//!   future), sharing one listener and one backoff.
+//!   runs several claim loops in one worker, sharing one listener and one
+//!   backoff: threads, blocking; async, futures of one future
+//!   (`run_pooled`), which take turns on one task, or each a task of its own
+//!   (`spawn_pooled`, for a claim and a closure that are `'static`), which a
+//!   multi-threaded runtime runs in parallel, so that a job that blocks its
+//!   thread or computes for long holds up no other loop. The crate's tests
+//!   block one loop's thread for a second: with spawned loops, the other
+//!   loop did the queue's other jobs meanwhile; as futures of one future,
+//!   none.
 //! - Listening, one connection listens for all the loops (one of an r2d2
 //!   pool's; a connection a bb8 or deadpool pool makes outside its count),
 //!   and wakes them on every notification.

@@ -12,6 +12,7 @@ use diesel_async::pooled_connection::{bb8, deadpool, AsyncDieselConnectionManage
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_claim::aio::prelude::*;
 use diesel_claim::{Error, StopHandle};
+use scoped_futures::ScopedFutureExt;
 
 use testkit::fixtures::{insert_jobs, jobs, Job};
 
@@ -211,6 +212,53 @@ on_async_backends! {
             .unwrap();
         assert_eq!((report.processed, report.failed), (600, 1));
         assert_eq!(duplicates_and_left(&mut pool.get().await.unwrap()).await, (0, 0));
+    }
+
+    /// Loops spawned each on a task of their own run in parallel: while one
+    /// loop's job blocks its thread for a second, another loop does every
+    /// other job, on deadpool; every job is done once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spawned_loops_go_on_while_one_blocks_its_thread() {
+        let db = TestDb::new();
+        testkit::fixtures::create_schema(&mut blocking(&db.url), testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(&mut blocking(&db.url), 40);
+        let pool = deadpool_pool(&db.url, 3);
+        let blocked = std::sync::Arc::new(std::sync::Mutex::new(None::<(Instant, Instant)>));
+        let others = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+        let (blocked_at, others_at) = (blocked.clone(), others.clone());
+        let report = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .worker(&StopHandle::new())
+            .concurrency(2)
+            .stop_when_empty()
+            // A `'static` closure that captures state: each call clones
+            // what its future needs (see the `aio` docs' "Closures").
+            .spawn_pooled(
+                &pool,
+                diesel_claim::aio::scoped(move |conn: &mut Conn, job: Job| {
+                    let (blocked_at, others_at) = (blocked_at.clone(), others_at.clone());
+                    async move {
+                        if job.id == 1 {
+                            let began = Instant::now();
+                            std::thread::sleep(Duration::from_secs(1));
+                            *blocked_at.lock().unwrap() = Some((began, Instant::now()));
+                        } else {
+                            others_at.lock().unwrap().push(Instant::now());
+                        }
+                        finish(conn, job).await
+                    }
+                    .scope_boxed()
+                }),
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.processed, 40);
+        assert_eq!(duplicates_and_left(&mut pool.get().await.unwrap()).await, (0, 0));
+        let (began, ended) = blocked.lock().unwrap().expect("job 1 ran");
+        let during = others.lock().unwrap().iter().filter(|at| **at > began && **at < ended).count();
+        assert!(during >= 10, "only {during} of 39 jobs were done while job 1 blocked its thread");
     }
 
     /// Four loops on a bb8 pool share one backoff for failing jobs: no loop
