@@ -157,7 +157,10 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     /// Runs the worker as [`run_pooled`](Self::run_pooled) does, each claim
     /// loop on a tokio task of its own (`tokio::spawn`), so that on a
     /// multi-threaded runtime the loops run in parallel, and a job that
-    /// blocks its thread or computes for long holds up no other loop. The
+    /// blocks its thread holds up no other loop, when it blocks inside
+    /// `tokio::task::block_in_place` as tokio asks of blocking code (a task
+    /// the blocked thread was about to run next may otherwise wait for it;
+    /// with `run_pooled`, every loop waits whatever the job does). The
     /// listener runs in the returned future, which ends once every loop has
     /// ended; dropped before, it aborts the loops' tasks (each loop's claim
     /// in hand is rolled back, as any dropped claim is). A loop that panics

@@ -231,10 +231,10 @@
 //!   (`run_pooled`), which take turns on one task, or each a task of its own
 //!   (`spawn_pooled`, for a claim and a closure that are `'static`), which a
 //!   multi-threaded runtime runs in parallel, so that a job that blocks its
-//!   thread or computes for long holds up no other loop. The crate's tests
-//!   block one loop's thread for a second: with spawned loops, the other
-//!   loop did the queue's other jobs meanwhile; as futures of one future,
-//!   none.
+//!   thread (inside `tokio::task::block_in_place`, as tokio asks of blocking
+//!   code) holds up no other loop. The crate's tests block one loop's thread
+//!   so for a second: with spawned loops, the other loop did the queue's
+//!   other jobs meanwhile; as futures of one future, none.
 //! - Listening, one connection listens for all the loops (one of an r2d2
 //!   pool's; a connection a bb8 or deadpool pool makes outside its count),
 //!   and wakes them on every notification.

@@ -215,8 +215,10 @@ on_async_backends! {
     }
 
     /// Loops spawned each on a task of their own run in parallel: while one
-    /// loop's job blocks its thread for a second, another loop does every
-    /// other job, on deadpool; every job is done once.
+    /// loop's job blocks its thread for a second (in `block_in_place`, as
+    /// tokio asks of blocking code), another loop does every other job, on
+    /// deadpool; every job is done once. (Loops that are futures of one
+    /// future do none meanwhile.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn spawned_loops_go_on_while_one_blocks_its_thread() {
         let db = TestDb::new();
@@ -242,7 +244,7 @@ on_async_backends! {
                     async move {
                         if job.id == 1 {
                             let began = Instant::now();
-                            std::thread::sleep(Duration::from_secs(1));
+                            tokio::task::block_in_place(|| std::thread::sleep(Duration::from_secs(1)));
                             *blocked_at.lock().unwrap() = Some((began, Instant::now()));
                         } else {
                             others_at.lock().unwrap().push(Instant::now());
