@@ -354,3 +354,58 @@ on_every_backend! {
         }
     }
 }
+
+/// On MySQL and MariaDB, a next run time in a `TIMESTAMP(6)` column (kept in
+/// UTC, shown in the session's time zone) is compared with the session's
+/// clock: in a session far from UTC, a failing job is not taken before its
+/// delay has passed, and is taken once it has.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_timestamp_columns_keep_a_schedule() {
+    diesel::table! {
+        stamped_jobs (id) {
+            id -> Integer,
+            attempts -> Integer,
+            run_at -> Timestamp,
+        }
+    }
+
+    #[derive(Debug, Clone, Queryable, Selectable, Identifiable)]
+    #[diesel(table_name = stamped_jobs)]
+    struct StampedJob {
+        id: i32,
+    }
+
+    let db = testkit::MysqlTestDb::new();
+    let conn = &mut MysqlConnection::establish(&db.url).unwrap();
+    conn.batch_execute(
+        "SET time_zone = '+09:00';
+         CREATE TABLE stamped_jobs (id INTEGER PRIMARY KEY, attempts INTEGER NOT NULL DEFAULT 0, \
+             run_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6));
+         INSERT INTO stamped_jobs (id) VALUES (1);",
+    )
+    .unwrap();
+    let delay = Duration::from_millis(700);
+    let mut runs = 0;
+    let mut claim = |conn: &mut MysqlConnection| {
+        stamped_jobs::table
+            .select(StampedJob::as_select())
+            .build_claim()
+            .retries(
+                Retries::new(stamped_jobs::attempts, stamped_jobs::run_at)
+                    .schedule([delay])
+                    .jitter(0.0),
+            )
+            .each(conn, |_, _: StampedJob| {
+                runs += 1;
+                Err::<(), _>(Error::InvalidArgument("fails".to_owned()))
+            })
+            .unwrap()
+    };
+    let failed_at = Instant::now();
+    assert_eq!(claim(conn).failed, 1);
+    assert_eq!(claim(conn).failed, 0, "taken again before its delay");
+    std::thread::sleep(delay.saturating_sub(failed_at.elapsed()) + Duration::from_millis(50));
+    assert_eq!(claim(conn).failed, 1, "not taken once its delay had passed");
+    assert_eq!(runs, 2);
+}

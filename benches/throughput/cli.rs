@@ -26,6 +26,10 @@ const DJANGO: &str = "DJ";
 /// `memory.rs`): `--memory-child BACKEND URL ROWS MODE`.
 pub const MEMORY_CHILD: &str = "memory-child";
 
+/// Hidden option: run one of the job runner's worker processes (see
+/// `jobs.rs`): `--job-worker BACKEND URL LOOPS BATCH LISTEN FAIL_EVERY`.
+pub const JOB_WORKER: &str = "job-worker";
+
 /// Where the servers are, shown after the options by `--help`.
 const ENVIRONMENT: &str = "\
 PostgreSQL: PG_DATABASE_URL, else DATABASE_URL if it is a postgres URL, else
@@ -151,6 +155,11 @@ pub struct Options {
         default_value_if("quick", "true", "1")
     )]
     pub job_seconds: u32,
+    /// One job in this many fails its first attempt, in JR and JS (0: none;
+    /// the crate then also runs on a pool without a failure hook, whose jobs
+    /// run without a savepoint)
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value = "20")]
+    pub job_fail_every: u64,
     /// Print every statement the drains send (with few --rows)
     #[arg(long)]
     pub trace: bool,
@@ -169,6 +178,23 @@ pub struct Options {
         value_names = ["BACKEND", "URL", "ROWS", "MODE"]
     )]
     memory_child: Option<Vec<String>>,
+    #[arg(
+        long = JOB_WORKER,
+        hide = true,
+        num_args = 6,
+        value_names = ["BACKEND", "URL", "LOOPS", "BATCH", "LISTEN", "FAIL_EVERY"]
+    )]
+    job_worker: Option<Vec<String>>,
+}
+
+/// One of the job runner's worker processes.
+pub struct JobWorker {
+    pub backend: BackendKind,
+    pub url: String,
+    pub loops: usize,
+    pub batch: u32,
+    pub listen: bool,
+    pub fail_every: u64,
 }
 
 /// One memory measurement, in a child process.
@@ -191,6 +217,23 @@ impl Options {
                 url: url.clone(),
                 rows: number(rows)?,
                 mode: mode.clone(),
+            })
+        }))
+    }
+
+    /// The job runner's worker process `--job-worker` asks for, if it does.
+    pub fn job_worker(&self) -> Option<Result<JobWorker, String>> {
+        let [backend, url, loops, batch, listen, fail_every] = self.job_worker.as_deref()? else {
+            unreachable!("clap takes six values");
+        };
+        Some(backend_named(backend).and_then(|backend| {
+            Ok(JobWorker {
+                backend,
+                url: url.clone(),
+                loops: number(loops)?,
+                batch: number(batch)?,
+                listen: listen == "listen",
+                fail_every: number(fail_every)?,
             })
         }))
     }

@@ -18,15 +18,17 @@
 //!   MySQL polls) and measures the pickup latency, from the producer's
 //!   commit returning to the job's closure starting.
 
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::{MysqlConnection, PgConnection};
-use diesel_claim::{Error, StopHandle, WaitForRows};
+use diesel_claim::{Error, Retries, StopHandle, WaitForRows};
 
 use crate::db::BackendKind;
 use crate::report::{markdown_table, Number, Text};
@@ -61,11 +63,6 @@ const CHANNEL: &str = "bench_jobs";
 /// `max` (both runners).
 const POLL: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(20));
 
-/// Whether a job fails on this attempt: one in 20, on its first.
-fn fails(job: &BenchJob) -> bool {
-    job.seq % 20 == 0 && job.attempts == 0
-}
-
 /// Who runs the jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Runner {
@@ -80,7 +77,29 @@ pub enum Runner {
     /// `W` claim loops check a connection out per claim, on a pool of `W`
     /// connections and one for the listener; with `then_delete`.
     CratePooled,
+    /// The same, failures recorded by the crate's own retry schedule in the
+    /// rows (`retries`) rather than a hook of the bench's.
+    CrateScheduled,
+    /// The same, in 4 worker processes of `W / 4` loops each (one at W = 1).
+    CrateScheduledProcesses,
+    /// On a pool with no failure hook (`keep_going`): no savepoint per job.
+    /// Only when no job fails (`--job-fail-every 0`).
+    CratePooledNoHook,
 }
+
+/// How the crate's worker on a pool records a failing job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failures {
+    /// A hook of the bench's, writing what the twin writes.
+    Hook,
+    /// The crate's retry schedule in the rows.
+    Schedule,
+    /// Not at all: no hook, so no savepoint (no job fails).
+    Unrecorded,
+}
+
+/// The worker processes of `CrateScheduledProcesses`.
+const PROCESSES: usize = 4;
 
 /// One way of running jobs: the runner, and the jobs per transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,14 +109,25 @@ pub struct JobMode {
 }
 
 impl JobMode {
-    pub const ALL: [JobMode; 6] = [
-        JobMode::new(Runner::Twin, 1),
-        JobMode::new(Runner::Crate, 1),
-        JobMode::new(Runner::CratePooled, 1),
-        JobMode::new(Runner::CrateDeletingInClosure, 1),
-        JobMode::new(Runner::Twin, 10),
-        JobMode::new(Runner::Crate, 10),
-    ];
+    /// Every mode, for jobs of which one in `fail_every` fails (0: none).
+    pub fn all(fail_every: u64) -> Vec<JobMode> {
+        let mut modes = vec![
+            JobMode::new(Runner::Twin, 1),
+            JobMode::new(Runner::Crate, 1),
+            JobMode::new(Runner::CratePooled, 1),
+            JobMode::new(Runner::CrateScheduled, 1),
+            JobMode::new(Runner::CrateScheduledProcesses, 1),
+        ];
+        if fail_every == 0 {
+            modes.push(JobMode::new(Runner::CratePooledNoHook, 1));
+        }
+        modes.extend([
+            JobMode::new(Runner::CrateDeletingInClosure, 1),
+            JobMode::new(Runner::Twin, 10),
+            JobMode::new(Runner::Crate, 10),
+        ]);
+        modes
+    }
 
     const fn new(runner: Runner, batch: u32) -> Self {
         JobMode { runner, batch }
@@ -109,43 +139,98 @@ impl JobMode {
             Runner::Crate => "diesel-claim",
             Runner::CrateDeletingInClosure => "diesel-claim, delete in the closure",
             Runner::CratePooled => "diesel-claim on a pool",
+            Runner::CrateScheduled => "diesel-claim on a pool, retries in the rows",
+            Runner::CrateScheduledProcesses => {
+                "diesel-claim on pools in 4 processes, retries in the rows"
+            }
+            Runner::CratePooledNoHook => "diesel-claim on a pool, no hook (no savepoint)",
         };
         format!("{runner}, {} per transaction", self.batch)
     }
 }
 
-/// What the workers saw of the jobs: when each was first picked up, and
-/// how often; and how many jobs are done.
+/// What the workers saw of the jobs: when each was first picked up (by the
+/// wall clock, which worker processes share), and how often; and how many
+/// jobs are done.
 pub struct Ledger {
-    first_pick: Mutex<Vec<Option<Instant>>>,
+    first_pick: Mutex<Vec<Option<SystemTime>>>,
     picks: Vec<AtomicU32>,
     done: AtomicU64,
+    /// One job in this many fails its first attempt (0: none).
+    fail_every: u64,
 }
 
 impl Ledger {
-    fn new(jobs: usize) -> Self {
+    fn new(jobs: usize, fail_every: u64) -> Self {
         Ledger {
             first_pick: Mutex::new(vec![None; jobs]),
             picks: (0..jobs).map(|_| AtomicU32::new(0)).collect(),
             done: AtomicU64::new(0),
+            fail_every,
         }
+    }
+
+    /// Whether job `seq` is one of those that fail their first attempt.
+    fn failing(&self, seq: usize) -> bool {
+        self.fail_every > 0 && (seq as u64).is_multiple_of(self.fail_every)
     }
 
     /// A worker's closure starts on `job`.
     fn picked(&self, job: &BenchJob) {
         let seq = job.seq as usize;
         if self.picks[seq].fetch_add(1, Ordering::Relaxed) == 0 {
-            self.first_pick.lock().unwrap()[seq] = Some(Instant::now());
+            self.first_pick.lock().unwrap()[seq] = Some(SystemTime::now());
         }
     }
 
-    /// Runs `job`: fails it (one in 20, the first time), or counts it done.
+    /// Runs `job`: fails it (the failing ones, the first time), or counts it
+    /// done.
     fn run(&self, job: &BenchJob) -> Result<(), Error> {
         self.picked(job);
-        if fails(job) {
+        if self.failing(job.seq as usize) && job.attempts == 0 {
             return Err(Error::InvalidArgument(format!("job {} failed", job.seq)));
         }
         self.done.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// What a worker process saw, as it prints it: a line per job it
+    /// picked, `pick <seq> <times> <first pick, µs since the epoch>`.
+    fn print_picks(&self) {
+        let first_pick = self.first_pick.lock().unwrap();
+        let mut out = std::io::stdout().lock();
+        for (seq, picks) in self.picks.iter().enumerate() {
+            let picks = picks.load(Ordering::Relaxed);
+            if let (true, Some(at)) = (picks > 0, first_pick[seq]) {
+                let micros = at
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_micros();
+                writeln!(out, "pick {seq} {picks} {micros}").unwrap();
+            }
+        }
+    }
+
+    /// Adds a worker process's line of [`print_picks`](Self::print_picks).
+    fn absorb(&self, line: &str) -> Result<(), String> {
+        let fields: Vec<u128> = line
+            .strip_prefix("pick ")
+            .ok_or_else(|| format!("a worker process said {line:?}"))?
+            .split(' ')
+            .map(|field| {
+                field
+                    .parse()
+                    .map_err(|_| format!("a worker process said {line:?}"))
+            })
+            .collect::<Result<_, _>>()?;
+        let [seq, picks, micros] = fields[..] else {
+            return Err(format!("a worker process said {line:?}"));
+        };
+        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(micros as u64);
+        let seq = seq as usize;
+        self.picks[seq].fetch_add(picks as u32, Ordering::Relaxed);
+        let mut first_pick = self.first_pick.lock().unwrap();
+        first_pick[seq] = Some(first_pick[seq].map_or(at, |before| before.min(at)));
         Ok(())
     }
 
@@ -157,7 +242,7 @@ impl Ledger {
             .iter()
             .enumerate()
             .filter_map(|(seq, picks)| {
-                let expected = if seq % 20 == 0 { 2 } else { 1 };
+                let expected = if self.failing(seq) { 2 } else { 1 };
                 let picks = picks.load(Ordering::Relaxed);
                 let wrong = picks < expected || (picks > expected && !reruns_allowed);
                 wrong.then(|| format!("job {seq} run {picks} times"))
@@ -196,11 +281,14 @@ pub trait JobConn: Connection + WaitForRows + Send + Sized + 'static {
     ) -> Result<u64, Error>;
 
     /// The crate's worker on a pool of connections to `url`, `loops` claim
-    /// loops, with `then_delete`, until `stop`.
+    /// loops, with `then_delete`, recording failures as `failures` says,
+    /// until `stop`.
+    #[allow(clippy::too_many_arguments)]
     fn pooled_worker(
         url: &str,
         loops: usize,
         batch: u32,
+        failures: Failures,
         stop: &StopHandle,
         listen: bool,
         ledger: &Ledger,
@@ -354,6 +442,7 @@ macro_rules! impl_job_conn {
                 url: &str,
                 loops: usize,
                 batch: u32,
+                failures: Failures,
                 stop: &StopHandle,
                 listen: bool,
                 ledger: &Ledger,
@@ -368,26 +457,48 @@ macro_rules! impl_job_conn {
                     .build(diesel::r2d2::ConnectionManager::<$conn>::new(url))
                     .map_err(|error| Error::InvalidArgument(error.to_string()))?;
                 let no_backoff = Duration::ZERO;
-                let worker = queue!($db)
-                    .build_claim()
-                    .batch(batch)
-                    .on_failure(|conn: &mut $conn, job: BenchJob, error: &Error| {
-                        diesel::update(&job).set(failed!(error)).execute(conn)?;
-                        Ok(())
-                    })
-                    .then_delete()
-                    .worker(stop)
-                    .poll_interval(POLL.0, POLL.1)
-                    .failure_backoff(no_backoff, no_backoff)
-                    .concurrency(loops);
-                let worker = if listen {
-                    worker.listen(CHANNEL)
-                } else {
-                    worker
+                let run = |conn: &mut $conn, job: BenchJob| {
+                    let _ = conn;
+                    ledger.run(&job)
                 };
-                let report =
-                    worker.run_pooled(&pool, |_: &mut $conn, job: BenchJob| ledger.run(&job))?;
-                Ok(report.processed)
+                // Each way of recording failures is its own claim type.
+                macro_rules! run_pooled {
+                    ($claim:expr) => {{
+                        let worker = $claim
+                            .then_delete()
+                            .worker(stop)
+                            .poll_interval(POLL.0, POLL.1)
+                            .failure_backoff(no_backoff, no_backoff)
+                            .concurrency(loops);
+                        let worker = if listen {
+                            worker.listen(CHANNEL)
+                        } else {
+                            worker
+                        };
+                        worker.run_pooled(&pool, run)?.processed
+                    }};
+                }
+                let claim = queue!($db).build_claim().batch(batch);
+                Ok(match failures {
+                    Failures::Hook => run_pooled!(claim.on_failure(
+                        |conn: &mut $conn, job: BenchJob, error: &Error| {
+                            diesel::update(&job).set(failed!(error)).execute(conn)?;
+                            Ok(())
+                        }
+                    )),
+                    // The rows' schedule: run again at once, as the twin's.
+                    Failures::Schedule => run_pooled!(bench_jobs::table
+                        .order((bench_jobs::priority.desc(), bench_jobs::id))
+                        .select(<BenchJob as SelectableHelper<$db>>::as_select())
+                        .build_claim()
+                        .batch(batch)
+                        .retries(
+                            Retries::new(bench_jobs::attempts, bench_jobs::run_at)
+                                .last_error(bench_jobs::last_error)
+                                .schedule([Duration::ZERO])
+                        )),
+                    Failures::Unrecorded => run_pooled!(claim.keep_going()),
+                })
             }
         }
     };
@@ -456,7 +567,7 @@ fn work<C: JobConn>(
     ledger: &Ledger,
 ) -> Result<(), String> {
     let fail = |error: &dyn std::fmt::Display| format!("{}: {error}", mode.name());
-    if mode.runner != Runner::Twin && mode.runner != Runner::CratePooled {
+    if matches!(mode.runner, Runner::Crate | Runner::CrateDeletingInClosure) {
         let delete_in_closure = mode.runner == Runner::CrateDeletingInClosure;
         return conn
             .crate_worker(mode.batch, delete_in_closure, stop, listen, ledger)
@@ -554,19 +665,28 @@ fn run_workers<C: JobConn>(
     url: &str,
     mode: JobMode,
     workers: usize,
-    jobs: usize,
     listen: bool,
+    ledger: &Ledger,
     feed: impl FnOnce(&Ledger) -> Result<(), String>,
 ) -> Result<(), String> {
-    let ledger = Ledger::new(jobs);
     let stop = StopHandle::new();
     let ready = Barrier::new(workers + 1);
-    if mode.runner == Runner::CratePooled {
+    let failures = match mode.runner {
+        Runner::CratePooled => Some(Failures::Hook),
+        Runner::CrateScheduled => Some(Failures::Schedule),
+        Runner::CratePooledNoHook => Some(Failures::Unrecorded),
+        Runner::CrateScheduledProcesses => {
+            return in_processes::<C>(url, mode, workers, listen, ledger, feed)
+                .and_then(|()| checked::<C>(url, mode, ledger));
+        }
+        Runner::Twin | Runner::Crate | Runner::CrateDeletingInClosure => None,
+    };
+    if let Some(failures) = failures {
         // One worker, its loops the W workers; it connects as it claims.
         let fed = thread::scope(|scope| {
-            let (ledger, stop) = (&ledger, &stop);
+            let stop = &stop;
             let worker = scope.spawn(move || {
-                C::pooled_worker(url, workers, mode.batch, stop, listen, ledger)
+                C::pooled_worker(url, workers, mode.batch, failures, stop, listen, ledger)
                     .map_err(|e| format!("{}: {e}", mode.name()))
             });
             let fed = feed(ledger);
@@ -574,12 +694,12 @@ fn run_workers<C: JobConn>(
             worker.join().expect("the pooled worker panicked")?;
             fed
         });
-        return fed.and_then(|()| checked::<C>(url, mode, &ledger));
+        return fed.and_then(|()| checked::<C>(url, mode, ledger));
     }
     let fed = thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
-                let (ledger, stop, ready) = (&ledger, &stop, &ready);
+                let (stop, ready) = (&stop, &ready);
                 scope.spawn(move || {
                     let connected = C::open(url).map_err(|e| e.to_string());
                     ready.wait();
@@ -588,7 +708,7 @@ fn run_workers<C: JobConn>(
             })
             .collect();
         ready.wait();
-        let fed = feed(&ledger);
+        let fed = feed(ledger);
         stop.stop();
         for handle in handles {
             handle.join().expect("a worker panicked")?;
@@ -596,7 +716,106 @@ fn run_workers<C: JobConn>(
         fed
     });
     fed?;
-    checked::<C>(url, mode, &ledger)
+    checked::<C>(url, mode, ledger)
+}
+
+/// Runs the workers in [`PROCESSES`] processes of `workers / PROCESSES`
+/// loops each (one process at W = 1), this program run again with
+/// `--job-worker`, each a worker on a pool with the retry schedule in the
+/// rows; `feed` beside them. Each process runs until its standard input
+/// closes, then says which jobs it picked and when, into `ledger`.
+fn in_processes<C: JobConn>(
+    url: &str,
+    mode: JobMode,
+    workers: usize,
+    listen: bool,
+    ledger: &Ledger,
+    feed: impl FnOnce(&Ledger) -> Result<(), String>,
+) -> Result<(), String> {
+    let processes = PROCESSES.min(workers);
+    let program = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut children: Vec<Child> = (0..processes)
+        .map(|index| {
+            let loops = workers / processes + usize::from(index < workers % processes);
+            Command::new(&program)
+                .arg(format!("--{}", crate::cli::JOB_WORKER))
+                .args([
+                    C::BACKEND.flag().to_owned(),
+                    url.to_owned(),
+                    loops.to_string(),
+                    mode.batch.to_string(),
+                    if listen { "listen" } else { "poll" }.to_owned(),
+                    ledger.fail_every.to_string(),
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start a worker process: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    // The processes have started, and wait for the word to go.
+    thread::sleep(Duration::from_millis(300));
+    for child in &mut children {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Err(format!(
+                "{}: a worker process ended at once ({status})",
+                mode.name()
+            ));
+        }
+        let input = child.stdin.as_mut().expect("piped");
+        input.write_all(b"go\n").map_err(|e| e.to_string())?;
+    }
+    let fed = feed(ledger);
+    for child in &mut children {
+        // Closing its input stops the worker.
+        drop(child.stdin.take());
+    }
+    for mut child in children {
+        let out = BufReader::new(child.stdout.take().expect("piped"));
+        for line in out.lines() {
+            ledger.absorb(&line.map_err(|e| e.to_string())?)?;
+        }
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!(
+                "{}: a worker process failed ({status})",
+                mode.name()
+            ));
+        }
+    }
+    fed
+}
+
+/// One worker process (`--job-worker`): a worker on a pool with the retry
+/// schedule in the rows, from a first line on its standard input until the
+/// input closes; then it prints the jobs it picked.
+pub fn worker_process<C: JobConn>(process: &crate::cli::JobWorker) -> Result<(), String> {
+    let ledger = Ledger::new(1 << 20, process.fail_every);
+    let stop = StopHandle::new();
+    let mut input = String::new();
+    std::io::stdin()
+        .read_line(&mut input)
+        .map_err(|e| e.to_string())?;
+    let stopper = stop.clone();
+    thread::spawn(move || {
+        while std::io::stdin()
+            .read_line(&mut input)
+            .is_ok_and(|read| read > 0)
+        {}
+        stopper.stop();
+    });
+    C::pooled_worker(
+        &process.url,
+        process.loops,
+        process.batch,
+        Failures::Schedule,
+        &stop,
+        process.listen,
+        &ledger,
+    )
+    .map_err(|e| e.to_string())?;
+    ledger.print_picks();
+    Ok(())
 }
 
 /// Whether every job ran as it should and none is left.
@@ -617,17 +836,20 @@ fn checked<C: JobConn>(url: &str, mode: JobMode, ledger: &Ledger) -> Result<(), 
 }
 
 /// Waits until the workers have done `jobs` jobs, for at most `bound`: the
-/// closures have said so, and (a rolled-back batch's jobs are counted twice)
+/// closures have said so (those of this process: workers in other processes
+/// say so at their end), and (a rolled-back batch's jobs are counted twice)
 /// `conn` sees none left.
 fn until_done<C: JobConn>(
     conn: &mut C,
+    mode: JobMode,
     ledger: &Ledger,
     jobs: u64,
     bound: Duration,
 ) -> Result<Instant, String> {
     let deadline = Instant::now() + bound;
+    let in_processes = mode.runner == Runner::CrateScheduledProcesses;
     loop {
-        if ledger.done.load(Ordering::Acquire) >= jobs
+        if (in_processes || ledger.done.load(Ordering::Acquire) >= jobs)
             && conn.queued().map_err(|e| e.to_string())? == 0
         {
             return Ok(Instant::now());
@@ -648,14 +870,17 @@ pub fn drain<C: JobConn>(
     mode: JobMode,
     workers: usize,
     jobs: usize,
+    fail_every: u64,
 ) -> Result<f64, String> {
     let mut conn = C::open(url).map_err(|e| e.to_string())?;
     conn.create_jobs_table().map_err(|e| e.to_string())?;
     conn.enqueue(0..jobs as i64).map_err(|e| e.to_string())?;
     let mut elapsed = Duration::ZERO;
-    run_workers::<C>(url, mode, workers, jobs, false, |ledger| {
+    let ledger = Ledger::new(jobs, fail_every);
+    run_workers::<C>(url, mode, workers, false, &ledger, |ledger| {
         let started = Instant::now();
-        elapsed = until_done(&mut conn, ledger, jobs as u64, Duration::from_secs(600))? - started;
+        let bound = Duration::from_secs(600);
+        elapsed = until_done(&mut conn, mode, ledger, jobs as u64, bound)? - started;
         Ok(())
     })?;
     Ok(jobs as f64 / elapsed.as_secs_f64())
@@ -669,16 +894,17 @@ pub fn steady<C: JobConn>(
     run: &mut JobRun,
     rate: u32,
     seconds: u32,
+    fail_every: u64,
 ) -> Result<(), String> {
     let (mode, workers) = (run.mode, run.workers);
     let jobs = (rate * seconds) as usize;
     let mut producer = C::open(url).map_err(|e| e.to_string())?;
     producer.create_jobs_table().map_err(|e| e.to_string())?;
     let listen = C::BACKEND == BackendKind::Postgres;
-    let mut committed = vec![Instant::now(); jobs];
+    let mut committed = vec![SystemTime::now(); jobs];
     let mut elapsed = Duration::ZERO;
-    let mut first_pick = Vec::new();
-    run_workers::<C>(url, mode, workers, jobs, listen, |ledger| {
+    let ledger = Ledger::new(jobs, fail_every);
+    run_workers::<C>(url, mode, workers, listen, &ledger, |ledger| {
         // The workers have found the queue empty and wait.
         thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
@@ -691,19 +917,20 @@ pub fn steady<C: JobConn>(
             producer
                 .enqueue(seq as i64..seq as i64 + 1)
                 .map_err(|e| e.to_string())?;
-            *committed = Instant::now();
+            *committed = SystemTime::now();
         }
-        elapsed =
-            until_done(&mut producer, ledger, jobs as u64, Duration::from_secs(120))? - started;
-        first_pick = ledger.first_pick.lock().unwrap().clone();
+        let bound = Duration::from_secs(120);
+        elapsed = until_done(&mut producer, mode, ledger, jobs as u64, bound)? - started;
         Ok(())
     })?;
+    // Read once the worker processes, if any, have said theirs.
+    let first_pick = ledger.first_pick.lock().unwrap().clone();
     let pickups: Vec<Duration> = first_pick
         .iter()
         .zip(&committed)
         .map(|(picked, committed)| {
             picked.map_or(Duration::ZERO, |at| {
-                at.saturating_duration_since(*committed)
+                at.duration_since(*committed).unwrap_or_default()
             })
         })
         .collect();
@@ -805,7 +1032,7 @@ pub fn run_all<C: JobConn>(
 ) -> Result<(Vec<JobRun>, Vec<JobRun>), String> {
     let every = |asked: bool| -> Vec<JobRun> {
         let runs = options.workers.iter().flat_map(|&workers| {
-            JobMode::ALL
+            JobMode::all(options.job_fail_every)
                 .into_iter()
                 .map(move |mode| JobRun::new(C::BACKEND, mode, workers))
         });
@@ -817,7 +1044,13 @@ pub fn run_all<C: JobConn>(
     // every time.
     for _ in 0..options.repeat {
         for run in &mut drains {
-            let rate = drain::<C>(url, run.mode, run.workers, options.jobs)?;
+            let rate = drain::<C>(
+                url,
+                run.mode,
+                run.workers,
+                options.jobs,
+                options.job_fail_every,
+            )?;
             eprintln!(
                 "{} JR {} W={}: {rate:.0} jobs/s",
                 C::BACKEND.name(),
@@ -829,7 +1062,13 @@ pub fn run_all<C: JobConn>(
     }
     for _ in 0..options.repeat {
         for run in &mut steady_runs {
-            steady::<C>(url, run, options.job_rate, options.job_seconds)?;
+            steady::<C>(
+                url,
+                run,
+                options.job_rate,
+                options.job_seconds,
+                options.job_fail_every,
+            )?;
             eprintln!(
                 "{} JS {} W={}: p99 so far {:?}",
                 C::BACKEND.name(),

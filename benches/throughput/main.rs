@@ -68,9 +68,10 @@ use report::{DrainRuns, Results};
 
 fn main() -> ExitCode {
     let options = Options::parse();
-    let outcome = match options.memory_child() {
-        Some(child) => child.and_then(memory_child),
-        None => bench(&options),
+    let outcome = match (options.memory_child(), options.job_worker()) {
+        (Some(child), _) => child.and_then(memory_child),
+        (None, Some(process)) => process.and_then(|process| job_worker(&process)),
+        (None, None) => bench(&options),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -88,6 +89,15 @@ fn memory_child(child: MemoryChild) -> Result<(), String> {
         BackendKind::Postgres => memory::child::<PgConnection>(url, rows, mode),
         BackendKind::Mysql => memory::child::<MysqlConnection>(url, rows, mode),
         BackendKind::Sqlite => Err("memory is measured on servers only".to_owned()),
+    }
+}
+
+/// One of the job runner's worker processes (see `jobs::in_processes`).
+fn job_worker(process: &cli::JobWorker) -> Result<(), String> {
+    match process.backend {
+        BackendKind::Postgres => jobs::worker_process::<PgConnection>(process),
+        BackendKind::Mysql => jobs::worker_process::<MysqlConnection>(process),
+        BackendKind::Sqlite => Err("the job runner runs on servers only".to_owned()),
     }
 }
 

@@ -91,8 +91,8 @@ use crate::{trace, Error};
 ///
 /// The columns' types: `attempts` `SMALLINT`, `INTEGER` or `BIGINT`;
 /// `run_at` `timestamptz` or `timestamp` (kept in UTC) on PostgreSQL,
-/// `DATETIME(6)` (in UTC) on MySQL and MariaDB, `TIMESTAMP` on SQLite (text,
-/// UTC), nullable or not (null: due now); the error `TEXT`, nullable or not
+/// `DATETIME(6)` (in UTC) or `TIMESTAMP(6)` on MySQL and MariaDB,
+/// `TIMESTAMP` on SQLite (text, UTC), nullable or not (null: due now); the error `TEXT`, nullable or not
 /// (an error's text is cut to [`MAX_ERROR_LEN`] bytes). Index the queue
 /// as its order needs; `run_at` rarely needs an index of its own, as the
 /// take reads the queue in its order and passes over the rows not yet due.

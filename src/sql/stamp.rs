@@ -28,7 +28,8 @@ use crate::reusable::Reusable;
 ///
 /// - PostgreSQL: `timestamptz` or `timestamp` (kept in UTC);
 /// - MySQL and MariaDB: `DATETIME(6)` (kept in UTC; without the `(6)`,
-///   stamps lose their fractions of a second);
+///   stamps lose their fractions of a second), or `TIMESTAMP(6)` (declared
+///   `Timestamp`, compared with the session's clock);
 /// - SQLite: `TIMESTAMP`, as text `YYYY-MM-DD HH:MM:SS.SSS` (UTC).
 #[diagnostic::on_unimplemented(
     message = "a claim stamp cannot be kept in a column of type `{Self}` on `{DB}`",
@@ -226,10 +227,23 @@ mod pg {
 mod mysql {
     use super::*;
     use diesel::mysql::Mysql;
-    use diesel::sql_types::Datetime;
+    use diesel::sql_types::{Datetime, Timestamp};
 
-    /// UTC, whatever the session's time zone. MySQL reads the clock once per
-    /// statement.
+    fn walk_after_mysql<'b>(
+        now: &'static str,
+        offset: Offset<'_, 'b, Mysql>,
+        mut out: AstPass<'_, 'b, Mysql>,
+    ) -> QueryResult<()> {
+        out.push_sql("(");
+        out.push_sql(now);
+        out.push_sql(" + INTERVAL (");
+        offset(out.reborrow())?;
+        out.push_sql(") MICROSECOND)");
+        Ok(())
+    }
+
+    /// `DATETIME(6)`, kept in UTC whatever the session's time zone; MySQL
+    /// reads the clock once per statement.
     impl StampType<Mysql> for Datetime {
         const NULLABLE: bool = false;
 
@@ -244,12 +258,9 @@ mod mysql {
 
         fn walk_after<'b>(
             offset: Offset<'_, 'b, Mysql>,
-            mut out: AstPass<'_, 'b, Mysql>,
+            out: AstPass<'_, 'b, Mysql>,
         ) -> QueryResult<()> {
-            out.push_sql("(UTC_TIMESTAMP(6) + INTERVAL (");
-            offset(out.reborrow())?;
-            out.push_sql(") MICROSECOND)");
-            Ok(())
+            walk_after_mysql("UTC_TIMESTAMP(6)", offset, out)
         }
 
         fn walk_micros<'b>(
@@ -259,6 +270,39 @@ mod mysql {
             out.push_sql("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', ");
             column.walk_ast(out.reborrow())?;
             out.push_sql(")");
+            Ok(())
+        }
+    }
+
+    /// `TIMESTAMP(6)`, which MySQL keeps in UTC and shows in the session's
+    /// time zone: compared with the session's `NOW(6)`, and read as a count
+    /// since the epoch whatever the zone.
+    impl StampType<Mysql> for Timestamp {
+        const NULLABLE: bool = false;
+
+        fn walk_now(mut out: AstPass<'_, '_, Mysql>) -> QueryResult<()> {
+            out.push_sql("NOW(6)");
+            Ok(())
+        }
+
+        fn walk_later<'b>(micros: &'b i64, out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+            Self::walk_after(&bound_micros(micros), out)
+        }
+
+        fn walk_after<'b>(
+            offset: Offset<'_, 'b, Mysql>,
+            out: AstPass<'_, 'b, Mysql>,
+        ) -> QueryResult<()> {
+            walk_after_mysql("NOW(6)", offset, out)
+        }
+
+        fn walk_micros<'b>(
+            column: &'b dyn QueryFragment<Mysql>,
+            mut out: AstPass<'_, 'b, Mysql>,
+        ) -> QueryResult<()> {
+            out.push_sql("CAST(UNIX_TIMESTAMP(");
+            column.walk_ast(out.reborrow())?;
+            out.push_sql(") * 1000000 AS SIGNED)");
             Ok(())
         }
     }
