@@ -462,18 +462,6 @@ pub fn is_deadlock(error: &diesel::result::Error) -> bool {
     classify(error) == Some(ErrorClass::Deadlock)
 }
 
-/// Whether a claim's error, of whatever type, is this crate's
-/// [`Error::IdleBoundExceeded`]: the server ended the session of a
-/// transaction that sat idle past its bound, while its closure ran.
-#[cfg(any(feature = "bb8", feature = "deadpool"))]
-pub(crate) fn idle_bound_exceeded<E: 'static>(error: &E) -> bool {
-    let error: &dyn Any = error;
-    matches!(
-        error.downcast_ref::<Error>(),
-        Some(Error::IdleBoundExceeded { .. })
-    )
-}
-
 /// Whether a closure's error, of whatever type, says that the database rolled
 /// the closure's transaction back to break a deadlock or a serialization
 /// conflict: this crate's [`Error::Deadlock`] or [`Error::SerializationFailure`],

@@ -269,7 +269,20 @@ mod enabled {
                 keys = %KeyList(keys),
                 %error,
                 "a job outlived its transaction's idle bound: its work was rolled back, its row \
-                 freed while it ran, and another worker may have started it again"
+                 freed while it ran (another worker may have started it again), and its \
+                 failure is recorded on another connection if it still can be"
+            );
+        }
+
+        /// The failure of the rows at `keys`, whose session ended under
+        /// them, could not be recorded (`error`).
+        #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+        pub(crate) fn unrecorded<K: Debug>(&self, keys: &[K], error: &dyn Display) {
+            tracing::warn!(
+                table = self.table,
+                keys = %KeyList(keys),
+                %error,
+                "the failure of a job whose session ended under it could not be recorded"
             );
         }
 
@@ -474,6 +487,9 @@ mod disabled {
     impl WorkerTrace {
         #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
         pub(crate) fn bound_fired<K: Debug>(&self, _keys: &[K], _error: &dyn Display) {}
+
+        #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
+        pub(crate) fn unrecorded<K: Debug>(&self, _keys: &[K], _error: &dyn Display) {}
 
         pub(crate) fn reconnecting(&self, _what: &str, _error: &dyn Display, _pause: Duration) {}
 

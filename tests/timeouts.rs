@@ -3,7 +3,7 @@
 //! recorded under its row's lock; on PostgreSQL its statements are ended at
 //! the timeout.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -137,7 +137,7 @@ on_every_backend! {
 fn postgres_ends_a_jobs_statement_at_its_timeout() {
     use self::pg::{slow_figures, slow_jobs, slow_jobs_db, SlowJob};
     let (_db, pool) = slow_jobs_db(1);
-    let began = Instant::now();
+    let began = std::time::Instant::now();
     let report = slow_jobs::table
         .select(SlowJob::as_select())
         .build_claim()

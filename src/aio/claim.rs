@@ -246,6 +246,9 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
         if let Some(sibling) = left_out.sibling {
             claim.beside(sibling);
         }
+        if let Some(keys) = left_out.only {
+            claim.among(keys.into_iter().map(Position::of_key).collect());
+        }
         let table = T::table_name();
         let span = claim.span(&table);
         let began = Instant::now();

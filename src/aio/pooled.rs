@@ -16,7 +16,7 @@ use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use futures_util::future::{self, BoxFuture, Either};
 
 use super::backend::AsyncBackend;
-use super::claim::PerRow;
+use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
 use super::worker::{ClaimOnce, Runs, WaitForRows};
@@ -24,7 +24,6 @@ use super::Async;
 use crate::claim::siblings::{Sibling, Siblings};
 use crate::claim::worker::on_a_pool::{summed, Reconnect, Shared};
 use crate::claim::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
-use crate::error::idle_bound_exceeded;
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
@@ -303,6 +302,56 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     }
 }
 
+/// An idle bound that fired under a run: the error it ended the run with,
+/// [`Error::IdleBoundExceeded`], as a value that makes it again.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BoundFired {
+    pub(super) bound: Duration,
+    pub(super) open_for: Duration,
+}
+
+impl BoundFired {
+    /// What `error` says, if it is the crate's [`Error::IdleBoundExceeded`].
+    pub(super) fn of<E: 'static>(error: &E) -> Option<Self> {
+        match (error as &dyn std::any::Any).downcast_ref::<Error>() {
+            Some(Error::IdleBoundExceeded { bound, open_for }) => Some(BoundFired {
+                bound: *bound,
+                open_for: *open_for,
+            }),
+            _ => None,
+        }
+    }
+
+    pub(super) fn error(self) -> Error {
+        Error::IdleBoundExceeded {
+            bound: self.bound,
+            open_for: self.open_for,
+        }
+    }
+}
+
+/// The closure of a run that records failures already known, of rows a
+/// session that has since ended ran: each row fails at once with the error
+/// `G` makes, and the claim's failure path records it under the row's lock.
+pub(super) struct FailsWith<G>(pub(super) G);
+
+impl<C, I, E, G> Closure<C, I, E> for FailsWith<G>
+where
+    C: Send,
+    I: Send,
+    E: From<Error> + Send,
+    G: Fn() -> Error + Send,
+{
+    const PER_ROW: bool = true;
+
+    fn call<'c>(&'c mut self, _conn: &'c mut C, _items: Vec<I>) -> BoxFuture<'c, Result<(), E>>
+    where
+        I: 'c,
+    {
+        Box::pin(async move { Err(E::from((self.0)())) })
+    }
+}
+
 /// One claim loop of a worker on a pool, as a future: what it did, or the
 /// failure that ended it.
 type LoopFuture<'a, K, E> = BoxFuture<'a, Result<ClaimReport, RowFailure<K, E>>>;
@@ -356,6 +405,8 @@ impl<PP, K> PooledWorker<PP, K> {
         let mut pause = polling.min_poll;
         let mut reconnect = Reconnect::new();
         let mut metrics = ClaimMetrics::new(&once.table());
+        // Rows a session ended under, whose failure is yet to be recorded.
+        let mut unrecorded: Option<(Vec<K>, BoundFired)> = None;
         // Takes steer around the other loops' batches, but the last claim of a
         // loop that stops once nothing is pending takes from the whole query.
         let mut steering = polling.concurrency > 1;
@@ -379,10 +430,15 @@ impl<PP, K> PooledWorker<PP, K> {
                     continue;
                 }
             };
+            if let Some((keys, fired)) = unrecorded.take() {
+                let recorded = record_failures(once, &mut conn, keys, fired, events).await;
+                metrics.failed_outside_the_claim(recorded);
+            }
             let seen = shared.woken();
             let left_out = LeftOut {
                 backoff: Some(Arc::clone(backoff)),
                 sibling: steering.then(|| sibling.clone()),
+                only: None,
             };
             let outcome = once.claim_once(&mut conn, left_out).await;
             let lost = outcome.stopped.is_some()
@@ -393,11 +449,13 @@ impl<PP, K> PooledWorker<PP, K> {
             let took = match recorded {
                 Ok(took) => took,
                 Err(failure) if lost => {
-                    if idle_bound_exceeded(&failure.error) {
+                    if let Some(fired) = BoundFired::of(&failure.error) {
                         // Never a silent retry: the job ran past its bound.
+                        // Its failure is recorded on the next connection, if
+                        // it can still be.
                         total.failed += failure.keys.len() as u64;
-                        metrics.failed_outside_the_claim(failure.keys.len() as u64);
                         events.bound_fired(&failure.keys, &failure.error);
+                        unrecorded = Some((failure.keys.clone(), fired));
                     }
                     let pause = reconnect.pause();
                     let what =
@@ -433,6 +491,40 @@ impl<PP, K> PooledWorker<PP, K> {
         }
         Ok(total)
     }
+}
+
+/// Records the failure of the rows at `keys`, whose session the server
+/// ended under their job when its transaction outlived its idle bound
+/// (`fired`), through the claim's failure path on `conn`; returns how many
+/// rows it could not record (the claim has no failure hook or schedule, or
+/// a row no longer matches, or another worker holds it), which the claim's
+/// metrics have not counted as failed.
+async fn record_failures<C, K, E>(
+    once: &mut (dyn ClaimOnce<C, Key = K, Error = E> + '_),
+    conn: &mut C,
+    keys: Vec<K>,
+    fired: BoundFired,
+    events: &WorkerTrace,
+) -> u64
+where
+    K: Clone + Eq + Hash + Debug + Send,
+    E: Display,
+{
+    let rows = keys.len() as u64;
+    let Some(recording) = once.record_failures(conn, keys.clone(), fired) else {
+        return rows;
+    };
+    let outcome = recording.await;
+    let recorded = outcome.report.failed;
+    match outcome.stopped {
+        Some(failure) => events.unrecorded(&keys, &failure.error),
+        None if recorded < rows => events.unrecorded(
+            &keys,
+            &"a row no longer matched the queue, or another worker held it",
+        ),
+        None => {}
+    }
+    rows - recorded.min(rows)
 }
 
 /// Waits until the worker stops; wake-ups do not end it.

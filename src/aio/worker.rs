@@ -15,6 +15,8 @@ use super::backend::AsyncBackend;
 use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
+#[cfg(any(feature = "bb8", feature = "deadpool"))]
+use super::pooled::{BoundFired, FailsWith};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
@@ -85,6 +87,21 @@ pub(super) trait ClaimOnce<C>: Send {
         conn: &'c mut C,
         left_out: LeftOut<Self::Key>,
     ) -> BoxFuture<'c, ClaimOutcome<Self::Key, Self::Error>>;
+
+    /// Records the failure of the rows at `keys`, which a run handed over on
+    /// a session the server ended under them when the transaction outlived
+    /// its idle bound (`fired`): a run of the claim taking those rows alone,
+    /// if they still match and nobody holds them, whose closure fails at
+    /// once, so that the failure path records it under each row's lock.
+    /// `None` when the claim has no failure hook or schedule to record it
+    /// with.
+    #[cfg(any(feature = "bb8", feature = "deadpool"))]
+    fn record_failures<'c>(
+        &'c mut self,
+        conn: &'c mut C,
+        keys: Vec<Self::Key>,
+        fired: BoundFired,
+    ) -> Option<BoxFuture<'c, ClaimOutcome<Self::Key, Self::Error>>>;
 }
 
 /// A claim whose rows go to the closure `f`, once per
@@ -123,6 +140,26 @@ where
         left_out: LeftOut<T::Key>,
     ) -> BoxFuture<'c, ClaimOutcome<T::Key, E>> {
         Box::pin(self.claim.run_once(conn, &mut self.f, left_out))
+    }
+
+    #[cfg(any(feature = "bb8", feature = "deadpool"))]
+    fn record_failures<'c>(
+        &'c mut self,
+        conn: &'c mut C,
+        keys: Vec<T::Key>,
+        fired: BoundFired,
+    ) -> Option<BoxFuture<'c, ClaimOutcome<T::Key, E>>> {
+        if !H::SET {
+            return None;
+        }
+        let left_out = LeftOut {
+            only: Some(keys),
+            ..LeftOut::nothing()
+        };
+        Some(Box::pin(async move {
+            let mut fails = FailsWith(move || fired.error());
+            self.claim.run_once(conn, &mut fails, left_out).await
+        }))
     }
 }
 

@@ -159,6 +159,9 @@ pub struct Claim<K> {
     /// Keys every statement leaves out, and the same shared by the ranges.
     excluded: Vec<K>,
     excluded_shared: Arc<[K]>,
+    /// The only keys every statement may take, if set (see
+    /// [`among`](Self::among)).
+    among: Option<Arc<[K]>>,
     /// A pooled worker's loop: takes from the head steer around the batches
     /// its other loops hold (see [`beside`](Self::beside)).
     siblings: Option<Sibling<K>>,
@@ -295,6 +298,7 @@ impl<K> Claim<K> {
             handed: HashSet::new(),
             excluded: Vec::new(),
             excluded_shared: Arc::new([]),
+            among: None,
             siblings: None,
             head: HeadTake::Around,
             report: ClaimReport::default(),
@@ -389,16 +393,12 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             // Between two statements: the last batch has committed.
             return Step::Done;
         }
+        let (excluded, among) = (self.excluded_shared.clone(), self.among.clone());
+        let left_out = |range: KeyRange<K>| range.excluding(excluded).among(among);
         match self.step() {
-            Step::Candidates(range, limit) => {
-                Step::Candidates(range.excluding(self.excluded_shared.clone()), limit)
-            }
-            Step::StillMatching(range) => {
-                Step::StillMatching(range.excluding(self.excluded_shared.clone()))
-            }
-            Step::Batch(range, limit) => {
-                Step::Batch(range.excluding(self.excluded_shared.clone()), limit)
-            }
+            Step::Candidates(range, limit) => Step::Candidates(left_out(range), limit),
+            Step::StillMatching(range) => Step::StillMatching(left_out(range)),
+            Step::Batch(range, limit) => Step::Batch(left_out(range), limit),
             Step::Done => Step::Done,
         }
     }
@@ -547,6 +547,13 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         if self.from_head && self.rows_tell_positions && self.row_locks && passed_over {
             self.siblings = Some(sibling);
         }
+    }
+
+    /// Takes the rows at `keys` alone, each once at most: a worker recording
+    /// the failure of rows whose session ended under them.
+    pub(crate) fn among(&mut self, keys: Vec<K>) {
+        self.remaining = self.remaining.min(keys.len() as u64);
+        self.among = Some(keys.into());
     }
 
     /// Leaves the rows at `keys` out of every statement from here on: rows a

@@ -188,6 +188,7 @@ where
         let left_out = LeftOut {
             backoff: Some(Arc::clone(backoff)),
             sibling: steering.then(|| sibling.clone()),
+            only: None,
         };
         let outcome = claim_once(&mut conn, left_out);
         let lost = outcome.stopped.is_some()

@@ -562,6 +562,8 @@ pub(crate) struct LeftOut<K> {
     pub(crate) backoff: Option<Arc<Backoff<K>>>,
     /// On a pool, the loop's slot: where the other loops' batches lie.
     pub(crate) sibling: Option<Sibling<Position<K>>>,
+    /// The only rows to take, if set: those whose failure the run records.
+    pub(crate) only: Option<Vec<K>>,
 }
 
 impl<K> LeftOut<K> {
@@ -570,6 +572,7 @@ impl<K> LeftOut<K> {
         LeftOut {
             backoff: None,
             sibling: None,
+            only: None,
         }
     }
 
@@ -578,6 +581,7 @@ impl<K> LeftOut<K> {
         LeftOut {
             backoff: Some(Arc::clone(backoff)),
             sibling: None,
+            only: None,
         }
     }
 }

@@ -355,11 +355,11 @@
 //! [`aio`'s "Dropped futures"](crate::aio#dropped-futures)). A bound set by
 //! hand ([`idle_bound`](crate::ClaimBuilder::idle_bound)) that fires under a
 //! job anyway is never a silent retry: a worker on a pool counts the job as
-//! failed, with an `error` event, and goes on on another connection; a
-//! worker on one connection returns
-//! [`Error::IdleBoundExceeded`](crate::Error::IdleBoundExceeded). Either
-//! way the job's own record of it is lost with its transaction, and it is
-//! taken again.
+//! failed, with an `error` event, and on its next connection records the
+//! failure through its failure hook or retry schedule, under the job's lock,
+//! if the job still matches and nobody has taken it since (its rows were
+//! freed when the session ended); a worker on one connection returns
+//! [`Error::IdleBoundExceeded`](crate::Error::IdleBoundExceeded).
 //!
 //! # When the database goes away
 //!

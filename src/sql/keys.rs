@@ -322,6 +322,9 @@ pub struct KeyRange<K> {
     /// Keys left out wherever they fall: rows a worker backs off from, and
     /// rows a claim from the head of the queue has handed over already.
     pub excluded: Arc<[K]>,
+    /// The only keys the range may hold, if it holds no others: the rows a
+    /// worker records a failure of once the session that ran them is gone.
+    pub among: Option<Arc<[K]>>,
 }
 
 /// The lower end of a [`KeyRange`].
@@ -341,6 +344,7 @@ impl<K: Clone> KeyRange<K> {
             lower,
             through,
             excluded: Arc::new([]),
+            among: None,
         }
     }
 
@@ -371,6 +375,11 @@ impl<K: Clone> KeyRange<K> {
     pub fn excluding(self, excluded: Arc<[K]>) -> Self {
         KeyRange { excluded, ..self }
     }
+
+    /// The same range, holding `among` alone (if `Some`).
+    pub fn among(self, among: Option<Arc<[K]>>) -> Self {
+        KeyRange { among, ..self }
+    }
 }
 
 /// `column` within a [`KeyRange`]: keyset pagination in the claim order (see
@@ -396,25 +405,37 @@ where
         let bounds = [lower, through];
         let mut bounds = bounds.iter().flatten().peekable();
         let excluded = &self.range.excluded;
-        if bounds.peek().is_none() && excluded.is_empty() {
+        let among = match self.range.among.as_deref() {
+            Some([]) => {
+                out.push_sql("1 = 0");
+                return Ok(());
+            }
+            among => among.unwrap_or_default(),
+        };
+        if bounds.peek().is_none() && excluded.is_empty() && among.is_empty() {
             out.push_sql("1 = 1");
             return Ok(());
         }
         out.push_sql("(");
+        let mut first = true;
         while let Some((operator, key)) = bounds.next() {
+            first = false;
             self.column.walk_compare(operator, key, out.reborrow())?;
             if bounds.peek().is_some() {
                 out.push_sql(" AND ");
             }
         }
-        if !excluded.is_empty() {
+        for (not, keys) in [("NOT ", &**excluded), ("", among)] {
+            if keys.is_empty() {
+                continue;
+            }
             // The statement's text depends on the number of keys.
             out.unsafe_to_cache_prepared();
-            if lower.is_some() || through.is_some() {
+            if !std::mem::take(&mut first) {
                 out.push_sql(" AND ");
             }
-            out.push_sql("NOT ");
-            self.column.walk_among(excluded, out.reborrow())?;
+            out.push_sql(not);
+            self.column.walk_among(keys, out.reborrow())?;
         }
         out.push_sql(")");
         Ok(())
@@ -563,5 +584,26 @@ mod tests {
             sql::<diesel::pg::Pg>(&one),
             r#"("lines"."order_id" IN ($1, $2))"#
         );
+    }
+
+    #[test]
+    fn a_range_leaves_its_excluded_keys_out_and_holds_among_alone() {
+        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id));
+        let whole = |among: Option<Arc<[Position<i32>]>>| InRange {
+            column: column(),
+            range: KeyRange::whole()
+                .excluding(Arc::new([Position::of_key(3)]))
+                .among(among),
+        };
+        assert_eq!(
+            sql::<diesel::pg::Pg>(&whole(Some(Arc::new([Position::of_key(4)])))),
+            r#"(NOT ("lines"."order_id" IN ($1)) AND ("lines"."order_id" IN ($2)))"#
+        );
+        assert_eq!(
+            sql::<diesel::pg::Pg>(&whole(None)),
+            r#"(NOT ("lines"."order_id" IN ($1)))"#
+        );
+        // Among no keys, no row.
+        assert_eq!(sql::<diesel::pg::Pg>(&whole(Some(Arc::new([])))), "1 = 0");
     }
 }

@@ -197,7 +197,8 @@ on_async_backends! {
 
     /// A job of 40 s with a timeout of 2 s, under two workers polling: its
     /// future is dropped at 2 s, its failure recorded once (timed out), and
-    /// it is not started again before its next run time, a minute later.
+    /// in the 40 s it would have run it is not started again, its next run
+    /// time a minute later.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_long_job_is_ended_at_its_timeout_and_not_started_again() {
         let (_db, url) = long_jobs_db(1);
@@ -238,8 +239,9 @@ on_async_backends! {
             }
             let ended = began.elapsed();
             assert!(ended >= Duration::from_secs(2) && ended < Duration::from_secs(5), "{ended:?}");
-            // Two workers keep polling: the job is not started again.
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            // Two workers keep polling for as long as the job would have
+            // run: it is not started again.
+            tokio::time::sleep(Duration::from_secs(40).saturating_sub(began.elapsed())).await;
             stop.stop();
         };
         let (first, second, ()) = tokio::join!(worker(), worker(), watch);
@@ -251,7 +253,7 @@ on_async_backends! {
     }
 
     /// Without a timeout, a worker's transactions have no idle bound: a job
-    /// that runs 35 s (past the 30 s an async claim's transaction may sit
+    /// that runs 40 s (past the 30 s an async claim's transaction may sit
     /// idle by default) runs exactly once, on bb8 and on deadpool, and
     /// finishes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,7 +279,7 @@ on_async_backends! {
         };
         let job = async |conn: &mut Conn, job: LongJob| {
             count_start(&url, job.id).await;
-            tokio::time::sleep(Duration::from_secs(35)).await;
+            tokio::time::sleep(Duration::from_secs(40)).await;
             diesel::update(long_jobs::table.find(job.id))
                 .set(long_jobs::finished.eq(long_jobs::finished + 1))
                 .execute(conn)
@@ -286,9 +288,9 @@ on_async_backends! {
         };
         let both = async { tokio::join!(queue().run_pooled(&bb8, job), queue().run_pooled(&deadpool, job)) };
         // A session ended under a job would have another loop start it again.
-        let (on_bb8, on_deadpool) = tokio::time::timeout(Duration::from_secs(60), both)
+        let (on_bb8, on_deadpool) = tokio::time::timeout(Duration::from_secs(70), both)
             .await
-            .unwrap_or_else(|_| panic!("the jobs were not each done once in 60 s: {:?}", long_figures(&url)));
+            .unwrap_or_else(|_| panic!("the jobs were not each done once in 70 s: {:?}", long_figures(&url)));
         let done = on_bb8.unwrap().processed + on_deadpool.unwrap().processed;
         assert_eq!(done, 2);
         assert_eq!(long_figures(&url), [(0, None, 1, 1), (0, None, 1, 1)]);
@@ -297,9 +299,11 @@ on_async_backends! {
     /// An idle bound shorter than a job (set by hand) fires under it: the
     /// server ends the job's session while it runs. The worker on a pool
     /// goes on, on another connection, but not silently: the job's run is
-    /// counted as failed.
+    /// counted as failed, and its failure recorded by its retry schedule on
+    /// the next connection (its attempt, the error, its next run time), so
+    /// that it is not started again before its delay.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_bound_that_fires_under_a_job_is_counted_as_its_failure() {
+    async fn a_bound_that_fires_under_a_job_is_recorded_as_its_failure() {
         let (_db, url) = long_jobs_db(1);
         let pool = bb8::Pool::builder()
             .max_size(3)
@@ -308,25 +312,41 @@ on_async_backends! {
             .unwrap();
         let stop = StopHandle::new();
         let runs = std::sync::atomic::AtomicUsize::new(0);
-        let report = long_jobs::table
+        let worker = long_jobs::table
             .filter(long_jobs::finished.eq(0))
             .select(LongJob::as_select())
             .build_claim()
+            .retries(
+                Retries::new(long_jobs::attempts, long_jobs::run_at)
+                    .last_error(long_jobs::last_error)
+                    .backoff(Duration::from_secs(60), Duration::from_secs(60)),
+            )
             .then_update(long_jobs::finished.eq(1))
             .worker(&stop)
             .idle_bound(Duration::from_secs(1))
             .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
             .run_pooled(&pool, async |_: &mut Conn, _: LongJob| {
-                tokio::time::sleep(Duration::from_millis(2500)).await;
                 runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                stop.stop();
+                tokio::time::sleep(Duration::from_millis(2500)).await;
                 Ok::<_, Error>(())
-            })
-            .await
-            .unwrap();
+            });
+        let watch = async {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while long_figures(&url)[0].0 == 0 {
+                assert!(std::time::Instant::now() < deadline, "the failure was not recorded");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The worker keeps polling: the job waits for its next run time.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            stop.stop();
+        };
+        let (report, ()) = tokio::join!(worker, watch);
+        let report = report.unwrap();
         assert_eq!(runs.into_inner(), 1);
         assert_eq!((report.processed, report.failed), (0, 1), "{report:?}");
-        assert_eq!(long_figures(&url)[0].3, 0, "nothing was committed");
+        let (attempts, error, _, finished) = long_figures(&url).remove(0);
+        assert_eq!((attempts, finished), (1, 0));
+        assert!(error.as_deref().unwrap().contains("idle bound"), "{error:?}");
     }
 
 }
