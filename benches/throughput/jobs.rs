@@ -945,15 +945,18 @@ pub fn steady<C: JobConn>(
 
 pub const JOB_NOTES: &str = "\
 - jobs in priority order (`ORDER BY priority DESC, id`), one or ten per transaction, each
-  deleted when done; one in 20 fails its first attempt, and the failure (attempts, error, next
-  run time) is written under the job's lock. hand-written: the registry runner's loop
-  (`SELECT … LIMIT n FOR UPDATE SKIP LOCKED`, each job in a savepoint, then its `DELETE` or the
-  failure's `UPDATE`); diesel-claim: `.worker(&stop)` from the head of the queue, with
-  `on_failure` and `then_delete` (\"delete in the closure\": the closure deletes its job, in
-  the savepoint the failure hook needs); \"on a pool\": one worker, `run_pooled` on an r2d2 pool
-  of W + 1 connections (`test_on_check_out` off), its W claim loops checking a connection out per
-  claim, one listener. Idle workers poll every 1 ms, doubling to 20 ms; JS's workers listen on
-  PostgreSQL (the producer notifies in each job's transaction).
+  deleted when done; one in 20 (`--job-fail-every`; 0: none) fails its first attempt, and the
+  failure (attempts, error, next run time) is written under the job's lock. hand-written: the
+  registry runner's loop (`SELECT … LIMIT n FOR UPDATE SKIP LOCKED`, each job in a savepoint,
+  then its `DELETE` or the failure's `UPDATE`); diesel-claim: `.worker(&stop)` from the head of
+  the queue, with `on_failure` and `then_delete` (\"delete in the closure\": the closure deletes
+  its job, in the savepoint the failure hook needs); \"on a pool\": one worker, `run_pooled` on
+  an r2d2 pool of W + 1 connections (`test_on_check_out` off), its W claim loops checking a
+  connection out per claim, one listener; \"retries in the rows\": the same, failures written by
+  the crate's retry schedule (`retries`, no delay) instead of the hook; \"in 4 processes\": that
+  worker run in 4 processes of W / 4 loops each (one process at W = 1); \"no hook\": no failure
+  hook, so no savepoint per job (only when no job fails). Idle workers poll every 1 ms, doubling
+  to 20 ms; JS's workers listen on PostgreSQL (the producer notifies in each job's transaction).
 - pickup: from the producer's `COMMIT` returning to the job's closure starting.";
 
 /// The report of the drains: jobs/s per mode and worker count, each crate
