@@ -1,6 +1,7 @@
 //! The async worker on a bb8 or deadpool pool: the twin of the blocking
-//! `run_pooled`, its claim loops futures of one future, its listener on a
-//! connection the pool makes outside its own count.
+//! `run_pooled`, its claim loops futures of one future (`run_pooled`) or
+//! each on a task of its own (`spawn_pooled`), its listener on a connection
+//! the pool makes outside its own count.
 
 use std::borrow::Borrow;
 use std::fmt::{Debug, Display};
@@ -27,7 +28,7 @@ use crate::claim::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
-use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure};
+use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure, StopHandle};
 
 /// A pool an async worker runs on: diesel-async's bb8 pool (feature `bb8`)
 /// and deadpool pool (feature `deadpool`). Sealed.
@@ -150,7 +151,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + 'a,
         E: From<Error> + Display + Send + 'static,
     {
-        self.run_loops::<_, P, _, _, _, _, _>(pool, f, future::join_all)
+        self.run_loops::<_, P, _, _, _, _, _>(pool, f, |loops, _| future::join_all(loops))
     }
 
     /// Runs the worker as [`run_pooled`](Self::run_pooled) does, each claim
@@ -188,7 +189,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + 'static,
         E: From<Error> + Display + Send + 'static,
     {
-        self.run_loops::<_, P, _, _, _, _, _>(pool.clone(), f, |loops| async move {
+        self.run_loops::<_, P, _, _, _, _, _>(pool.clone(), f, |loops, halt| async move {
             let mut tasks = tokio::task::JoinSet::new();
             let mut ended = Vec::new();
             for (index, one) in loops.into_iter().enumerate() {
@@ -198,8 +199,9 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             while let Some(joined) = tasks.join_next().await {
                 match joined {
                     Ok(one) => ended.push(one),
-                    // The others stop: their loops see the halt.
+                    // The others stop at the halt, then the panic goes on.
                     Err(error) if error.is_panic() => {
+                        halt.stop();
                         panicked.get_or_insert(error.into_panic());
                     }
                     Err(error) => panic!("a worker's loop task was cancelled: {error}"),
@@ -239,7 +241,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + 'a,
         E: From<Error> + Display + Send + 'static,
         P::Connection: 'a,
-        R: FnOnce(Vec<LoopFuture<'a, T::Key, E>>) -> Run + Send + 'a,
+        R: FnOnce(Vec<LoopFuture<'a, T::Key, E>>, StopHandle) -> Run + Send + 'a,
         Run: Future<Output = Vec<Result<ClaimReport, RowFailure<T::Key, E>>>> + Send + 'a,
     {
         async move {
@@ -276,7 +278,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
                 .collect();
             drop((claim, f));
             let loops = async {
-                let ended = run(loops).await;
+                let ended = run(loops, worker.shared.halt.clone()).await;
                 // The loops have ended: so does the listener.
                 worker.shared.halt.stop();
                 ended
@@ -431,8 +433,8 @@ impl<PP, K> PooledWorker<PP, K> {
                 }
             };
             if let Some((keys, fired)) = unrecorded.take() {
-                let recorded = record_failures(once, &mut conn, keys, fired, events).await;
-                metrics.failed_outside_the_claim(recorded);
+                let left = record_failures(once, &mut conn, keys, fired, events).await;
+                metrics.failed_outside_the_claim(left);
             }
             let seen = shared.woken();
             let left_out = LeftOut {
@@ -488,6 +490,10 @@ impl<PP, K> PooledWorker<PP, K> {
                     pause = polling.min_poll;
                 }
             }
+        }
+        if let Some((keys, _)) = unrecorded {
+            events.unrecorded(&keys, &"the worker stopped before it could record it");
+            metrics.failed_outside_the_claim(keys.len() as u64);
         }
         Ok(total)
     }

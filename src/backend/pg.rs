@@ -60,7 +60,8 @@ impl Strategy for Pg {
     }
 
     // Row locks are taken by the statements, with their own wait policy.
-    // For this transaction only, after which the session's own applies.
+    // For this transaction only (the caller's, for a claim inside it),
+    // after which the session's own applies.
     fn bound_statements(timeout: std::time::Duration) -> Option<String> {
         Some(format!(
             "SET LOCAL statement_timeout = {}",

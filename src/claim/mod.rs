@@ -413,8 +413,11 @@ impl<Q, M, T, H> ClaimBuilder<Q, M, T, H> {
         self
     }
 
-    /// Ends each closure that runs longer than `timeout` (a row's, or a
-    /// batch's with [`each_batch`](Self::each_batch)), as a failure: its work
+    /// Ends each closure call that runs longer than `timeout` (a row's, or a
+    /// batch's with [`each_batch`](Self::each_batch), and with
+    /// [`batch(n)`](Self::batch) when no failure hook, retry schedule or
+    /// [`keep_going`](Self::keep_going) runs each row in a savepoint of its
+    /// own: then the rows of a batch share one call), as a failure: its work
     /// is rolled back, its row counted in [`ClaimReport::failed`] and
     /// [`ClaimReport::timed_out`], and recorded by the claim's
     /// [failure hook](Self::on_failure) or [retry schedule](Self::retries)
@@ -432,10 +435,14 @@ impl<Q, M, T, H> ClaimBuilder<Q, M, T, H> {
     ///   outside: a closure that runs past its timeout is a failure once it
     ///   returns, whatever it returned, and its work is rolled back then.
     /// - **On PostgreSQL**, either way, each statement of the closure is
-    ///   ended by the server at the timeout (`SET LOCAL statement_timeout`,
-    ///   one more statement per batch): a closure blocked on a slow query or
-    ///   a lock wait gets its error then. MySQL, MariaDB and SQLite have no
-    ///   bound for a transaction alone.
+    ///   ended by the server once it has run for the timeout (`SET LOCAL
+    ///   statement_timeout`, one more statement per batch; counted from the
+    ///   statement's own start, so a statement begun late in the closure can
+    ///   run past the closure's timeout by up to the timeout): a closure
+    ///   blocked on a slow query or a lock wait gets its error then. With
+    ///   [`inside_transaction`](Self::inside_transaction) the setting lasts
+    ///   to the end of the caller's transaction. MySQL, MariaDB and SQLite
+    ///   have no bound for a transaction alone.
     ///
     /// Async, the timeout also sets the transactions' idle bound (unless
     /// [`idle_bound`](crate::ClaimBuilder::idle_bound) sets one): 30 s above

@@ -484,8 +484,8 @@ pub(crate) fn error_text(error: &dyn Display) -> String {
             columns be columns of their table"
 )]
 pub trait RetriedRow<C, A, R, E>: Sized {
-    /// Records a failure of this row with `write`; whether the row has now
-    /// used its last of `max_attempts` (a dead letter). A row that is gone
+    /// Records a failure of this row with `write` (which makes it a dead
+    /// letter once it has used its last attempt). A row that is gone
     /// records nothing.
     #[doc(hidden)]
     fn record_failure(

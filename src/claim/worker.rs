@@ -275,8 +275,11 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     }
 
     /// Ends each job that runs longer than `timeout`, as a failure recorded
-    /// under its lock: see [`ClaimBuilder::timeout`] for what a timeout can
-    /// end, blocking and async. Without one, a job runs for as long as it
+    /// under its lock by the claim's failure hook or retry schedule (without
+    /// either, or [`keep_going`](ClaimBuilder::keep_going), the worker ends
+    /// with [`Error::TimedOut`](crate::Error::TimedOut)): see
+    /// [`ClaimBuilder::timeout`] for what a timeout can end, blocking and
+    /// async. Without one, a job runs for as long as it
     /// takes, and an async worker's transactions have no idle bound (unless
     /// [`idle_bound`](crate::ClaimBuilder::idle_bound) sets one): a bound shorter than a job
     /// would end its session while it runs, free its row, and let another

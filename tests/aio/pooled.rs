@@ -263,6 +263,42 @@ on_async_backends! {
         assert!(during >= 10, "only {during} of 39 jobs were done while job 1 blocked its thread");
     }
 
+    /// A spawned loop whose job panics stops the others: the worker's
+    /// future ends with the panic at once, where the caller's stop would
+    /// otherwise never come.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spawned_loop_that_panics_stops_the_others() {
+        let db = TestDb::new();
+        testkit::fixtures::create_schema(&mut blocking(&db.url), testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(&mut blocking(&db.url), 5);
+        let pool = deadpool_pool(&db.url, 3);
+        // Its first run alone panics: the other loop could go on for ever.
+        let panicked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let worker = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .worker(&StopHandle::new())
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
+            .spawn_pooled(
+                &pool,
+                diesel_claim::aio::scoped(move |conn: &mut Conn, job: Job| {
+                    let first = !panicked.swap(true, std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        if job.id == 1 && first {
+                            panic!("job 1 panics");
+                        }
+                        finish(conn, job).await
+                    }
+                    .scope_boxed()
+                }),
+            );
+        let ended = tokio::time::timeout(Duration::from_secs(20), tokio::spawn(worker)).await;
+        let joined = ended.expect("the other loop went on after one panicked");
+        assert!(joined.is_err_and(|error| error.is_panic()));
+    }
+
     /// Four loops on a bb8 pool share one backoff for failing jobs: no loop
     /// runs a job before its backoff (recorded when its last run failed,
     /// doubling) has passed, and no two runs of a job overlap.
