@@ -27,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 use diesel::{MysqlConnection, PgConnection};
 use diesel_claim::{Error, Retries, StopHandle, WaitForRows};
 
@@ -100,6 +101,9 @@ pub enum Failures {
 
 /// The worker processes of `CrateScheduledProcesses`.
 const PROCESSES: usize = 4;
+
+/// What a worker process prints once its pool is open.
+const READY: &str = "ready";
 
 /// One way of running jobs: the runner, and the jobs per transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +256,7 @@ impl Ledger {
 }
 
 /// What a connection does for the job runners, per backend.
-pub trait JobConn: Connection + WaitForRows + Send + Sized + 'static {
+pub trait JobConn: Connection + R2D2Connection + WaitForRows + Send + Sized + 'static {
     const BACKEND: BackendKind;
 
     fn open(url: &str) -> ConnectionResult<Self>;
@@ -280,12 +284,15 @@ pub trait JobConn: Connection + WaitForRows + Send + Sized + 'static {
         ledger: &Ledger,
     ) -> Result<u64, Error>;
 
-    /// The crate's worker on a pool of connections to `url`, `loops` claim
-    /// loops, with `then_delete`, recording failures as `failures` says,
-    /// until `stop`.
+    /// The pool of a worker of `loops` claim loops: its W + 1 connections
+    /// to `url` opened, as the twin's are, before a run's clock starts.
+    fn pool(url: &str, loops: usize) -> Result<Pool<ConnectionManager<Self>>, Error>;
+
+    /// The crate's worker on `pool`, `loops` claim loops, with
+    /// `then_delete`, recording failures as `failures` says, until `stop`.
     #[allow(clippy::too_many_arguments)]
     fn pooled_worker(
-        url: &str,
+        pool: &Pool<ConnectionManager<Self>>,
         loops: usize,
         batch: u32,
         failures: Failures,
@@ -438,8 +445,19 @@ macro_rules! impl_job_conn {
                 Ok(report.processed)
             }
 
+            fn pool(url: &str, loops: usize) -> Result<Pool<ConnectionManager<Self>>, Error> {
+                // The worker finds dead connections itself: no test query
+                // per checkout.
+                Pool::builder()
+                    .max_size(loops as u32 + 1)
+                    .test_on_check_out(false)
+                    .connection_customizer(Box::new(SetUp($setup)))
+                    .build(ConnectionManager::<$conn>::new(url))
+                    .map_err(|error| Error::InvalidArgument(error.to_string()))
+            }
+
             fn pooled_worker(
-                url: &str,
+                pool: &Pool<ConnectionManager<Self>>,
                 loops: usize,
                 batch: u32,
                 failures: Failures,
@@ -448,14 +466,6 @@ macro_rules! impl_job_conn {
                 ledger: &Ledger,
             ) -> Result<u64, Error> {
                 use diesel_claim::prelude::*;
-                // The worker finds dead connections itself: no test query
-                // per checkout.
-                let pool = diesel::r2d2::Pool::builder()
-                    .max_size(loops as u32 + 1)
-                    .test_on_check_out(false)
-                    .connection_customizer(Box::new(SetUp($setup)))
-                    .build(diesel::r2d2::ConnectionManager::<$conn>::new(url))
-                    .map_err(|error| Error::InvalidArgument(error.to_string()))?;
                 let no_backoff = Duration::ZERO;
                 let run = |conn: &mut $conn, job: BenchJob| {
                     let _ = conn;
@@ -475,7 +485,7 @@ macro_rules! impl_job_conn {
                         } else {
                             worker
                         };
-                        worker.run_pooled(&pool, run)?.processed
+                        worker.run_pooled(pool, run)?.processed
                     }};
                 }
                 let claim = queue!($db).build_claim().batch(batch);
@@ -682,11 +692,13 @@ fn run_workers<C: JobConn>(
         Runner::Twin | Runner::Crate | Runner::CrateDeletingInClosure => None,
     };
     if let Some(failures) = failures {
-        // One worker, its loops the W workers; it connects as it claims.
+        // One worker, its loops the W workers, on a pool opened before the
+        // clock starts.
+        let pool = C::pool(url, workers).map_err(|e| format!("{}: {e}", mode.name()))?;
         let fed = thread::scope(|scope| {
-            let stop = &stop;
+            let (stop, pool) = (&stop, &pool);
             let worker = scope.spawn(move || {
-                C::pooled_worker(url, workers, mode.batch, failures, stop, listen, ledger)
+                C::pooled_worker(pool, workers, mode.batch, failures, stop, listen, ledger)
                     .map_err(|e| format!("{}: {e}", mode.name()))
             });
             let fed = feed(ledger);
@@ -753,15 +765,22 @@ fn in_processes<C: JobConn>(
                 .map_err(|e| format!("cannot start a worker process: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    // The processes have started, and wait for the word to go.
-    thread::sleep(Duration::from_millis(300));
+    // Each process opens its pool, says so, and waits for the word to go.
+    let mut outputs = Vec::with_capacity(children.len());
     for child in &mut children {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        out.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.trim_end() != READY {
+            let status = child.wait().map_err(|e| e.to_string())?;
             return Err(format!(
-                "{}: a worker process ended at once ({status})",
+                "{}: a worker process ended before it was ready ({status})",
                 mode.name()
             ));
         }
+        outputs.push(out);
+    }
+    for child in &mut children {
         let input = child.stdin.as_mut().expect("piped");
         input.write_all(b"go\n").map_err(|e| e.to_string())?;
     }
@@ -770,8 +789,7 @@ fn in_processes<C: JobConn>(
         // Closing its input stops the worker.
         drop(child.stdin.take());
     }
-    for mut child in children {
-        let out = BufReader::new(child.stdout.take().expect("piped"));
+    for (mut child, out) in children.into_iter().zip(outputs) {
         for line in out.lines() {
             ledger.absorb(&line.map_err(|e| e.to_string())?)?;
         }
@@ -792,6 +810,8 @@ fn in_processes<C: JobConn>(
 pub fn worker_process<C: JobConn>(process: &crate::cli::JobWorker) -> Result<(), String> {
     let ledger = Ledger::new(1 << 20, process.fail_every);
     let stop = StopHandle::new();
+    let pool = C::pool(&process.url, process.loops).map_err(|e| e.to_string())?;
+    println!("{READY}");
     let mut input = String::new();
     std::io::stdin()
         .read_line(&mut input)
@@ -805,7 +825,7 @@ pub fn worker_process<C: JobConn>(process: &crate::cli::JobWorker) -> Result<(),
         stopper.stop();
     });
     C::pooled_worker(
-        &process.url,
+        &pool,
         process.loops,
         process.batch,
         Failures::Schedule,
