@@ -176,10 +176,12 @@ where
                     let now = Instant::now();
                     let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
                     let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
-                    handed_over.clone_from(&batch_keys);
                     let mut succeeded = Vec::new();
                     for items in calls(items, savepoints && F::PER_ROW) {
                         let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                        // A failure that ends the batch names the rows that
+                        // ran, not those still waiting their turn.
+                        handed_over.extend(keys.iter().cloned());
                         let rows = keys.len();
                         let count_late = |(error, ran_late): (E, bool)| {
                             *late += usize::from(ran_late) * rows;
@@ -212,13 +214,13 @@ where
                             Err(error) => {
                                 backed_off(backoff, &keys);
                                 if !roll_back_to(conn, depth).await {
-                                    *failing_at = Some(Failing::Ends(batch_keys));
+                                    *failing_at = Some(Failing::Ends(handed_over.clone()));
                                     return Err(error);
                                 }
                                 for item in kept.into_iter().flatten() {
                                     let hooked = hook.failed(conn, T::into_row(item), &error).await;
                                     hooked.inspect_err(|_| {
-                                        *failing_at = Some(Failing::Ends(batch_keys.clone()))
+                                        *failing_at = Some(Failing::Ends(handed_over.clone()))
                                     })?;
                                 }
                                 caught_in.push(RowFailure::new(keys, error));

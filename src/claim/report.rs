@@ -97,10 +97,12 @@ pub struct RowFailure<K, E> {
     /// The keys of the rows whose transaction rolled back: the failing row's
     /// alone when claiming per row, or when
     /// [`keep_going`](crate::ClaimBuilder::keep_going) retried a failing batch
-    /// row by row; every row of the batch when a batch failed and the call
-    /// stopped. Empty when the error came from outside any closure before
-    /// any row was handed over; after, the rows handed over in the batch (a
-    /// failed commit, or the server ending the session under them).
+    /// row by row; when a batch failed and the call stopped, every row of it
+    /// that the closure was given, up to the failing one (the rows after it
+    /// never ran, and are taken again as any rolled-back row is). Empty when
+    /// the error came from outside any closure before any row was handed
+    /// over; after, the rows handed over (a failed commit, or the server
+    /// ending the session under them).
     pub keys: Vec<K>,
     /// The error: the closure's own, or (for a panic, with `keep_going`)
     /// [`Error::ClosurePanicked`](crate::Error::ClosurePanicked) converted into

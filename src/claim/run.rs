@@ -355,10 +355,12 @@ where
                 let now = Instant::now();
                 let items: Vec<I> = rows.into_iter().map(|row| kind.hand(row, now)).collect();
                 let batch_keys: Vec<K> = items.iter().map(T::item_key).collect();
-                handed.clone_from(&batch_keys);
                 let mut succeeded = Vec::new();
                 for items in calls(items, savepoints && F::PER_ROW) {
                     let keys: Vec<K> = items.iter().map(T::item_key).collect();
+                    // A failure that ends the batch names the rows that ran,
+                    // not those still waiting their turn.
+                    handed.extend(keys.iter().cloned());
                     let kept: Vec<Option<I>> = match savepoints {
                         true => items.iter().map(H::keep).collect(),
                         false => Vec::new(),
@@ -387,13 +389,13 @@ where
                             for item in kept.into_iter().flatten() {
                                 let hooked = hook.failed(conn, T::into_row(item), &error);
                                 hooked.inspect_err(|_| {
-                                    failing = Some(Failing::Ends(batch_keys.clone()))
+                                    failing = Some(Failing::Ends(handed.clone()))
                                 })?;
                             }
                             caught.push(RowFailure::new(keys, error));
                         }
                         Saved::Lost(error) => {
-                            failing = Some(Failing::Ends(batch_keys));
+                            failing = Some(Failing::Ends(handed.clone()));
                             return Err(error);
                         }
                     }

@@ -349,4 +349,58 @@ on_async_backends! {
         assert!(error.as_deref().unwrap().contains("idle bound"), "{error:?}");
     }
 
+    /// The bound fires under the second of three jobs taken in one batch:
+    /// the first ran (its completion is lost with the session) and the
+    /// second was running, so both are recorded as failed; the third never
+    /// ran, keeps its attempts, and is taken again and done.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bound_that_fires_mid_batch_records_only_the_jobs_that_ran() {
+        let (_db, url) = long_jobs_db(3);
+        let pool = bb8::Pool::builder()
+            .max_size(3)
+            .build(crate::aio::pooled::manager(&url, BACKEND == "mysql"))
+            .await
+            .unwrap();
+        let stop = StopHandle::new();
+        let worker = long_jobs::table
+            .filter(long_jobs::finished.eq(0))
+            .order(long_jobs::id)
+            .select(LongJob::as_select())
+            .build_claim()
+            .batch(3)
+            .retries(
+                Retries::new(long_jobs::attempts, long_jobs::run_at)
+                    .last_error(long_jobs::last_error)
+                    .backoff(Duration::from_secs(60), Duration::from_secs(60)),
+            )
+            .then_update(long_jobs::finished.eq(1))
+            .worker(&stop)
+            .idle_bound(Duration::from_secs(1))
+            .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
+            .run_pooled(&pool, async |_: &mut Conn, job: LongJob| {
+                count_start(&url, job.id).await;
+                if job.id == 2 {
+                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                }
+                Ok::<_, Error>(())
+            });
+        let watch = async {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while long_figures(&url)[2].3 == 0 {
+                assert!(std::time::Instant::now() < deadline, "job 3 was not done: {:?}", long_figures(&url));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stop.stop();
+        };
+        let (report, ()) = tokio::join!(worker, watch);
+        let report = report.unwrap();
+        assert_eq!((report.processed, report.failed), (1, 2), "{report:?}");
+        let figures = long_figures(&url);
+        for (attempts, error, starts, finished) in &figures[..2] {
+            assert_eq!((*attempts, *starts, *finished), (1, 1, 0), "{figures:?}");
+            assert!(error.as_deref().unwrap().contains("idle bound"), "{figures:?}");
+        }
+        assert_eq!(figures[2], (0, None, 1, 1));
+    }
+
 }
