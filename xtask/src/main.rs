@@ -124,6 +124,7 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
         cargo(servers, args, &["--", "-D", "warnings"].map(String::from))?;
     }
     async_only_dependencies()?;
+    sqlite_example_dependencies()?;
     // The crate without its default `migrations`, which the tests'
     // dev-dependencies turn on in every build above.
     cargo(
@@ -148,7 +149,7 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
     // that nothing is processed twice or left behind; timings never fail it.
     cargo(
         servers,
-        ["bench", "--bench", "throughput", "--all-features"],
+        ["bench", "--package", "diesel-claim-bench"],
         &["--", "--quick", "--partitioned"].map(String::from),
     )?;
     // The worked examples: the README's command on SQLite, then every server.
@@ -347,16 +348,34 @@ fn target_dir(root: &Path) -> PathBuf {
 /// Fails if the crate's dependencies with [`ASYNC_ONLY`] (not its
 /// dev-dependencies, which the tests need) include any of [`BLOCKING_ONLY`].
 fn async_only_dependencies() -> Result<(), Error> {
+    let tree = dependencies(&["--edges", "normal", "--features", ASYNC_ONLY])?;
+    lacks(&tree, "diesel-async", &BLOCKING_ONLY, ASYNC_ONLY)
+}
+
+/// What a C database client library links; the worked example on SQLite
+/// (the README's first command) must build where neither can be found.
+const C_CLIENT_LIBRARIES: [&str; 2] = ["pq-sys", "mysqlclient-sys"];
+
+/// Fails if what `--features sqlite` builds for the examples and tests (the
+/// crate's dependencies and dev-dependencies, with their build scripts')
+/// includes any of [`C_CLIENT_LIBRARIES`].
+fn sqlite_example_dependencies() -> Result<(), Error> {
+    let edges = ["--edges", "normal,build,dev", "--features", "sqlite"];
+    let tree = dependencies(&edges)?;
+    lacks(
+        &tree,
+        "libsqlite3-sys",
+        &C_CLIENT_LIBRARIES,
+        "sqlite and the dev-dependencies",
+    )
+}
+
+/// The names of the packages `cargo tree` lists for the crate with `args`.
+fn dependencies(args: &[&str]) -> Result<Vec<String>, Error> {
     let mut command = Command::new(cargo_program());
-    command.args(["tree", "--edges", "normal", "--package", "diesel-claim"]);
-    command.args([
-        "--features",
-        ASYNC_ONLY,
-        "--prefix",
-        "none",
-        "--format",
-        "{p}",
-    ]);
+    command.args(["tree", "--package", "diesel-claim"]);
+    command.args(args);
+    command.args(["--prefix", "none", "--format", "{p}"]);
     println!("\n==> {}", shown(&command));
     let output = command
         .output()
@@ -365,24 +384,29 @@ fn async_only_dependencies() -> Result<(), Error> {
         let stderr = String::from_utf8_lossy(&output.stderr);
         return Err(format!("{} failed ({}):\n{stderr}", shown(&command), output.status).into());
     }
-    let tree = String::from_utf8_lossy(&output.stdout);
     // Each line is `name vX.Y.Z`, maybe followed by a path or `(*)`.
-    let names: Vec<&str> = tree
+    Ok(String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| line.split(' ').next())
-        .collect();
-    // A tree without diesel-async is not the one asked for: nothing to conclude.
-    if !names.contains(&"diesel-async") {
-        return Err(format!("{} lists no diesel-async:\n{tree}", shown(&command)).into());
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Fails unless `tree` lists `expected` (else it is not the tree asked for)
+/// and none of `forbidden`.
+fn lacks(tree: &[String], expected: &str, forbidden: &[&str], built: &str) -> Result<(), Error> {
+    if !tree.iter().any(|name| name == expected) {
+        return Err(format!("the tree of {built} lists no {expected}: {tree:?}").into());
     }
-    let found: Vec<&str> = BLOCKING_ONLY
-        .into_iter()
-        .filter(|name| names.contains(name))
+    let found: Vec<&str> = forbidden
+        .iter()
+        .copied()
+        .filter(|name| tree.iter().any(|listed| listed == name))
         .collect();
     if !found.is_empty() {
-        return Err(format!("the async-only build ({ASYNC_ONLY}) depends on {found:?}").into());
+        return Err(format!("the build with {built} depends on {found:?}").into());
     }
-    println!("no {BLOCKING_ONLY:?} with {ASYNC_ONLY}");
+    println!("no {forbidden:?} with {built}");
     Ok(())
 }
 

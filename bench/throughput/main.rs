@@ -1,7 +1,7 @@
 //! Throughput of claiming, side by side with hand-written SQL.
 //!
 //! ```sh
-//! cargo bench --bench throughput --all-features -- [--quick] [--rows N] \
+//! cargo bench -p diesel-claim-bench -- [--quick] [--rows N] \
 //!     [--workers 1,2,4,8] [--backend postgres|sqlite|mysql|all] [--only MODE,...] \
 //!     [--batches 10,100,1000] [--index-effect] [--memory] [--svg PATH] [--repeat R] \
 //!     [--trace] [--mysql-isolation read-committed|repeatable-read] [--sqlite-analyze] \

@@ -17,7 +17,7 @@ use crate::drain::{DrainRun, Mode, ModeId};
 
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/benches/throughput/peers/django_loop.py"
+    "/throughput/peers/django_loop.py"
 );
 
 /// What the virtual environment holds: Django 5.2 on psycopg 3.

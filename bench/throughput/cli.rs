@@ -41,7 +41,7 @@ servers the benchmark works in a database of its own, created and dropped by its
 #[derive(Debug, Parser)]
 #[command(
     name = "throughput",
-    override_usage = "cargo bench --bench throughput --all-features -- [OPTIONS]",
+    override_usage = "cargo bench -p diesel-claim-bench -- [OPTIONS]",
     after_help = ENVIRONMENT,
     // A repeated option's last value counts (the lists add up) rather than
     // being an error.
@@ -99,11 +99,12 @@ pub struct Options {
     /// MySQL, in child processes)
     #[arg(long)]
     pub memory: bool,
-    /// Write the plot there (none with --quick unless given)
+    /// Write the plot there (none with --quick unless given; a relative path
+    /// is the benchmark package's, as cargo runs it from there)
     #[arg(
         long,
         value_name = "PATH",
-        default_value = "docs/throughput.svg",
+        default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/throughput.svg"),
         default_value_if("quick", "true", None)
     )]
     pub svg: Option<PathBuf>,

@@ -6,7 +6,7 @@
 /// Installs the subscriber (`diesel_claim=info`, every span printed as it
 /// closes, formatted and written to nowhere) and the recorder (metrics-util's,
 /// which keeps every counter and sample in memory, as an exporter does).
-#[cfg(all(feature = "tracing", feature = "metrics"))]
+#[cfg(feature = "telemetry")]
 pub fn install() -> Result<(), String> {
     use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -21,7 +21,7 @@ pub fn install() -> Result<(), String> {
         .map_err(|error| format!("cannot install the recorder: {error}"))
 }
 
-#[cfg(not(all(feature = "tracing", feature = "metrics")))]
+#[cfg(not(feature = "telemetry"))]
 pub fn install() -> Result<(), String> {
-    Err("--telemetry needs the tracing and metrics features".to_owned())
+    Err("--telemetry needs the benchmark's telemetry feature (on by default)".to_owned())
 }
