@@ -1,6 +1,7 @@
 //! The crate's error type and helpers that classify `diesel::result::Error`.
 
 use std::any::Any;
+use std::fmt::Display;
 
 use diesel::result::{DatabaseErrorInformation, DatabaseErrorKind};
 
@@ -145,7 +146,7 @@ pub enum Error {
     /// (r2d2's `PoolError`, bb8's `RunError`, deadpool's `PoolError`), so
     /// that `pool.get()?` works where this crate's [`Error`] is returned;
     /// the pool's error is the source.
-    #[error("no connection from the pool: {0}")]
+    #[error("no connection from the pool: {}", one_line(.0))]
     Checkout(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// The server ended the session of a transaction the async API opened,
@@ -209,10 +210,21 @@ fn broken_connection(error: &diesel::result::Error) -> String {
         )
     } else {
         format!(
-            "the connection was closed by the server or the network ({error}); drop it and use \
-             another"
+            "the connection was closed by the server or the network ({}); drop it and use \
+             another",
+            one_line(error)
         )
     }
+}
+
+/// `error`'s message on one line: libpq's messages run over several, with
+/// tabs, which would break a log line in two.
+fn one_line(error: &dyn Display) -> String {
+    error
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn display_version(actual: &Option<i64>) -> String {
@@ -657,9 +669,10 @@ mod tests {
                     "{message}: {error:?}"
                 );
                 assert!(!error.is_transient());
-                assert!(error
-                    .to_string()
-                    .contains("closed by the server or the network"));
+                let shown = error.to_string();
+                assert!(shown.contains("closed by the server or the network"));
+                // One log line, however many libpq's message runs over.
+                assert!(!shown.contains(['\n', '\t']), "{shown:?}");
             }
         }
         let diesel_closed = diesel::result::Error::DatabaseError(
@@ -688,6 +701,15 @@ mod tests {
             Box::new("connection closed".to_owned()),
         );
         assert!(matches!(Error::from(unique), Error::Database(_)));
+        let refused = "connection to server at \"127.0.0.1\", port 5432 failed: Connection \
+                       refused\n\tIs the server running on that host and accepting TCP/IP connections?\n";
+        let checkout = Error::Checkout(Box::new(std::io::Error::other(refused)));
+        assert_eq!(
+            checkout.to_string(),
+            "no connection from the pool: connection to server at \"127.0.0.1\", port 5432 \
+             failed: Connection refused Is the server running on that host and accepting TCP/IP \
+             connections?"
+        );
         let abandoned = Error::from(diesel::result::Error::BrokenTransactionManager);
         assert!(matches!(abandoned, Error::BrokenConnection(_)));
         assert!(abandoned.to_string().contains("may still hold its locks"));
