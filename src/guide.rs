@@ -593,7 +593,9 @@
 //! tried again, or a worker starts, stops, reconnects or reports its
 //! progress. Without the feature, none of it is compiled. Spans and events
 //! have targets under `diesel_claim` (`diesel_claim::claim::engine`,
-//! `diesel_claim::lease`, a worker's `diesel_claim::trace`, …). Events
+//! `diesel_claim::lease`, …); a worker's span and events have
+//! `diesel_claim::worker`, so that `RUST_LOG=diesel_claim::worker=info`
+//! shows the workers alone. Events
 //! carry the table and the keys of the rows they are about, so that a line
 //! read alone says what happened.
 //!
@@ -671,10 +673,10 @@
 //! worker leaves lines such as these (span fields cut short):
 //!
 //! ```text
-//! INFO worker{table="orders" …}: diesel_claim::trace: a worker starts table="orders" loops=4 channel="orders" …
-//! INFO worker{table="orders" …}: diesel_claim::trace: worker progress table="orders" processed=1520 failed=2 idle=41.3s over=60.002s
-//! WARN worker{table="orders" …}: diesel_claim::trace: a closure failed: its rows are rolled back and passed over table="orders" keys=[1207] rows=1 error=no mail server
-//! INFO worker{table="orders" …}: diesel_claim::trace: a worker stops table="orders" why="stopped" processed=90411 failed=17
+//! INFO worker{table="orders" …}: diesel_claim::worker: a worker starts table="orders" loops=4 channel="orders" …
+//! INFO worker{table="orders" …}: diesel_claim::worker: worker progress table="orders" processed=1520 failed=2 idle=41.3s over=60.002s
+//! WARN worker{table="orders" …}: diesel_claim::claim: a closure failed: its rows are rolled back and passed over table="orders" keys=[1207] rows=1 error=no mail server
+//! INFO worker{table="orders" …}: diesel_claim::worker: a worker stops table="orders" why="stopped" processed=90411 failed=17
 //! ```
 //!
 //! Counters and histograms of the same (rows processed, failed, gone and

@@ -8,7 +8,8 @@
 //! lists them (`guide#tracing`). The few events whose values nothing else
 //! uses are functions here, so that nothing is left unused without the feature,
 //! and so are a worker's events ([`WorkerTrace`]): its table, its progress
-//! since it last reported, and what became of its connections.
+//! since it last reported, and what became of its connections. Those name
+//! the target of what they are about, not this module's.
 //!
 //! Events name the table and the keys of the rows they are about, so that a
 //! line read on its own, without the spans around it, says what happened.
@@ -33,10 +34,18 @@ mod enabled {
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
+    /// The targets of the events made here rather than where they happen:
+    /// the module a user filters on for them, not this one's.
+    const CLAIM: &str = "diesel_claim::claim";
+    const LEASE: &str = "diesel_claim::lease";
+    /// A worker's, its span's too (the span is made where its options are).
+    pub(crate) const WORKER: &str = "diesel_claim::worker";
+
     /// A locking read met a row moved to another partition: its transaction
     /// runs again, for the `again`th time.
     pub(crate) fn moved_row(again: u32) {
         tracing::debug!(
+            target: CLAIM,
             again,
             "a locked row moved to another partition: running the transaction again"
         );
@@ -45,13 +54,14 @@ mod enabled {
     /// A renewal of the kept-alive lease `name` (`token`) failed with
     /// `error`; the lease counts as held until its TTL runs out.
     pub(crate) fn renewal_failed(name: &str, token: i64, error: &dyn std::fmt::Display) {
-        tracing::warn!(name, token, %error, "a lease renewal failed");
+        tracing::warn!(target: LEASE, name, token, %error, "a lease renewal failed");
     }
 
     /// The kept-alive lease `name` (`token`) is lost, `why` (a renewal's
     /// error, or its TTL passed on the local clock).
     pub(crate) fn lease_lost(name: &str, token: i64, why: &dyn std::fmt::Display) {
         tracing::warn!(
+            target: LEASE,
             name,
             token,
             error = %why,
@@ -63,6 +73,7 @@ mod enabled {
     /// when its closure ended, and was left to end on its own.
     pub(crate) fn renewal_abandoned(name: &str, token: i64) {
         tracing::warn!(
+            target: LEASE,
             name,
             token,
             "a lease renewal was still running when the closure ended: left to finish on its own"
@@ -73,6 +84,7 @@ mod enabled {
     /// passes over; `error` is the closure's, where its type can show it.
     pub(crate) fn passed_over<K: Debug>(table: &str, keys: &[K], error: Option<&dyn Display>) {
         tracing::warn!(
+            target: CLAIM,
             table,
             keys = %KeyList(keys),
             rows = keys.len(),
@@ -85,6 +97,7 @@ mod enabled {
     /// last under its retry schedule: a dead letter, out of the queue.
     pub(crate) fn dead_letter<K: Debug>(table: &str, key: &K, attempts: u32) {
         tracing::error!(
+            target: CLAIM,
             table,
             key = ?key,
             attempts,
@@ -157,6 +170,7 @@ mod enabled {
             (min_poll, max_poll): (Duration, Duration),
         ) {
             tracing::info!(
+                target: WORKER,
                 table = self.table,
                 loops = self.loops,
                 channel,
@@ -198,6 +212,7 @@ mod enabled {
             // Per loop: a worker idle all along was idle for `over`.
             let idle = interval.idle / self.loops;
             tracing::info!(
+                target: WORKER,
                 table = self.table,
                 processed = interval.processed,
                 failed = interval.failed,
@@ -223,6 +238,7 @@ mod enabled {
         /// the crate's own statements (`error`): the worker runs it again.
         pub(crate) fn rolled_back(&self, error: &dyn Display) {
             tracing::warn!(
+                target: WORKER,
                 table = self.table,
                 %error,
                 "a claim was rolled back by a deadlock or a serialization failure: running it again"
@@ -232,13 +248,21 @@ mod enabled {
         /// The worker stops: stopped, or with nothing pending; `processed`
         /// and `failed` in all.
         pub(crate) fn stopped(&self, why: &str, processed: u64, failed: u64) {
-            tracing::info!(table = self.table, why, processed, failed, "a worker stops");
+            tracing::info!(
+                target: WORKER,
+                table = self.table,
+                why,
+                processed,
+                failed,
+                "a worker stops"
+            );
         }
 
         /// The worker stops on `error`, which ended a claim that rolled back
         /// the rows at `keys` (none for an error outside any closure).
         pub(crate) fn failed<K: Debug>(&self, keys: &[K], error: &dyn Display) {
             tracing::warn!(
+                target: WORKER,
                 table = self.table,
                 keys = %KeyList(keys),
                 %error,
@@ -265,6 +289,7 @@ mod enabled {
         #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
         pub(crate) fn bound_fired<K: Debug>(&self, keys: &[K], error: &dyn Display) {
             tracing::error!(
+                target: WORKER,
                 table = self.table,
                 keys = %KeyList(keys),
                 %error,
@@ -279,6 +304,7 @@ mod enabled {
         #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
         pub(crate) fn unrecorded<K: Debug>(&self, keys: &[K], error: &dyn Display) {
             tracing::warn!(
+                target: WORKER,
                 table = self.table,
                 keys = %KeyList(keys),
                 %error,
@@ -290,6 +316,7 @@ mod enabled {
         /// tries again on another after `pause`.
         pub(crate) fn reconnecting(&self, what: &str, error: &dyn Display, pause: Duration) {
             tracing::warn!(
+                target: WORKER,
                 table = self.table,
                 %error,
                 ?pause,
@@ -301,6 +328,7 @@ mod enabled {
         /// connections.
         pub(crate) fn reconnected(&self, failures: u32) {
             tracing::info!(
+                target: WORKER,
                 table = self.table,
                 failures,
                 "a worker's claims have a working connection again"
@@ -311,6 +339,7 @@ mod enabled {
         /// failed connections.
         pub(crate) fn listening(&self, channel: &str, failures: u32) {
             tracing::info!(
+                target: WORKER,
                 table = self.table,
                 channel,
                 failures,

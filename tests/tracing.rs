@@ -24,6 +24,7 @@ use testkit::fixtures::{accounts, on_every_backend, orders, Account, Order};
 #[derive(Debug, Clone)]
 struct SpanSeen {
     name: &'static str,
+    target: &'static str,
     level: Level,
     fields: HashMap<&'static str, String>,
     parent: Option<&'static str>,
@@ -33,6 +34,7 @@ struct SpanSeen {
 /// happened in.
 #[derive(Debug, Clone)]
 struct EventSeen {
+    target: &'static str,
     level: Level,
     fields: HashMap<&'static str, String>,
     span: Option<&'static str>,
@@ -99,6 +101,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
         let mut seen = self.0.lock().unwrap();
         seen.spans.push(SpanSeen {
             name: span.name(),
+            target: attrs.metadata().target(),
             level: *attrs.metadata().level(),
             fields,
             parent: span.parent().map(|parent| parent.name()),
@@ -118,6 +121,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
         let mut fields = HashMap::new();
         event.record(&mut Fields(&mut fields));
         self.0.lock().unwrap().events.push(EventSeen {
+            target: event.metadata().target(),
             level: *event.metadata().level(),
             fields,
             span: ctx.event_span(event).map(|span| span.name()),
@@ -416,7 +420,7 @@ on_every_backend! {
         });
         assert_eq!(report.processed, 3);
         let worker = seen.the_span("worker");
-        assert_eq!(worker.level, Level::INFO);
+        assert_eq!((worker.level, worker.target), (Level::INFO, "diesel_claim::worker"));
         assert_eq!(worker.fields["table"], "orders");
         assert_eq!(worker.fields["processed"], "3");
         let claims = seen.spans("claim");
@@ -471,6 +475,11 @@ on_every_backend! {
 
         let started = seen.saying("a worker starts");
         assert_eq!(started.len(), 1, "{:#?}", seen.events);
+        // What a user filters the workers' lines by, as the guide says.
+        for event in [started[0], seen.saying("a worker stops")[0], seen.saying("worker progress")[0]] {
+            assert_eq!(event.target, "diesel_claim::worker", "{event:#?}");
+        }
+        assert_eq!(failed[0].target, "diesel_claim::claim");
         assert_eq!((started[0].level, started[0].fields["table"].as_str()), (Level::INFO, "orders"));
         assert_eq!(started[0].fields["progress_every"], "40ms");
         let stopped = seen.saying("a worker stops");

@@ -365,6 +365,7 @@ impl Polling {
     #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
     pub(crate) fn span(&self, table: &str) -> Span {
         trace::info_span!(
+            target: trace::WORKER,
             "worker",
             table,
             channel = self.channel.as_deref(),
