@@ -1,8 +1,10 @@
 //! Workers on a pool: a small pool shared by many claim loops and the
 //! application's own queries, `stop_when_empty`, loops in the key's order
 //! steering around each other's batches (and a job left behind them taken
-//! while the queue is busy), sessions terminated under a running worker, and
-//! a server killed and started again.
+//! while the queue is busy), sessions terminated under a running worker, a
+//! server killed and started again, and a server stopped for long enough
+//! that the loops' reconnect pauses reach their longest, after which the
+//! loops take jobs again together.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,8 +2,9 @@
 //! shared with the application, `stop_when_empty`, loops in the key's order
 //! steering around each other's batches, `run` on the pools'
 //! connections as they are, sessions terminated under a running worker, a
-//! server killed and started again, and (PostgreSQL) a listener woken by
-//! `aio::notify` that comes back after its session ends.
+//! server killed and started again, a server stopped and started after
+//! which the loops take jobs again together, and (PostgreSQL) a listener
+//! woken by `aio::notify` that comes back after its session ends.
 
 use std::time::{Duration, Instant};
 
