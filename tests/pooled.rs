@@ -1,10 +1,13 @@
 //! Workers on a pool: a small pool shared by many claim loops and the
 //! application's own queries, `stop_when_empty`, loops in the key's order
 //! steering around each other's batches (and a job left behind them taken
-//! while the queue is busy), sessions terminated under a running worker, and
-//! a server killed and started again.
+//! while the queue is busy), sessions terminated under a running worker, a
+//! server killed and started again, and a server stopped for long enough
+//! that the loops' reconnect pauses reach their longest, after which the
+//! loops take jobs again together.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -76,6 +79,131 @@ pub fn assert_each_run_after_its_backoff(
             );
         }
     }
+}
+
+/// The loops of a worker on a pool that a restart test runs.
+pub const RESTART_LOOPS: usize = 8;
+
+/// How long a restart test keeps its server down: long enough for the
+/// loops' reconnect pauses to reach their longest (5 s, after 6.35 s of
+/// failures).
+pub const DOWN_FOR: Duration = Duration::from_secs(10);
+
+/// The connection timeout of a restart test's r2d2 and bb8 pools, short as
+/// the guide asks of a worker's pool: it bounds the pool's own pause
+/// between its tries to connect, to half of it.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a restart test waits for every loop to take a job again.
+pub const BACK_WITHIN: Duration = Duration::from_secs(30);
+
+/// When each loop of a worker on a pool took its jobs: each loop runs a
+/// clone of the worker's closure, and the clone that holds this numbers its
+/// loop on its first job.
+#[derive(Debug, Clone, Default)]
+pub struct LoopTakes {
+    loops: Arc<AtomicUsize>,
+    taken: Arc<Mutex<Vec<(usize, Instant)>>>,
+    /// This clone's loop, once it took a job.
+    index: Option<usize>,
+}
+
+impl LoopTakes {
+    /// This clone's loop took a job, now; returns the loop's number.
+    pub fn took(&mut self) -> usize {
+        let loops = &self.loops;
+        let index = *self
+            .index
+            .get_or_insert_with(|| loops.fetch_add(1, Ordering::Relaxed));
+        self.taken.lock().unwrap().push((index, Instant::now()));
+        index
+    }
+
+    /// How long the jobs of loop `index` take: each loop's a time of its
+    /// own, so that the loops find the server gone at different times and
+    /// try to reconnect at different times, as jobs of mixed lengths make
+    /// them.
+    pub fn job_length(index: usize) -> Duration {
+        Duration::from_millis(2 + 300 * index as u64)
+    }
+
+    /// When each of the [`RESTART_LOOPS`] loops first took a job after
+    /// `since`, if it did.
+    pub fn first_since(&self, since: Instant) -> Vec<Option<Instant>> {
+        let mut firsts = vec![None; RESTART_LOOPS];
+        for &(index, at) in self.taken.lock().unwrap().iter() {
+            if let Some(first) = firsts.get_mut(index).filter(|_| at > since) {
+                *first = Some(first.map_or(at, |earlier: Instant| earlier.min(at)));
+            }
+        }
+        firsts
+    }
+
+    /// Whether every loop took a job after `since`, or [`BACK_WITHIN`]
+    /// passed since.
+    pub fn all_since(&self, since: Instant) -> bool {
+        since.elapsed() > BACK_WITHIN || self.first_since(since).iter().all(Option::is_some)
+    }
+}
+
+/// Stops `server` for [`DOWN_FOR`] and starts it again; returns when it was
+/// stopped, and when it accepted connections again (the first of `accepts`,
+/// tried every 10 ms from before it starts, that returns true: the server
+/// may accept a client's connections before `start` has seen it).
+pub fn restart(
+    server: &testkit::PrivateServer,
+    accepts: impl Fn() -> bool + Sync,
+) -> (Instant, Instant) {
+    server.stop();
+    let stopped = Instant::now();
+    thread::sleep(DOWN_FOR);
+    let back = thread::scope(|scope| {
+        let probe = scope.spawn(|| {
+            while !accepts() {
+                thread::sleep(Duration::from_millis(10));
+            }
+            Instant::now()
+        });
+        server.start();
+        probe.join().unwrap()
+    });
+    (stopped, back)
+}
+
+/// Checks that every loop took jobs again after the server `stopped` and
+/// came `back`, within a second of the first that did; says when the first
+/// and the last took their first job, from the server's accepting
+/// connections again.
+pub fn assert_the_loops_came_back_together(
+    takes: &LoopTakes,
+    (stopped, back): (Instant, Instant),
+    pool: &str,
+) {
+    let firsts = takes.first_since(stopped);
+    let after_back = |at: &Instant| match at.checked_duration_since(back) {
+        Some(after) => format!("{:.0} ms", after.as_secs_f64() * 1e3),
+        None => format!("-{:.0} ms", (back - *at).as_secs_f64() * 1e3),
+    };
+    let came: Vec<Instant> = firsts.iter().flatten().copied().collect();
+    let all: Vec<String> = firsts
+        .iter()
+        .map(|first| first.as_ref().map_or("none".to_owned(), after_back))
+        .collect();
+    assert_eq!(
+        came.len(),
+        RESTART_LOOPS,
+        "on {pool}, loops took no job within {BACK_WITHIN:?} of the restart: {all:?}"
+    );
+    let (first, last) = (came.iter().min().unwrap(), came.iter().max().unwrap());
+    println!(
+        "restart on {pool}: from accepting connections to the first job {}, to all {RESTART_LOOPS} loops' {}",
+        after_back(first),
+        after_back(last)
+    );
+    assert!(
+        *last - *first <= Duration::from_secs(1),
+        "on {pool}, the loops took their first jobs after the restart at {all:?}, from its accepting connections"
+    );
 }
 
 on_every_backend! {
@@ -482,6 +610,55 @@ macro_rules! with_row_locks {
                     (600 - 4 * ends..=600).contains(&report.processed),
                     "{report:?}"
                 );
+            }
+
+            /// The server is stopped for as long as the loops' reconnect
+            /// pauses take to reach their longest, and started again, with
+            /// jobs queued: the loops take jobs again within a second of the
+            /// first that does, though they lost their connections at
+            /// different times (see `LoopTakes::job_length`).
+            #[test]
+            fn the_loops_take_jobs_again_together_after_a_server_restart() {
+                let (server, url) = testkit::sessions::private_server($backend);
+                let pool = Pool::builder()
+                    .max_size(RESTART_LOOPS as u32 + 1)
+                    .connection_timeout(CONNECTION_TIMEOUT)
+                    .connection_customizer(Box::new(Session(session_setup($backend))))
+                    .build_unchecked(ConnectionManager::<Conn>::new(&url));
+                testkit::fixtures::create_schema(
+                    &mut pool.get().unwrap(),
+                    testkit::fixtures::schema_of($backend),
+                );
+                insert_jobs(&mut pool.get().unwrap(), 20_000);
+                let stop = StopHandle::new();
+                let takes = LoopTakes::default();
+                let mut took = takes.clone();
+                let restarted = thread::scope(|scope| {
+                    let worker = scope.spawn(|| {
+                        jobs::table
+                            .filter(jobs::done.eq(false))
+                            .select(Job::as_select())
+                            .build_claim()
+                            .worker(&stop)
+                            .concurrency(RESTART_LOOPS)
+                            .run_pooled(&pool, move |conn: &mut Conn, job: Job| {
+                                thread::sleep(LoopTakes::job_length(took.took()));
+                                finish(conn, job)
+                            })
+                    });
+                    let started = Instant::now();
+                    while !takes.all_since(started) {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    let restarted = restart(&server, || Conn::establish(&url).is_ok());
+                    while !takes.all_since(restarted.0) {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    stop.stop();
+                    worker.join().unwrap().unwrap();
+                    restarted
+                });
+                assert_the_loops_came_back_together(&takes, restarted, concat!("r2d2, ", $backend));
             }
 
             /// Every session of the worker's database is ended, three times,

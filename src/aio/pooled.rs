@@ -413,6 +413,7 @@ impl<PP, K> PooledWorker<PP, K> {
         // loop that stops once nothing is pending takes from the whole query.
         let mut steering = polling.concurrency > 1;
         while !shared.stopping() {
+            let mut seen = shared.woken();
             let checked_out = {
                 // Only a stop ends the wait for a connection: a wake-up (the
                 // listener's) must not end the loop.
@@ -425,18 +426,29 @@ impl<PP, K> PooledWorker<PP, K> {
             let mut conn = match checked_out {
                 Ok(conn) => conn,
                 Err(error) => {
-                    let pause = reconnect.pause();
                     let what = "a worker could not check out a connection";
-                    events.reconnecting(what, &error, pause);
-                    sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+                    let pause = reconnect.failed(shared, events, what, &error);
+                    sleep_until(shared, Instant::now() + pause, seen).await;
                     continue;
                 }
             };
+            if reconnect.failing() {
+                // Back after failures: once a connection answers, so does
+                // the server, and the loops pausing try again at once.
+                // (Before the claim, whose jobs may be long.)
+                if let Err(error) = conn.batch_execute("SELECT 1").await {
+                    let what = "a worker's connection does not answer";
+                    let pause = reconnect.failed(shared, events, what, &error);
+                    sleep_until(shared, Instant::now() + pause, seen).await;
+                    continue;
+                }
+                events.reconnected(reconnect.mended());
+                seen = shared.wake();
+            }
             if let Some((keys, fired)) = unrecorded.take() {
                 let left = record_failures(once, &mut conn, keys, fired, events).await;
                 metrics.failed_outside_the_claim(left);
             }
-            let seen = shared.woken();
             let left_out = LeftOut {
                 backoff: Some(Arc::clone(backoff)),
                 sibling: steering.then(|| sibling.clone()),
@@ -459,11 +471,10 @@ impl<PP, K> PooledWorker<PP, K> {
                         events.bound_fired(&failure.keys, &failure.error);
                         unrecorded = Some((failure.keys.clone(), fired));
                     }
-                    let pause = reconnect.pause();
                     let what =
                         "a worker's claim lost its connection, and its rows were rolled back";
-                    events.reconnecting(what, &failure.error, pause);
-                    sleep_until(shared, Instant::now() + pause, shared.woken()).await;
+                    let pause = reconnect.failed(shared, events, what, &failure.error);
+                    sleep_until(shared, Instant::now() + pause, seen).await;
                     continue;
                 }
                 Err(failure) => {
@@ -471,9 +482,6 @@ impl<PP, K> PooledWorker<PP, K> {
                     return Err(failure);
                 }
             };
-            if let Some(failures) = reconnect.mended() {
-                events.reconnected(failures);
-            }
             if polling.until_empty && !took {
                 if steering {
                     steering = false;
@@ -550,7 +558,7 @@ async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared, events:
                 Ok(()) => {
                     // Rows may have come while nobody listened.
                     shared.wake();
-                    events.listening(channel, reconnect.mended().unwrap_or(0));
+                    events.listening(channel, reconnect.mended());
                     wait_for_notifications(&mut conn, shared).await
                 }
                 Err(error) => Err(error.to_string()),
@@ -558,9 +566,8 @@ async fn listen<P: WorkerPool>(pool: &P, channel: &str, shared: &Shared, events:
             Err(error) => Err(error.to_string()),
         };
         if let Err(error) = listened {
-            let pause = reconnect.pause();
             let what = format!("a worker's listener on {channel:?} lost its connection");
-            events.reconnecting(&what, &error, pause);
+            let pause = reconnect.failed(shared, events, &what, &error);
             sleep_until(shared, Instant::now() + pause, shared.woken()).await;
         }
     }
@@ -577,7 +584,9 @@ where
 {
     while !shared.stopping() {
         match conn.wait_for_rows(LISTENER_CHECK_EVERY, &shared.halt).await {
-            Ok(true) => shared.wake(),
+            Ok(true) => {
+                shared.wake();
+            }
             // A dead connection may stay silent: ask it.
             Ok(false) if !shared.stopping() => {
                 conn.batch_execute("SELECT 1")

@@ -46,13 +46,18 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
     /// **Lost connections** do not end it: a claim that fails on a connection
     /// that no longer answers, a checkout that fails and a listener whose
     /// connection dies are retried on another connection after a pause (from
-    /// 50 ms doubling up to 5 s while they keep failing), with a warning
-    /// event; a server restart is waited out. Nothing is lost: a claim whose
-    /// connection died had not committed, and its rows are taken again. It
-    /// ends on an error that another connection cannot mend — a closure's
-    /// error (without [`keep_going`](ClaimBuilder::keep_going) or a failure
-    /// hook), an invalid option, an error of the query on a connection that
-    /// answers — and then the other loops finish their rows and stop.
+    /// 50 ms doubling up to 5 s while they keep failing, the loops taking
+    /// turns to try every 250 ms between them), with a warning event; a
+    /// server restart is waited out, and the first loop whose connection
+    /// answers again wakes the others (see
+    /// [restarts](crate::guide::workers#server-restarts), and give the pool a
+    /// `connection_timeout` of a second or two). Nothing is lost: a claim
+    /// whose connection died had not committed, and its rows are taken
+    /// again. It ends on an error that another connection cannot mend — a
+    /// closure's error (without [`keep_going`](ClaimBuilder::keep_going) or
+    /// a failure hook), an invalid option, an error of the query on a
+    /// connection that answers — and then the other loops finish their rows
+    /// and stop.
     ///
     /// r2d2 tests every connection it hands out (`test_on_check_out`), a
     /// round trip per claim: a busy worker's pool may turn it off, as the
@@ -144,10 +149,10 @@ impl Drop for HaltOnPanic<'_> {
 /// How often a waiting loop looks at its stop handles and wake-ups.
 const LOOK_EVERY: Duration = Duration::from_millis(1);
 
-/// Sleeps up to `pause`, less when stopped.
-fn sleep(shared: &Shared, pause: Duration) {
+/// Sleeps for `pause`, less when stopped or woken past `seen`.
+fn sleep(shared: &Shared, pause: Duration, seen: u64) {
     let deadline = Instant::now() + pause;
-    while let Some(step) = shared.next_step(deadline, shared.woken(), LOOK_EVERY) {
+    while let Some(step) = shared.next_step(deadline, seen, LOOK_EVERY) {
         std::thread::sleep(step);
     }
 }
@@ -174,17 +179,27 @@ where
     // loop that stops once nothing is pending takes from the whole query.
     let mut steering = polling.concurrency > 1;
     while !shared.stopping() {
+        let mut seen = shared.woken();
         let mut conn = match pool.get().map_err(Error::from) {
             Ok(conn) => conn,
             Err(error) => {
-                let pause = reconnect.pause();
                 let what = "a worker could not check out a connection";
-                events.reconnecting(what, &error, pause);
-                sleep(shared, pause);
+                sleep(shared, reconnect.failed(shared, events, what, &error), seen);
                 continue;
             }
         };
-        let seen = shared.woken();
+        if reconnect.failing() {
+            // Back after failures: once a connection answers, so does the
+            // server, and the loops pausing try again at once. (Before the
+            // claim, whose jobs may be long.)
+            if let Err(error) = conn.batch_execute("SELECT 1") {
+                let what = "a worker's connection does not answer";
+                sleep(shared, reconnect.failed(shared, events, what, &error), seen);
+                continue;
+            }
+            events.reconnected(reconnect.mended());
+            seen = shared.wake();
+        }
         let left_out = LeftOut {
             backoff: Some(Arc::clone(backoff)),
             sibling: steering.then(|| sibling.clone()),
@@ -198,10 +213,9 @@ where
         let took = match tally(&mut total, outcome, events) {
             Ok(took) => took,
             Err(failure) if lost => {
-                let pause = reconnect.pause();
                 let what = "a worker's claim lost its connection, and its rows were rolled back";
-                events.reconnecting(what, &failure.error, pause);
-                sleep(shared, pause);
+                let pause = reconnect.failed(shared, events, what, &failure.error);
+                sleep(shared, pause, seen);
                 continue;
             }
             Err(failure) => {
@@ -209,9 +223,6 @@ where
                 return Err(failure);
             }
         };
-        if let Some(failures) = reconnect.mended() {
-            events.reconnected(failures);
-        }
         if polling.until_empty && !took {
             if steering {
                 steering = false;
@@ -253,7 +264,7 @@ fn listen<C>(
                 .and_then(|()| {
                     // Rows may have come while nobody listened.
                     shared.wake();
-                    events.listening(channel, reconnect.mended().unwrap_or(0));
+                    events.listening(channel, reconnect.mended());
                     wait_for_notifications(&mut conn, shared)?;
                     // Back to the pool without it.
                     conn.unlisten(channel)
@@ -262,10 +273,9 @@ fn listen<C>(
             Err(error) => Err(Error::from(error).to_string()),
         };
         if let Err(error) = listened {
-            let pause = reconnect.pause();
             let what = format!("a worker's listener on {channel:?} lost its connection");
-            events.reconnecting(&what, &error, pause);
-            sleep(shared, pause);
+            let pause = reconnect.failed(shared, events, &what, &error);
+            sleep(shared, pause, shared.woken());
         }
     }
 }

@@ -2,8 +2,9 @@
 //! shared with the application, `stop_when_empty`, loops in the key's order
 //! steering around each other's batches, `run` on the pools'
 //! connections as they are, sessions terminated under a running worker, a
-//! server killed and started again, and (PostgreSQL) a listener woken by
-//! `aio::notify` that comes back after its session ends.
+//! server killed and started again, a server stopped and started after
+//! which the loops take jobs again together, and (PostgreSQL) a listener
+//! woken by `aio::notify` that comes back after its session ends.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,10 @@ use diesel_claim::{Error, StopHandle};
 use scoped_futures::ScopedFutureExt;
 
 use testkit::fixtures::{insert_jobs, jobs, Job};
+
+use crate::pooled::{
+    assert_the_loops_came_back_together, LoopTakes, CONNECTION_TIMEOUT, RESTART_LOOPS,
+};
 
 /// A connection manager for `url`: on MySQL, sessions at `READ COMMITTED`.
 pub fn manager<C>(url: &str, mysql: bool) -> AsyncDieselConnectionManager<C>
@@ -443,6 +448,119 @@ on_async_backends! {
             }
         })
         .await;
+    }
+
+    /// Waits until every loop took a job after `since` (see
+    /// `LoopTakes::all_since`).
+    async fn wait_for_all_since(takes: &LoopTakes, since: Instant) {
+        while !takes.all_since(since) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Runs `worker`, whose loops record their jobs in `takes`, while
+    /// `server` (at `url`) is restarted (`crate::pooled::restart`); stops it
+    /// once every loop took a job since, and returns when the server stopped
+    /// and came back.
+    async fn through_a_restart(
+        server: testkit::PrivateServer,
+        url: String,
+        takes: &LoopTakes,
+        stop: &StopHandle,
+        worker: impl std::future::Future<Output = Result<diesel_claim::ClaimReport, Error>>,
+    ) -> (Instant, Instant) {
+        let restart = async {
+            wait_for_all_since(takes, Instant::now()).await;
+            let restarted = tokio::task::spawn_blocking(move || {
+                let accepts = || <Db as diesel::Connection>::establish(&url).is_ok();
+                (crate::pooled::restart(&server, accepts), server)
+            });
+            let (restarted, server) = restarted.await.unwrap();
+            wait_for_all_since(takes, restarted.0).await;
+            stop.stop();
+            (restarted, server)
+        };
+        let (report, (restarted, _server)) = tokio::join!(worker, restart);
+        report.unwrap();
+        restarted
+    }
+
+    /// A restart test's server, with a queue deep enough for its worker to
+    /// be busy all along.
+    fn restart_server() -> (testkit::PrivateServer, String) {
+        let (server, url) = testkit::sessions::private_server(BACKEND);
+        let setup = &mut blocking(&url);
+        testkit::fixtures::create_schema(setup, testkit::fixtures::schema_of(BACKEND));
+        insert_jobs(setup, 20_000);
+        (server, url)
+    }
+
+    /// The server is stopped for as long as the loops' reconnect pauses take
+    /// to reach their longest, and started again, with jobs queued: the
+    /// loops of a worker on bb8 (futures of one future) take jobs again
+    /// within a second of the first that does, though they lost their
+    /// connections at different times (see `LoopTakes::job_length`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_loops_take_jobs_again_together_after_a_server_restart_on_bb8() {
+        let (server, url) = restart_server();
+        let pool = bb8::Pool::builder()
+            .max_size(RESTART_LOOPS as u32 + 1)
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .build(manager(&url, BACKEND == "mysql"))
+            .await
+            .unwrap();
+        let (stop, takes) = (StopHandle::new(), LoopTakes::default());
+        let mut took = takes.clone();
+        let worker = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .worker(&stop)
+            .concurrency(RESTART_LOOPS)
+            .run_pooled(
+                &pool,
+                diesel_claim::aio::scoped(move |conn: &mut Conn, job: Job| {
+                    let length = LoopTakes::job_length(took.took());
+                    async move {
+                        tokio::time::sleep(length).await;
+                        finish(conn, job).await
+                    }
+                    .scope_boxed()
+                }),
+            );
+        let restarted = through_a_restart(server, url.clone(), &takes, &stop, worker).await;
+        let pool = format!("bb8, {BACKEND}");
+        assert_the_loops_came_back_together(&takes, restarted, &pool);
+    }
+
+    /// The restart above, with the loops on deadpool, each on a task of its
+    /// own (`spawn_pooled`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_loops_take_jobs_again_together_after_a_server_restart_on_deadpool() {
+        let (server, url) = restart_server();
+        let pool = deadpool_pool(&url, RESTART_LOOPS + 1);
+        let (stop, takes) = (StopHandle::new(), LoopTakes::default());
+        let mut took = takes.clone();
+        let worker = jobs::table
+            .filter(jobs::done.eq(false))
+            .select(Job::as_select())
+            .build_claim()
+            .worker(&stop)
+            .concurrency(RESTART_LOOPS)
+            .spawn_pooled(
+                &pool,
+                diesel_claim::aio::scoped(move |conn: &mut Conn, job: Job| {
+                    let length = LoopTakes::job_length(took.took());
+                    async move {
+                        tokio::time::sleep(length).await;
+                        finish(conn, job).await
+                    }
+                    .scope_boxed()
+                }),
+            );
+        let restarted = through_a_restart(server, url.clone(), &takes, &stop, worker).await;
+        let pool = format!("deadpool, {BACKEND}");
+        assert_the_loops_came_back_together(&takes, restarted, &pool);
     }
 
     /// The server is killed (SIGKILL) and started again while the worker
