@@ -82,12 +82,15 @@ pub fn migrate(conn: &mut PgConnection) -> Result<(), String> {
 
 /// The workers' pool: a connection per claim loop and one for the listener.
 /// r2d2's test query on every checkout is off, as the worker finds dead
-/// connections itself.
+/// connections itself. A short connection timeout, as the guide asks of a
+/// worker's pool: r2d2 retries a failed connection after a pause growing to
+/// half of it, which after a server restart is time the workers wait.
 pub fn pool(url: &str, workers: usize) -> Result<Pool<ConnectionManager<PgConnection>>, String> {
     let size = u32::try_from(workers + 1).map_err(|_| "too many workers".to_owned())?;
     Pool::builder()
         .max_size(size)
         .test_on_check_out(false)
+        .connection_timeout(Duration::from_secs(2))
         .build(ConnectionManager::new(url))
         .map_err(|error| format!("cannot open the workers' pool: {error}"))
 }
