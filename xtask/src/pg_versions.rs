@@ -11,10 +11,15 @@
 //!
 //! The package carries the libraries its programs load (ICU, OpenSSL,
 //! libxml2, zlib, liblzma) and finds them through their run path
-//! (`$ORIGIN/../lib`): besides libc they need nothing of the machine's. It
-//! has `initdb`, `pg_ctl` and `postgres` only; the tests that start servers
-//! of their own take these from `PG_BIN_DIR` (see `testkit`), except the
-//! replica's, which needs `pg_basebackup` and stays on the machine's server.
+//! (`$ORIGIN/../lib`): besides libc they need nothing of the machine's
+//! (`ldd` finds everything but the Perl and Python of PL/Perl and
+//! PL/Python, languages the tests do not load).
+//!
+//! It has `initdb`, `pg_ctl` and `postgres` only. The tests that start
+//! servers of their own (crashes, lost sessions) take these from
+//! `PG_BIN_DIR` (see `testkit`), so that they too run the version under
+//! test; the replica's, which needs `pg_basebackup`, stays on the machine's
+//! server (and the full run covers it there).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
