@@ -24,11 +24,11 @@ on_every_backend! {
     }
 
     /// Ends session `id` from another connection, as an administrator
-    /// would: PostgreSQL's `pg_terminate_backend` (which waits up to 5 s
-    /// for the session to end), MariaDB's `KILL`.
+    /// would: PostgreSQL's `pg_terminate_backend`, waiting up to 5 s for
+    /// the session to end, MariaDB's `KILL`.
     pub fn end_session(pool: &Pool, id: i64) {
         let end = if BACKEND == "pg" {
-            format!("SELECT pg_terminate_backend({id}, 5000)")
+            testkit::sessions::terminate_and_wait_sql(id)
         } else {
             format!("KILL {id}")
         };

@@ -25,8 +25,9 @@ pub(crate) use crate::private_server::free_port;
 ///
 /// 1. `PG_DATABASE_URL`,
 /// 2. `DATABASE_URL`, if it is a `postgres://` or `postgresql://` URL,
-/// 3. a private server started from the PostgreSQL binaries found under
-///    `/usr/lib/postgresql/*/bin` or on `PATH`.
+/// 3. a private server started from the PostgreSQL binaries of
+///    `PG_BIN_DIR`, or else found under `/usr/lib/postgresql/*/bin` or on
+///    `PATH`.
 ///
 /// The private server keeps its data in the system temporary directory
 /// (`/tmp/diesel-claim-test-pg<major>`), listens on 127.0.0.1 only and
@@ -47,7 +48,7 @@ pub fn pg_url() -> String {
                 return url;
             }
         }
-        match postgres_bin_dir() {
+        match postgres_bin_dir(&SERVER_TOOLS) {
             Some(bin_dir) => start_private_server(&bin_dir),
             None => panic!(
                 "the PostgreSQL tests need a server: set \
@@ -107,14 +108,22 @@ impl PgTestDb {
 
 impl Drop for PgTestDb {
     fn drop(&mut self) {
+        // The database's sessions are ended first, as `DROP DATABASE … WITH
+        // (FORCE)` would, which PostgreSQL 12 lacks (it came in 13); the
+        // drop waits up to 5 s for them to go.
         let dropped = PgConnection::establish(&self.admin_url)
             .map_err(|e| e.to_string())
             .and_then(|mut admin| {
-                sql_query(format!(
-                    r#"DROP DATABASE IF EXISTS "{}" WITH (FORCE)"#,
-                    self.name
-                ))
+                sql_query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 AND pid <> pg_backend_pid()",
+                )
+                .bind::<diesel::sql_types::Text, _>(&self.name)
                 .execute(&mut admin)
+                .and_then(|_| {
+                    sql_query(format!(r#"DROP DATABASE IF EXISTS "{}""#, self.name))
+                        .execute(&mut admin)
+                })
                 .map_err(|e| e.to_string())
             });
         if let Err(e) = dropped {
@@ -132,8 +141,20 @@ pub fn pg_pool(url: &str, size: u32) -> Pool<ConnectionManager<PgConnection>> {
         .unwrap_or_else(|e| panic!("cannot build a pool for {url}: {e}"))
 }
 
-/// The directory holding both `initdb` and `pg_ctl`, newest version first.
-pub(crate) fn postgres_bin_dir() -> Option<PathBuf> {
+/// The server programs the private servers run: `initdb`, `pg_ctl` and
+/// `postgres`, the replica also `pg_basebackup`.
+pub(crate) const SERVER_TOOLS: [&str; 3] = ["initdb", "pg_ctl", "postgres"];
+
+/// A directory holding every program of `tools`: `PG_BIN_DIR` if it does,
+/// else the newest version's under `/usr/lib/postgresql`, else one on `PATH`.
+///
+/// `PG_BIN_DIR` is how a run on another major version (`cargo xtask test
+/// --pg`) has the servers the tests start of their own run that version
+/// too. Its builds lack `pg_basebackup`: the replica tests then run on the
+/// machine's version, as the servers of a pair must share one.
+pub(crate) fn postgres_bin_dir(tools: &[&str]) -> Option<PathBuf> {
+    let holds_every_tool = |dir: &PathBuf| tools.iter().all(|tool| dir.join(tool).is_file());
+    let named = env::var_os("PG_BIN_DIR").map(PathBuf::from);
     let mut versioned: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
@@ -149,11 +170,11 @@ pub(crate) fn postgres_bin_dir() -> Option<PathBuf> {
         .map(|path| env::split_paths(&path).collect::<Vec<_>>())
         .unwrap_or_default();
 
-    versioned
+    named
         .into_iter()
-        .map(|(_, dir)| dir)
+        .chain(versioned.into_iter().map(|(_, dir)| dir))
         .chain(on_path)
-        .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+        .find(holds_every_tool)
 }
 
 /// Makes sure the private server of `bin_dir` runs and returns its URL.

@@ -13,7 +13,7 @@ use diesel::prelude::*;
 use diesel::sql_query;
 use diesel::sql_types::Bool;
 
-use crate::pg::{free_port, postgres_bin_dir, run, server_command};
+use crate::pg::{free_port, postgres_bin_dir, run, server_command, SERVER_TOOLS};
 
 /// A primary and a hot standby that streams from it and applies each commit
 /// `apply_delay` after the primary made it (`recovery_min_apply_delay`), so
@@ -32,7 +32,8 @@ impl PgReplicaPair {
     /// Starts both servers.
     /// Panics, saying why, when the server binaries are missing or refuse.
     pub fn start(apply_delay: Duration) -> Self {
-        let bin_dir = postgres_bin_dir().expect(
+        let tools = [SERVER_TOOLS.as_slice(), &["pg_basebackup"]].concat();
+        let bin_dir = postgres_bin_dir(&tools).expect(
             "the replica tests start their own PostgreSQL servers: install the server \
              binaries (`initdb`, `pg_ctl`, `pg_basebackup`)",
         );

@@ -88,7 +88,7 @@ impl PrivateServer {
         use std::fs::OpenOptions;
         use std::io::Write;
 
-        let bin_dir = crate::pg::postgres_bin_dir().expect(
+        let bin_dir = crate::pg::postgres_bin_dir(&crate::pg::SERVER_TOOLS).expect(
             "the crash scenarios start their own PostgreSQL server: install the server \
              binaries (`initdb`, `pg_ctl`)",
         );

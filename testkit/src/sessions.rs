@@ -43,6 +43,24 @@ pub fn terminate_all_but_mine(url: &str, database: &str) -> usize {
     panic!("no server of a backend this build has at {url}")
 }
 
+/// PostgreSQL SQL that ends session `pid` and waits until it is gone (5 s at
+/// most), as `pg_terminate_backend(pid, 5000)` does from PostgreSQL 14 on;
+/// older servers' `pg_terminate_backend` only signals it. The activity
+/// snapshot is cleared on each look, or the loop would read the first one
+/// again.
+pub fn terminate_and_wait_sql(pid: i64) -> String {
+    format!(
+        "DO $$ BEGIN \
+           PERFORM pg_terminate_backend({pid}); \
+           FOR attempt IN 1..500 LOOP \
+             PERFORM pg_stat_clear_snapshot(); \
+             EXIT WHEN NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = {pid}); \
+             PERFORM pg_sleep(0.01); \
+           END LOOP; \
+         END $$"
+    )
+}
+
 /// On PostgreSQL, waits (10 s at most) until a session of the database at
 /// `url` waits for a lock: the first to wait is its deadlock's victim there.
 /// Elsewhere it returns at once (InnoDB picks the victim by the rows written,

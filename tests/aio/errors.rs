@@ -22,11 +22,11 @@ fn unsent() -> diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::email_
 
 on_async_backends! {
     /// Ends session `id` from a connection of its own, as an administrator
-    /// would: PostgreSQL's `pg_terminate_backend` (which waits up to 5 s
-    /// for the session to end), MariaDB's `KILL`.
+    /// would: PostgreSQL's `pg_terminate_backend`, waiting up to 5 s for
+    /// the session to end, MariaDB's `KILL`.
     fn end_session(url: &str, id: i64) {
         let end = if BACKEND == "pg" {
-            format!("SELECT pg_terminate_backend({id}, 5000)")
+            testkit::sessions::terminate_and_wait_sql(id)
         } else {
             format!("KILL {id}")
         };

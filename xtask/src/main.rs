@@ -3,6 +3,8 @@
 //!
 //! - `cargo xtask test`: makes the machine ready (see [`setup`]), then runs
 //!   every test of the workspace on every backend, and the doc tests.
+//!   `cargo xtask test --pg 12,18` runs the PostgreSQL tests instead, on
+//!   each major version asked (see [`pg_versions`]).
 //! - `cargo xtask check`: what CI checks besides the tests (`.ci/run` runs
 //!   both): formatting, clippy on every feature set, that the async-only
 //!   build has no C client library, the docs, the package as a registry
@@ -22,6 +24,7 @@ use std::process::{Command, ExitCode};
 use clap::{Parser, Subcommand};
 
 mod harness;
+mod pg_versions;
 mod setup;
 
 #[derive(Debug, Parser)]
@@ -35,6 +38,10 @@ struct Cli {
 enum Task {
     /// Installs what is missing, starts the database servers, runs every test
     Test {
+        /// Instead, the PostgreSQL tests on each of these major versions
+        /// (12 to 18), on a server of their own: `--pg 12,18`
+        #[arg(long, value_delimiter = ',', value_name = "VERSIONS")]
+        pg: Vec<u32>,
         /// Passed on to `cargo nextest run`, e.g. a filter: `-- claim::pg`
         #[arg(last = true)]
         nextest: Vec<String>,
@@ -53,7 +60,12 @@ type Error = Box<dyn std::error::Error>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.task {
-        Task::Test { nextest } => setup::machine().and_then(|servers| test(&servers, &nextest)),
+        Task::Test { pg, nextest } if pg.is_empty() => {
+            setup::machine().and_then(|servers| test(&servers, &nextest))
+        }
+        Task::Test { pg, nextest } => {
+            setup::machine().and_then(|servers| pg_versions::test(&servers, &pg, &nextest))
+        }
         Task::Check => setup::machine().and_then(|servers| check(&servers)),
         Task::Harness(args) => harness::run(&args),
     };
@@ -451,7 +463,17 @@ fn shown(command: &Command) -> String {
     // `cargo`, not the toolchain's full path to it.
     let program = Path::new(command.get_program()).file_name();
     let words = program.into_iter().chain(command.get_args());
-    env.chain(words.map(OsStr::to_string_lossy).map(String::from))
+    env.chain(words.map(OsStr::to_string_lossy).map(|word| quoted(&word)))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `word` as a shell reads it back: in single quotes when it holds what the
+/// shell would split or expand (a nextest filter expression does).
+fn quoted(word: &str) -> String {
+    if word.contains(|c: char| c.is_whitespace() || "|&;()<>*?$'\"\\".contains(c)) {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    } else {
+        word.to_owned()
+    }
 }

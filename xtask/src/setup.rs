@@ -100,7 +100,7 @@ fn postgres_versions() -> impl Iterator<Item = String> {
 
 /// Installs the Debian packages of `wanted` that are missing; which ones it
 /// installed.
-fn install_debian_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a str>, Error> {
+pub(crate) fn install_debian_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a str>, Error> {
     if !succeeds(Command::new("dpkg").arg("--version")) {
         println!(
             "not Debian: make sure these are installed: {}",
@@ -198,7 +198,7 @@ fn accepts(port: u16) -> bool {
     TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1)).is_ok()
 }
 
-fn wait_until_accepting(server: &str, port: u16) -> Result<(), Error> {
+pub(crate) fn wait_until_accepting(server: &str, port: u16) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !accepts(port) {
         if Instant::now() > deadline {
@@ -214,8 +214,7 @@ fn wait_until_accepting(server: &str, port: u16) -> Result<(), Error> {
 /// `program` run as root: directly when this is root, else through sudo
 /// (without asking for a password); `None` when neither can be.
 fn as_root(program: &str) -> Option<Command> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() == "0" {
+    if is_root() {
         return Some(Command::new(program));
     }
     if succeeds(Command::new("sudo").args(["-n", "true"])) {
@@ -226,7 +225,15 @@ fn as_root(program: &str) -> Option<Command> {
     None
 }
 
-fn succeeds(command: &mut Command) -> bool {
+/// Whether this task runs as root.
+pub(crate) fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|uid| String::from_utf8_lossy(&uid.stdout).trim() == "0")
+}
+
+pub(crate) fn succeeds(command: &mut Command) -> bool {
     command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -234,7 +241,7 @@ fn succeeds(command: &mut Command) -> bool {
         .is_ok_and(|status| status.success())
 }
 
-fn run(command: &mut Command) -> Result<(), Error> {
+pub(crate) fn run(command: &mut Command) -> Result<(), Error> {
     let status = command
         .stdin(Stdio::null())
         .status()
