@@ -6,8 +6,9 @@
 //! that the loops' reconnect pauses reach their longest, after which the
 //! loops take jobs again together.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::sync::{atomic::AtomicUsize, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -82,24 +83,29 @@ pub fn assert_each_run_after_its_backoff(
 }
 
 /// The loops of a worker on a pool that a restart test runs.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub const RESTART_LOOPS: usize = 8;
 
 /// How long a restart test keeps its server down: long enough for the
 /// loops' reconnect pauses to reach their longest (5 s, after 6.35 s of
 /// failures).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub const DOWN_FOR: Duration = Duration::from_secs(10);
 
 /// The connection timeout of a restart test's r2d2 and bb8 pools, short as
 /// the guide asks of a worker's pool: it bounds the pool's own pause
 /// between its tries to connect, to half of it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a restart test waits for every loop to take a job again.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub const BACK_WITHIN: Duration = Duration::from_secs(30);
 
 /// When each loop of a worker on a pool took its jobs: each loop runs a
 /// clone of the worker's closure, and the clone that holds this numbers its
 /// loop on its first job.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(Debug, Clone, Default)]
 pub struct LoopTakes {
     loops: Arc<AtomicUsize>,
@@ -108,6 +114,7 @@ pub struct LoopTakes {
     index: Option<usize>,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl LoopTakes {
     /// This clone's loop took a job, now; returns the loop's number.
     pub fn took(&mut self) -> usize {
@@ -150,6 +157,7 @@ impl LoopTakes {
 /// stopped, and when it accepted connections again (the first of `accepts`,
 /// tried every 10 ms from before it starts, that returns true: the server
 /// may accept a client's connections before `start` has seen it).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub fn restart(
     server: &testkit::PrivateServer,
     accepts: impl Fn() -> bool + Sync,
@@ -174,6 +182,7 @@ pub fn restart(
 /// came `back`, within a second of the first that did; says when the first
 /// and the last took their first job, from the server's accepting
 /// connections again.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub fn assert_the_loops_came_back_together(
     takes: &LoopTakes,
     (stopped, back): (Instant, Instant),
