@@ -189,11 +189,16 @@ enum HeadTake<K> {
     Around,
     /// After the last row taken past them ([`Sibling::past`]).
     Past,
-    /// Ahead of them: from the head, or after `from` (the last row of the
-    /// take ahead before it), through [`Sibling::ahead_through`]. The run
-    /// ends when it comes back short if it is the run's `last` look, made
+    /// Ahead of them: after `from` (the low water, or the last row of the
+    /// take ahead before it; from the head: none), through
+    /// [`Sibling::ahead_through`], once made `through` the end it had. The
+    /// run ends when it comes back short if it is the run's `last` look, made
     /// because a take past them came back short.
-    Ahead { from: Option<K>, last: bool },
+    Ahead {
+        from: Option<K>,
+        through: Option<K>,
+        last: bool,
+    },
 }
 
 /// What a claim does next, for its driver to carry out.
@@ -514,12 +519,12 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         };
         if let HeadTake::Around = self.head {
             match sibling.around() {
-                Some(Steer::Ahead { through }) => {
+                Some(Steer::Ahead { from, through }) => {
                     self.head = HeadTake::Ahead {
-                        from: None,
+                        from,
+                        through: Some(through),
                         last: false,
                     };
-                    return KeyRange::new(Lower::Unbounded, Some(through));
                 }
                 Some(Steer::Past(past)) => {
                     self.head = HeadTake::Past;
@@ -527,11 +532,13 @@ impl<K: Clone + Eq + Hash> Claim<K> {
                 }
                 None => return KeyRange::whole(),
             }
+        } else if let HeadTake::Ahead { through, .. } = &mut self.head {
+            *through = sibling.ahead_through();
         }
         match &self.head {
-            HeadTake::Ahead { from, .. } => {
+            HeadTake::Ahead { from, through, .. } => {
                 let lower = from.clone().map_or(Lower::Unbounded, Lower::After);
-                KeyRange::new(lower, sibling.ahead_through())
+                KeyRange::new(lower, through.clone())
             }
             HeadTake::Past | HeadTake::Around => KeyRange::after(sibling.past()),
         }
@@ -717,10 +724,15 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         } else {
             returned < limit
         };
+        if let (Some(sibling), HeadTake::Ahead { through, .. }) = (&self.siblings, &self.head) {
+            // Run dry, the look has found all it could through its end.
+            sibling.looked_ahead(through.clone().filter(|_| ran_dry));
+        }
         let next = match std::mem::replace(&mut self.head, HeadTake::Around) {
             // Rows may lie on behind the siblings' batches: look on from here.
             HeadTake::Ahead { last, .. } if !ran_dry => Some(HeadTake::Ahead {
                 from: last_key,
+                through: None,
                 last,
             }),
             HeadTake::Ahead { last: true, .. } => None,
@@ -730,7 +742,8 @@ impl<K: Clone + Eq + Hash> Claim<K> {
             // for rows left free there (committed late, or let go), before
             // the run ends.
             HeadTake::Past => Some(HeadTake::Ahead {
-                from: None,
+                from: self.siblings.as_ref().and_then(Sibling::ahead_from),
+                through: None,
                 last: true,
             }),
             HeadTake::Around => None,

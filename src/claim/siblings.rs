@@ -12,18 +12,37 @@
 //!
 //! Loops of one process know what the others took. Most takes start after the
 //! last row of the last batch taken past the others, held or done. A loop
-//! looks from the head up to the first row of the oldest batch the others
-//! hold once in every round of the loops' takes, and before it ends a run
+//! looks ahead of them, up to the first row of the oldest batch the others
+//! hold, once in every round of the loops' takes, and before it ends a run
 //! whose take past them came back short; a look that fills its batch goes on
 //! after it. So a row left free behind them (rolled back, let go by another
 //! process, or committed late by its producer, as concurrent producers' rows
 //! often are) waits about as long as a batch takes, and many such rows are
-//! taken batch after batch. The head of a queue of deleted jobs is also where
-//! vacuum has yet to pass: a take that starts past it reads no dead index
-//! entries either, and a look ahead does. Other processes' rows are still
-//! passed over under lock.
+//! taken batch after batch. Other processes' rows are still passed over
+//! under lock.
+//!
+//! The head of a queue of deleted jobs is where vacuum has yet to pass, and
+//! while a transaction anywhere on the server is older than the deletes, it
+//! cannot: a scan from the head reads the index entry and the row of every
+//! job done since, each time. So a look ahead does not start at the head: it
+//! starts where the look before the last one ended (its *low water*), one
+//! look behind, for rows committed a little late. A *catch-up* look from the
+//! head comes at most once a second, and no more often than keeps its own
+//! time under a twentieth of the time between two: it finds the rows left
+//! free behind the low water (a job that failed and was let go, one whose
+//! run time came, one committed long after its key was drawn), which wait
+//! for it. The cost of a take then stays that of the rows it takes, however
+//! many jobs were done since the last vacuum.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Catch-up looks from the head come at most this often.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
+
+/// A catch-up look takes at most this share of the time until the next one:
+/// on a table of many dead rows, it comes less often.
+const CATCH_UP_SHARE: u32 = 20;
 
 /// What a worker's loops hold and have taken, shared by the loops.
 #[derive(Debug)]
@@ -42,6 +61,15 @@ struct Slots<K> {
     furthest: Option<K>,
     /// Takes steered around the others so far.
     steered: u64,
+    /// Where looks ahead start between catch-ups: where the look before the
+    /// last one ended (none: at the head).
+    low: Option<K>,
+    /// Where the last look ahead ended: the next one's `low`.
+    reached: Option<K>,
+    /// When the next catch-up look from the head is due (none yet: at once).
+    catch_up_at: Option<Instant>,
+    /// The loop making a catch-up look, and when it began.
+    catching_up: Option<(usize, Instant)>,
 }
 
 /// A batch a loop's transaction holds: its first row in the claim order, and
@@ -69,6 +97,10 @@ impl<K> Siblings<K> {
                 taken: 0,
                 furthest: None,
                 steered: 0,
+                low: None,
+                reached: None,
+                catch_up_at: None,
+                catching_up: None,
             }),
         })
     }
@@ -105,8 +137,9 @@ impl<K> Clone for Sibling<K> {
 /// How a take from the head steers around the rows the loops have taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Steer<K> {
-    /// From the head through `through`: see [`Sibling::ahead_through`].
-    Ahead { through: K },
+    /// After `from` (from the head: none) through `through`: see
+    /// [`Sibling::ahead_from`] and [`Sibling::ahead_through`].
+    Ahead { from: Option<K>, through: K },
     /// After `past`: see [`Sibling::past`].
     Past(K),
 }
@@ -133,15 +166,63 @@ impl<K: Clone> Sibling<K> {
     /// whose take past them came back short also looks ahead before it ends:
     /// the claim engine's `HeadTake`.)
     pub(crate) fn around(&self) -> Option<Steer<K>> {
+        self.around_at(Instant::now())
+    }
+
+    fn around_at(&self, now: Instant) -> Option<Steer<K>> {
         let mut slots = self.all.slots();
         let past = slots.furthest.clone()?;
         let ahead = slots.steered.is_multiple_of(slots.held.len() as u64);
         slots.steered += 1;
         if ahead {
             let through = self.through(&slots).unwrap_or(past);
-            Some(Steer::Ahead { through })
+            let from = self.low_water(&mut slots, now);
+            Some(Steer::Ahead { from, through })
         } else {
             Some(Steer::Past(past))
+        }
+    }
+
+    /// Where a look ahead of the others starts: after the low water, or at
+    /// the head when a catch-up look is due (or no look has set it yet).
+    pub(crate) fn ahead_from(&self) -> Option<K> {
+        self.ahead_from_at(Instant::now())
+    }
+
+    fn ahead_from_at(&self, now: Instant) -> Option<K> {
+        self.low_water(&mut self.all.slots(), now)
+    }
+
+    fn low_water(&self, slots: &mut Slots<K>, now: Instant) -> Option<K> {
+        let due = slots.catch_up_at.is_none_or(|at| now >= at);
+        if due || slots.low.is_none() {
+            slots.catch_up_at = Some(now + CATCH_UP_EVERY);
+            slots.catching_up = Some((self.index, now));
+            return None;
+        }
+        slots.low.clone()
+    }
+
+    /// This loop's look ahead has come back: having run out its range
+    /// through `through`, or with a full batch (none), the look going on.
+    /// A catch-up look's time sets when the next is due.
+    pub(crate) fn looked_ahead(&self, through: Option<K>) {
+        self.looked_ahead_at(through, Instant::now());
+    }
+
+    fn looked_ahead_at(&self, through: Option<K>, now: Instant) {
+        let mut slots = self.all.slots();
+        if let Some((index, began)) = slots.catching_up {
+            if index == self.index {
+                slots.catching_up = None;
+                let spent = now.saturating_duration_since(began);
+                slots.catch_up_at = Some(began + CATCH_UP_EVERY.max(spent * CATCH_UP_SHARE));
+            }
+        }
+        if let Some(through) = through {
+            // One look behind: a row committed while this look passed its
+            // place is still ahead of the next one's start.
+            slots.low = slots.reached.replace(through);
         }
     }
 
@@ -199,7 +280,12 @@ mod tests {
         assert_eq!((c.past(), c.ahead_through()), (None, None));
         a.holds(1, 10, false);
         b.holds(11, 20, false);
-        let ahead = |through| Some(Steer::Ahead { through });
+        let ahead = |through| {
+            Some(Steer::Ahead {
+                from: None,
+                through,
+            })
+        };
         // One take in each round of three looks ahead of the others' oldest
         // batch; its own batch is not one of them.
         assert_eq!(c.around(), ahead(1));
@@ -231,9 +317,52 @@ mod tests {
         let (a, b) = (siblings.slot(0), siblings.slot(1));
         let run = a.clone();
         run.holds(1, 10, false);
-        assert_eq!(b.around(), Some(Steer::Ahead { through: 1 }));
+        let ahead = |through| {
+            Some(Steer::Ahead {
+                from: None,
+                through,
+            })
+        };
+        assert_eq!(b.around(), ahead(1));
         drop(run);
         assert_eq!(b.around(), Some(Steer::Past(10)));
-        assert_eq!(b.around(), Some(Steer::Ahead { through: 10 }));
+        assert_eq!(b.around(), ahead(10));
+    }
+
+    #[test]
+    fn looks_ahead_start_one_look_behind_and_catch_up_from_the_head_once_a_second() {
+        let siblings = Siblings::new(2);
+        let (a, b) = (siblings.slot(0), siblings.slot(1));
+        let start = Instant::now();
+        let at = |millis| start + Duration::from_millis(millis);
+        a.holds(1, 10, false);
+        // The first looks start at the head: no look has ended yet.
+        assert_eq!(b.around_at(at(0)), ahead(None, 1));
+        b.looked_ahead_at(Some(1), at(2));
+        assert_eq!(b.around_at(at(3)), Some(Steer::Past(10)));
+        a.released();
+        b.holds(11, 20, false);
+        assert_eq!(a.around_at(at(4)), ahead(None, 11));
+        a.looked_ahead_at(Some(11), at(5));
+        // From here on, after where the look before the last ended.
+        assert_eq!(a.around_at(at(6)), Some(Steer::Past(20)));
+        assert_eq!(a.around_at(at(7)), ahead(Some(1), 11));
+        // A look that fills its batch goes on: the low water stays.
+        a.looked_ahead_at(None, at(8));
+        assert_eq!(a.ahead_from_at(at(9)), Some(1));
+        a.looked_ahead_at(Some(11), at(10));
+        assert_eq!(a.ahead_from_at(at(11)), Some(11));
+        // A second after the last catch-up began, the next look is one.
+        assert_eq!(a.ahead_from_at(at(1_003)), Some(11));
+        assert_eq!(b.ahead_from_at(at(1_004)), None);
+        assert_eq!(a.ahead_from_at(at(1_005)), Some(11));
+        // A catch-up that took 100 ms makes the next wait 2 s.
+        b.looked_ahead_at(Some(20), at(1_104));
+        assert_eq!(a.ahead_from_at(at(3_003)), Some(11));
+        assert_eq!(a.ahead_from_at(at(3_004)), None);
+    }
+
+    fn ahead(from: Option<i32>, through: i32) -> Option<Steer<i32>> {
+        Some(Steer::Ahead { from, through })
     }
 }
