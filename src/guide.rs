@@ -1,5 +1,7 @@
 //! The guide: how each capability works, what it costs, and the caveats that
-//! come with it. The [crate root](crate) has the overview.
+//! come with it. The [crate root](crate) has the overview. Two pages go
+//! further: [job workers](workers), and [a job service](job_service) end to
+//! end, from the queue's table to a graceful stop and the metrics.
 //!
 //! # Claiming: `claim_each`
 //!
@@ -293,7 +295,8 @@
 //! the head of the query and waiting while none is pending: a job runner.
 //! The [job workers](workers) page has it all: the head of the queue, failure
 //! hooks and backoff, waiting with polls and `LISTEN`, and what a worker sees
-//! when the database or the network goes away.
+//! when the database or the network goes away. The [job service](job_service)
+//! page walks through a whole service built on one.
 //!
 //! ## Long work outside a transaction: visibility timeouts
 //!
@@ -683,6 +686,7 @@
 //! locked; claim, batch and pickup times, per table) come with the `metrics`
 //! feature, through the `metrics` facade: see the `metrics` module.
 
+pub mod job_service;
 pub mod workers;
 
 // What the guide's links name.

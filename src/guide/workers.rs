@@ -42,6 +42,9 @@
 //! # }
 //! ```
 //!
+//! The [job service](super::job_service) page puts these pieces together
+//! in an async service on a pool, with its signals, log lines and metrics.
+//!
 //! # The next job, from the head of the queue
 //!
 //! A worker takes its rows from the head of the query: each take is one

@@ -1,12 +1,13 @@
-//! What both worked examples (`shop` and `shop_async`) share: the command
-//! line, the shop's error type, the clock that stamps progress lines, the
-//! checks printed at the end, the schema or database of its own each run works
-//! in, the exit status, and the bank story's retry policy. What differs between
-//! them (blocking or async, which backends, which tables) stays with them.
+//! What the worked examples (`shop`, `shop_async` and the job service) share:
+//! the shops' command line and error type, the clock that stamps progress
+//! lines, the checks printed at the end, the schema or database of its own
+//! each run works in, the exit status, and the bank story's retry policy.
+//! What differs between them (blocking or async, which backends, which
+//! tables) stays with them.
 
 use std::error::Error as StdError;
 use std::fmt::Display;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use diesel_claim::Transient;
 
@@ -161,6 +162,13 @@ impl Checks {
     }
 }
 
+/// The name of a run's own schema or database, `<prefix>_<pid>_<ns>`, so
+/// that runs on a shared server do not see each other.
+pub fn run_name(prefix: &str) -> Result<String, BoxError> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
+    Ok(format!("{prefix}_{}_{nanos}", std::process::id()))
+}
+
 /// Runs `run` with the URL of a MySQL database of its own, `<prefix>_<pid>_<ns>`,
 /// which a connection outside any pool creates before and drops after, whatever
 /// happened; a failure to drop is reported after `run`'s own error, which
@@ -173,10 +181,8 @@ pub fn in_own_mysql_database<T>(
 ) -> Result<T, BoxError> {
     use diesel::connection::SimpleConnection;
     use diesel::Connection;
-    use std::time::{SystemTime, UNIX_EPOCH};
 
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
-    let database = format!("{prefix}_{}_{nanos}", std::process::id());
+    let database = run_name(prefix)?;
     let mut admin = diesel::MysqlConnection::establish(url)?;
     admin.batch_execute(&format!("CREATE DATABASE {database}"))?;
     let outcome = run(&database, &crate::url::with_database(url, &database));
@@ -197,10 +203,8 @@ pub fn in_own_postgres_schema<T>(
 ) -> Result<T, BoxError> {
     use diesel::connection::SimpleConnection;
     use diesel::Connection;
-    use std::time::{SystemTime, UNIX_EPOCH};
 
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
-    let schema = format!("{prefix}_{}_{nanos}", std::process::id());
+    let schema = run_name(prefix)?;
     let mut admin = diesel::PgConnection::establish(url)?;
     admin.batch_execute(&format!("CREATE SCHEMA {schema}"))?;
     let outcome = run(&schema);

@@ -9,7 +9,7 @@
 //!   both): formatting, clippy on every feature set, that the async-only
 //!   build has no C client library, the docs, the package as a registry
 //!   user builds it (on the declared `rust-version`), the benchmark's quick
-//!   mode, and the worked examples on every backend.
+//!   mode, the worked examples on every backend, and the job service.
 //!
 //! Both stop at the first step that fails, and exit with status 1.
 //!
@@ -46,8 +46,8 @@ enum Task {
         #[arg(last = true)]
         nextest: Vec<String>,
     },
-    /// Formatting, lints, docs, the benchmark's quick mode and the worked
-    /// examples on every backend
+    /// Formatting, lints, docs, the benchmark's quick mode, the worked
+    /// examples on every backend and the job service
     Check,
     /// Runs diesel-claim beside other job queues in the
     /// postgresql-job-queue-benchmarking harness, each on a private PostgreSQL
@@ -137,6 +137,7 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
     }
     async_only_dependencies()?;
     sqlite_example_dependencies()?;
+    job_service_dependencies()?;
     // The crate without its default `migrations`, which the tests'
     // dev-dependencies turn on in every build above.
     cargo(
@@ -197,6 +198,13 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
             )?;
         }
     }
+    // The job service example, a package of its own, on PostgreSQL.
+    step(
+        servers,
+        Command::new(cargo_program())
+            .args(["run", "--release", "--package", JOB_SERVICE])
+            .env("DATABASE_URL", &servers.postgres),
+    )?;
     println!("\nall checks passed");
     Ok(())
 }
@@ -360,7 +368,8 @@ fn target_dir(root: &Path) -> PathBuf {
 /// Fails if the crate's dependencies with [`ASYNC_ONLY`] (not its
 /// dev-dependencies, which the tests need) include any of [`BLOCKING_ONLY`].
 fn async_only_dependencies() -> Result<(), Error> {
-    let tree = dependencies(&["--edges", "normal", "--features", ASYNC_ONLY])?;
+    let edges = ["--edges", "normal", "--features", ASYNC_ONLY];
+    let tree = dependencies("diesel-claim", &edges)?;
     lacks(&tree, "diesel-async", &BLOCKING_ONLY, ASYNC_ONLY)
 }
 
@@ -373,7 +382,7 @@ const C_CLIENT_LIBRARIES: [&str; 2] = ["pq-sys", "mysqlclient-sys"];
 /// includes any of [`C_CLIENT_LIBRARIES`].
 fn sqlite_example_dependencies() -> Result<(), Error> {
     let edges = ["--edges", "normal,build,dev", "--features", "sqlite"];
-    let tree = dependencies(&edges)?;
+    let tree = dependencies("diesel-claim", &edges)?;
     lacks(
         &tree,
         "libsqlite3-sys",
@@ -382,10 +391,26 @@ fn sqlite_example_dependencies() -> Result<(), Error> {
     )
 }
 
-/// The names of the packages `cargo tree` lists for the crate with `args`.
-fn dependencies(args: &[&str]) -> Result<Vec<String>, Error> {
+/// The job service example's package.
+const JOB_SERVICE: &str = "diesel-claim-jobs";
+
+/// Fails if what the job service builds includes any of
+/// [`C_CLIENT_LIBRARIES`]: it runs on diesel-async's PostgreSQL client,
+/// written in Rust.
+fn job_service_dependencies() -> Result<(), Error> {
+    let tree = dependencies(JOB_SERVICE, &["--edges", "normal,build"])?;
+    lacks(
+        &tree,
+        "tokio-postgres",
+        &C_CLIENT_LIBRARIES,
+        "the job service",
+    )
+}
+
+/// The names of the packages `cargo tree` lists for `package` with `args`.
+fn dependencies(package: &str, args: &[&str]) -> Result<Vec<String>, Error> {
     let mut command = Command::new(cargo_program());
-    command.args(["tree", "--package", "diesel-claim"]);
+    command.args(["tree", "--package", package]);
     command.args(args);
     command.args(["--prefix", "none", "--format", "{p}"]);
     println!("\n==> {}", shown(&command));
