@@ -10,39 +10,14 @@ use std::sync::Arc;
 
 use super::page::Page;
 use super::report::ClaimReport;
-use super::siblings::{Sibling, Steer};
+use super::siblings::Sibling;
 use crate::locking::LockClause;
-use crate::sql::{KeyRange, Lower};
+use crate::sql::KeyRange;
 use crate::trace::{self, Span};
 use crate::{Error, StopHandle};
 
-/// Rows read per page of the unlocked candidate scan, unless batches are large.
-const DEFAULT_PAGE_SIZE: i64 = 1000;
-
-/// Rows read per page of the candidate scan, at least, when takes may run
-/// past their page.
-const MIN_OPEN_PAGE_SIZE: i64 = 100;
-
-/// Batches per page of the candidate scan, by default, when takes keep to
-/// their page.
-const BATCHES_PER_PAGE: i64 = 10;
-
-/// Rows, and batches, per page of the candidate scan, by default, in an order
-/// other than the key's. Its takes keep to their page, and each worker's last
-/// take from a page comes back short where others took rows first: larger
-/// pages make such takes (and page reads) rarer. A position holds the order
-/// columns' values, so a page of them stays a few hundred kilobytes.
-const ORDERED_PAGE_SIZE: i64 = 5000;
-const ORDERED_BATCHES_PER_PAGE: i64 = 50;
-
-/// How large pages grow, in batches, and in keys at least and at most, once
-/// other workers are seen claiming beside this one (see [`Claim::contended`]).
-const CONTENDED_BATCHES_PER_PAGE: i64 = 256;
-const CONTENDED_PAGE_SIZE: (i64, i64) = (16_384, 65_536);
-
-/// A contended page of which this worker got fewer rows than this is read
-/// again four times larger (see [`Claim::contended`]).
-const MIN_ROWS_PER_PAGE: u64 = 64;
+mod head;
+mod pages;
 
 /// Keys a claim from the head leaves out of its takes, at most: a run that
 /// would leave out more (rows that keep failing, or that its closure leaves
@@ -166,7 +141,7 @@ pub struct Claim<K> {
     /// its other loops hold (see [`beside`](Self::beside)).
     siblings: Option<Sibling<K>>,
     /// From the head: the take to make next, and once made, the one made.
-    head: HeadTake<K>,
+    head: head::HeadTake<K>,
     report: ClaimReport,
     /// Candidates found locked by others in this pass, to retry in the next
     /// (only when draining, on backends with row locks): those of each page,
@@ -178,27 +153,6 @@ pub struct Claim<K> {
     /// Candidates found locked by others in this pass.
     locked: u64,
     processed_before_pass: u64,
-}
-
-/// A take from the head by a loop of a pooled worker, which steers around
-/// the batches its other loops hold (see [`siblings`](super::siblings)): the
-/// take to make next, and once made, the one made.
-enum HeadTake<K> {
-    /// As [`Sibling::around`] says: ahead of them or past them, or the whole
-    /// query when they have taken nothing.
-    Around,
-    /// After the last row taken past them ([`Sibling::past`]).
-    Past,
-    /// Ahead of them: after `from` (the low water, or the last row of the
-    /// take ahead before it; from the head: none), through
-    /// [`Sibling::ahead_through`], once made `through` the end it had. The
-    /// run ends when it comes back short if it is the run's `last` look, made
-    /// because a take past them came back short.
-    Ahead {
-        from: Option<K>,
-        through: Option<K>,
-        last: bool,
-    },
 }
 
 /// What a claim does next, for its driver to carry out.
@@ -219,7 +173,7 @@ pub(crate) enum Step<K> {
 
 enum State<K> {
     /// Taking from the head of the query, until a take comes back short (or,
-    /// draining, empty); on a pool, as [`HeadTake`] says.
+    /// draining, empty); on a pool, as [`HeadTake`](head::HeadTake) says.
     Head,
     /// A pass begins: the candidates found locked in the last pass come first.
     Pass,
@@ -277,14 +231,8 @@ impl<K> Claim<K> {
             failed_again: plan.failed_again,
             batch: plan.batch,
             open_ended,
-            page_size: plan.page_size.unwrap_or(if open_ended {
-                // Takes move on by themselves: reading much further ahead than
-                // a batch would only re-read keys other workers take first.
-                MIN_OPEN_PAGE_SIZE.max(plan.batch)
-            } else if !plan.ordered_by_key {
-                ORDERED_PAGE_SIZE.max(plan.batch.saturating_mul(ORDERED_BATCHES_PER_PAGE))
-            } else {
-                closed_page_size(plan.batch)
+            page_size: plan.page_size.unwrap_or_else(|| {
+                pages::first_page_size(plan.batch, open_ended, plan.ordered_by_key)
             }),
             page_size_given: plan.page_size.is_some(),
             grow_contended_pages: plan.grow_contended_pages,
@@ -305,7 +253,7 @@ impl<K> Claim<K> {
             excluded_shared: Arc::new([]),
             among: None,
             siblings: None,
-            head: HeadTake::Around,
+            head: head::HeadTake::Around,
             report: ClaimReport::default(),
             retry: Vec::new(),
             state: if plan.from_head {
@@ -510,52 +458,6 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         i64::try_from(self.remaining).map_or(self.batch, |left| left.min(self.batch))
     }
 
-    /// The range of the next take from the head: the whole query, or, once
-    /// the worker's loops have taken rows, the part ahead of what the others
-    /// hold or the part past what they took (see [`HeadTake`]).
-    fn head_range(&mut self) -> KeyRange<K> {
-        let Some(sibling) = &self.siblings else {
-            return KeyRange::whole();
-        };
-        if let HeadTake::Around = self.head {
-            match sibling.around() {
-                Some(Steer::Ahead { from, through }) => {
-                    self.head = HeadTake::Ahead {
-                        from,
-                        through: Some(through),
-                        last: false,
-                    };
-                }
-                Some(Steer::Past(past)) => {
-                    self.head = HeadTake::Past;
-                    return KeyRange::after(Some(past));
-                }
-                None => return KeyRange::whole(),
-            }
-        } else if let HeadTake::Ahead { through, .. } = &mut self.head {
-            *through = sibling.ahead_through();
-        }
-        match &self.head {
-            HeadTake::Ahead { from, through, .. } => {
-                let lower = from.clone().map_or(Lower::Unbounded, Lower::After);
-                KeyRange::new(lower, through.clone())
-            }
-            HeadTake::Past | HeadTake::Around => KeyRange::after(sibling.past()),
-        }
-    }
-
-    /// Takes from the head steer around the batches `sibling`'s other loops
-    /// hold, and tell it the batches they take (see
-    /// [`siblings`](super::siblings)): when the claim order is the key's, a
-    /// row locked by others is passed over, and rows stay locked, coming back
-    /// in the claim order, until their batch ends.
-    pub(crate) fn beside(&mut self, sibling: Sibling<K>) {
-        let passed_over = self.clause.skip_locked && !self.fail_on_locked;
-        if self.from_head && self.rows_tell_positions && self.row_locks && passed_over {
-            self.siblings = Some(sibling);
-        }
-    }
-
     /// Takes the rows at `keys` alone, each once at most: a worker recording
     /// the failure of rows whose session ended under them.
     pub(crate) fn among(&mut self, keys: Vec<K>) {
@@ -571,44 +473,6 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         if self.excluded.len() > before {
             self.excluded_shared = self.excluded.iter().cloned().collect();
         }
-    }
-
-    /// A page's takes passed over `passed_over` of its `candidates`, which
-    /// other workers held or had taken, and took `taken` rows: the claim is
-    /// contended. Workers that all start at the head of the same page pass over
-    /// each other's rows inside their locked takes, so that the work per row
-    /// grows with the number of workers; from here on each page starts at a
-    /// place of its own ([`Page::new`]) and keeps to its end. Pages grow while
-    /// this worker got only a few rows of one that others took most of: the
-    /// statements per page are then spread over more rows.
-    fn contended(&mut self, candidates: u64, passed_over: u64, taken: u64) {
-        if !self.may_stripe {
-            return;
-        }
-        self.contended = true;
-        if self.open_ended && !self.page_size_given {
-            self.open_ended = false;
-            self.page_size = closed_page_size(self.batch);
-        } else if taken < MIN_ROWS_PER_PAGE && passed_over.saturating_mul(2) > candidates {
-            self.grow_pages();
-        }
-    }
-
-    /// Pages four times larger, up to [`CONTENDED_PAGE_SIZE`], unless the
-    /// caller set their size or the backend's pages keep theirs (MySQL).
-    /// (A contended claim's pages are closed unless the caller set their
-    /// size.)
-    fn grow_pages(&mut self) {
-        if self.page_size_given || !self.grow_contended_pages {
-            return;
-        }
-        let (least, most) = CONTENDED_PAGE_SIZE;
-        let most = self
-            .batch
-            .saturating_mul(CONTENDED_BATCHES_PER_PAGE)
-            .clamp(least, most)
-            .max(self.page_size);
-        self.page_size = self.page_size.saturating_mul(4).min(most);
     }
 
     /// The keys [`Step::Candidates`] read.
@@ -688,79 +552,6 @@ impl<K: Clone + Eq + Hash> Claim<K> {
         page.record(rows, limit, ordered, marked, key_of)
     }
 
-    /// [`taken`](Self::taken), from the head: rows handed over before in this
-    /// call (left matching by their closure) are passed over, and left out of
-    /// the next takes. A take that came back short ends the run (draining,
-    /// one that came back empty); steered around sibling loops, only the last
-    /// look ahead or a take of the whole query does (see [`HeadTake`]). So
-    /// does a worker's run past [`WORKER_RUN_ROWS`], whose next run starts
-    /// afresh.
-    fn taken_from_head<R>(
-        &mut self,
-        mut rows: Vec<R>,
-        limit: i64,
-        key_of: impl Fn(&R) -> K,
-    ) -> Vec<R> {
-        let returned = rows.len() as i64;
-        let last_key = rows.last().map(&key_of);
-        if let (Some(sibling), Some(first), Some(last)) =
-            (&self.siblings, rows.first(), rows.last())
-        {
-            let ahead = matches!(self.head, HeadTake::Ahead { .. });
-            sibling.holds(key_of(first), key_of(last), ahead);
-        }
-        let mut again = Vec::new();
-        rows.retain(|row| {
-            let key = key_of(row);
-            let new = self.handed.insert(key.clone());
-            if !new {
-                again.push(key);
-            }
-            new
-        });
-        self.exclude(again);
-        let ran_dry = if self.drain {
-            returned == 0
-        } else {
-            returned < limit
-        };
-        if let (Some(sibling), HeadTake::Ahead { through, .. }) = (&self.siblings, &self.head) {
-            // Run dry, the look has found all it could through its end.
-            sibling.looked_ahead(through.clone().filter(|_| ran_dry));
-        }
-        let next = match std::mem::replace(&mut self.head, HeadTake::Around) {
-            // Rows may lie on behind the siblings' batches: look on from here.
-            HeadTake::Ahead { last, .. } if !ran_dry => Some(HeadTake::Ahead {
-                from: last_key,
-                through: None,
-                last,
-            }),
-            HeadTake::Ahead { last: true, .. } => None,
-            HeadTake::Ahead { last: false, .. } => Some(HeadTake::Past),
-            HeadTake::Past | HeadTake::Around if !ran_dry => Some(HeadTake::Around),
-            // Past the siblings the queue ran dry: a last look ahead of them,
-            // for rows left free there (committed late, or let go), before
-            // the run ends.
-            HeadTake::Past => Some(HeadTake::Ahead {
-                from: self.siblings.as_ref().and_then(Sibling::ahead_from),
-                through: None,
-                last: true,
-            }),
-            HeadTake::Around => None,
-        };
-        let run_ends = match next {
-            Some(next) => {
-                self.head = next;
-                false
-            }
-            None => true,
-        };
-        if run_ends || (self.in_worker && self.handed.len() >= WORKER_RUN_ROWS) {
-            self.state = State::Done;
-        }
-        rows
-    }
-
     /// With [`nowait`](crate::ClaimBuilder::nowait), the range to read keys of (without
     /// locks) after [`taken`](Self::taken), for
     /// [`verify_none_locked`](Self::verify_none_locked): the batch's range up to
@@ -835,10 +626,6 @@ impl<K: Clone + Eq + Hash> Claim<K> {
 /// The keys a page holds, by default, when takes keep to their page in the
 /// key's order: several batches, so that workers that arrive at a page
 /// together take whole batches from it, each passing over the others'.
-fn closed_page_size(batch: i64) -> i64 {
-    DEFAULT_PAGE_SIZE.max(batch.saturating_mul(BATCHES_PER_PAGE))
-}
-
 /// A number below `n` (at least 1), different from call to call: where a
 /// worker starts in a page. `RandomState` is seeded at random per thread and
 /// moves on with every instance, which is all a place to start needs.
