@@ -126,12 +126,15 @@ pub(crate) fn install_debian_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a 
         )
         .into());
     };
-    run(apt_get.args(["update", "-qq"]))?;
+    println!("installing them with apt-get");
+    run_quietly(apt_get.args(["update", "-qq"]))?;
     let mut apt_get = as_root("apt-get").ok_or("lost root")?;
-    run(apt_get
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing))?;
+    run_quietly(
+        apt_get
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing),
+    )?;
     Ok(missing)
 }
 
@@ -239,6 +242,21 @@ pub(crate) fn succeeds(command: &mut Command) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|status| status.success())
+}
+
+/// Runs `command`, showing its output only if it fails: dpkg's progress and
+/// debconf's notes say nothing when all goes well.
+fn run_quietly(command: &mut Command) -> Result<(), Error> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {:?}: {e}", command.get_program()))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    eprint!("{}", String::from_utf8_lossy(&output.stdout));
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    Err(format!("{command:?} failed ({})", output.status).into())
 }
 
 pub(crate) fn run(command: &mut Command) -> Result<(), Error> {
