@@ -11,12 +11,12 @@ use std::time::Duration;
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
 use crate::locking::LockOptions;
-use crate::sql::Position;
 
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
 pub(crate) mod engine;
 pub mod kind;
+mod options;
 mod page;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod pooled;
@@ -29,8 +29,10 @@ pub(crate) mod timed;
 pub(crate) mod wait;
 pub(crate) mod worker;
 
-use engine::{Claim, Plan, Taking};
 use kind::{Delete, Keep, Mark, NoHook, OnFailure, Replica, Select, Set};
+pub(crate) use options::failures_in_savepoints;
+pub use options::Options;
+use options::Reading;
 pub use query::ClaimStatements;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use report::{ClaimOutcome, ClaimReport, RowFailure};
@@ -119,45 +121,6 @@ pub struct ClaimBuilder<Q, M = Blocking, T = Select, H = NoHook> {
 /// The longest [`ClaimBuilder::timeout`]: PostgreSQL counts a statement's
 /// in milliseconds in an `int`.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 24 * 3600);
-
-/// A claim's options, whatever its kind.
-#[doc(hidden)]
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub(crate) lock: LockOptions,
-    max_rows: Option<u64>,
-    drain: bool,
-    /// `None`: the default, which depends on the batch size.
-    page_size: Option<i64>,
-    pub(crate) batch: i64,
-    /// Runs inside the caller's transaction, each batch in a savepoint.
-    nested: bool,
-    pub(crate) keep_going: bool,
-    stop: Option<StopHandle>,
-    /// Run by a worker, over and over (its spans are quieter, and it takes
-    /// from the head unless told otherwise).
-    in_worker: bool,
-    /// A row whose closure failed may be taken again in the same run: a
-    /// worker without a backoff of its own.
-    pub(crate) failed_again: bool,
-    /// The rows carry a retry schedule ([`retries`](ClaimBuilder::retries)).
-    pub(crate) retry_schedule: bool,
-    /// How long a closure may run ([`ClaimBuilder::timeout`]).
-    pub(crate) timeout: Option<Duration>,
-    reading: Reading,
-}
-
-/// Where a claim's takes start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reading {
-    /// From the head for a worker, and for a call whose `max_rows` one take
-    /// can reach; in pages otherwise.
-    Chosen,
-    /// Every take from the head of the query ([`ClaimBuilder::from_head`]).
-    Head,
-    /// Pages of candidates ([`ClaimBuilder::in_pages`]).
-    Pages,
-}
 
 impl<Q, M> ClaimBuilder<Q, M> {
     pub(crate) fn new(query: Q) -> Self {
@@ -663,107 +626,4 @@ impl<Q, T> ClaimBuilder<Q, Blocking, T, NoHook> {
     {
         self.with_hook(OnFailure(hook))
     }
-}
-
-impl Options {
-    /// Checks the options, the claimed table (the locking clause's `OF`) and the
-    /// connection's transaction depth, and sets up one run of the claim, taking
-    /// its rows with the statement `taking` describes, reading its candidates
-    /// on a replica if `replica`.
-    pub(crate) fn start<DB: ClaimBackend, R, S: ClaimStatements<DB, R>>(
-        &self,
-        taking: Taking,
-        replica: bool,
-        query: &S,
-        transaction_depth: u32,
-    ) -> Result<Claim<Position<S::Key>>, Error> {
-        let (on_locked, clause) = self
-            .lock
-            .clone()
-            .resolve(OnLocked::Skip, || query.claimed_table())?;
-        let nowait = on_locked == OnLocked::Fail;
-        if taking == Taking::MarkAndCommit && nowait {
-            return Err(Error::InvalidArgument(
-                "nowait cannot be combined with mark_and_commit or visibility_timeout: their \
-                 claims commit before a locked row could roll them back"
-                    .to_owned(),
-            ));
-        }
-        let needs_pages = nowait || replica || self.page_size.is_some();
-        let from_head = match self.reading {
-            Reading::Head if needs_pages => {
-                return Err(Error::InvalidArgument(
-                    "from_head cannot be combined with nowait or candidates_from: they read \
-                     candidates in pages"
-                        .to_owned(),
-                ))
-            }
-            Reading::Head => true,
-            Reading::Pages => false,
-            Reading::Chosen => {
-                let one_take = self.max_rows.is_some_and(|rows| rows <= self.batch as u64);
-                !needs_pages && (self.in_worker || one_take)
-            }
-        };
-        if transaction_depth > 0 && !self.nested {
-            return Err(Error::InvalidArgument(
-                "a claim must run outside a transaction: each batch needs a transaction of \
-                 its own, committed before the next (for tests that run in a transaction, \
-                 see .inside_transaction())"
-                    .to_owned(),
-            ));
-        }
-        Ok(Claim::new(Plan {
-            clause,
-            taking,
-            row_locks: DB::ROW_LOCKS,
-            update_returning: DB::UPDATE_RETURNING,
-            grow_contended_pages: DB::GROW_CONTENDED_PAGES,
-            fail_on_locked: nowait,
-            batch: self.batch,
-            page_size: self.page_size,
-            drain: self.drain,
-            max_rows: self.max_rows,
-            ordered_by_key: S::ORDERED_BY_KEY,
-            keep_going: self.keep_going,
-            stop: self.stop.clone(),
-            in_worker: self.in_worker,
-            failed_again: self.failed_again,
-            from_head,
-        }))
-    }
-}
-
-impl Options {
-    /// The idle bound of the claim's transactions on diesel-async: the one
-    /// chosen; else 30 s above the claim's timeout; else none for a worker,
-    /// whose jobs may run for as long as they take (a bound below a job
-    /// ends its session while it runs, and another worker starts it again);
-    /// else the default, [`IDLE_TRANSACTION_BOUND`](crate::aio::IDLE_TRANSACTION_BOUND).
-    #[cfg(feature = "async")]
-    pub(crate) fn idle_bound(&self) -> crate::locking::IdleBound {
-        use crate::locking::IdleBound;
-        if let Some(chosen) = self.lock.chosen_bound() {
-            return chosen;
-        }
-        match self.timeout {
-            Some(timeout) => IdleBound(Some(timeout + crate::aio::IDLE_TRANSACTION_BOUND)),
-            None if self.in_worker => IdleBound(None),
-            None => IdleBound::default(),
-        }
-    }
-}
-
-/// Whether a claim with these options rolls back only a failing closure's
-/// work, in a savepoint, rather than its whole batch: always with a hook
-/// (the row must stay locked while it runs), and with `keep_going` when a
-/// batch's rows go to the closure one at a time and can be told apart (not a
-/// mark, which only its batch's rollback undoes).
-pub(crate) fn failures_in_savepoints(
-    options: &Options,
-    taking: Taking,
-    hook: bool,
-    per_row: bool,
-) -> bool {
-    hook || (options.keep_going && per_row && options.batch > 1 && taking == Taking::Select)
 }
