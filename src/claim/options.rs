@@ -30,9 +30,9 @@ pub struct Options {
     /// A row whose closure failed may be taken again in the same run: a
     /// worker without a backoff of its own.
     pub(crate) failed_again: bool,
-    /// The rows carry a retry schedule ([`retries`](ClaimBuilder::retries)).
+    /// The rows carry a retry schedule ([`retries`](super::ClaimBuilder::retries)).
     pub(crate) retry_schedule: bool,
-    /// How long a closure may run ([`ClaimBuilder::timeout`]).
+    /// How long a closure may run ([`ClaimBuilder::timeout`](super::ClaimBuilder::timeout)).
     pub(crate) timeout: Option<Duration>,
     pub(super) reading: Reading,
 }
@@ -43,9 +43,9 @@ pub(super) enum Reading {
     /// From the head for a worker, and for a call whose `max_rows` one take
     /// can reach; in pages otherwise.
     Chosen,
-    /// Every take from the head of the query ([`ClaimBuilder::from_head`]).
+    /// Every take from the head of the query ([`ClaimBuilder::from_head`](super::ClaimBuilder::from_head)).
     Head,
-    /// Pages of candidates ([`ClaimBuilder::in_pages`]).
+    /// Pages of candidates ([`ClaimBuilder::in_pages`](super::ClaimBuilder::in_pages)).
     Pages,
 }
 
