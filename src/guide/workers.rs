@@ -47,11 +47,14 @@
 //! A worker takes its rows from the head of the query: each take is one
 //! locking statement, `SELECT … WHERE <your filter> ORDER BY <your order>,
 //! <key> LIMIT n FOR NO KEY UPDATE SKIP LOCKED` (MySQL: `FOR UPDATE SKIP
-//! LOCKED`; SQLite: the database write lock), re-run for every take. A job
-//! enqueued ahead of the others (a higher priority) is the next one taken,
-//! whoever is running what; an empty queue costs that one statement, in a
-//! transaction. [`max_rows`](crate::ClaimBuilder::max_rows) no larger than a
-//! batch takes from the head too, and any claim does with
+//! LOCKED`; SQLite: the database write lock), re-run for every take; the key
+//! breaks the order's ties, its columns left out where the order names them
+//! (`ORDER BY id DESC`, not `ORDER BY id DESC, id`), and a queue with no
+//! order is taken by key. A job enqueued ahead of the others (a higher
+//! priority) is the next one taken, whoever is running what; an empty queue
+//! costs that one statement, in a transaction.
+//! [`max_rows`](crate::ClaimBuilder::max_rows) no larger than a batch takes
+//! from the head too, and any claim does with
 //! [`from_head`](crate::ClaimBuilder::from_head).
 //!
 //! A call of `claim_each` reads candidates in pages instead: a page of keys
