@@ -313,6 +313,39 @@
 //! # }
 //! ```
 //!
+//! # Names
+//!
+//! A worker's span, its events and its claims' metrics carry its name
+//! (`worker`) beside its table: the table's name unless the worker is given
+//! one. Name the workers of one table, so that their lines and metrics are
+//! told apart (see the guide's [tracing](super#tracing) and the `metrics`
+//! module):
+//!
+//! ```
+//! # include!("../doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::StopHandle;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let stop = StopHandle::new();
+//! # let stopper = stop.clone();
+//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+//! // Its lines say worker="mailer" table="orders"; its metrics have both labels.
+//! let report = pending
+//!     .build_claim()
+//!     .worker(&stop)
+//!     .name("mailer")
+//!     .run(&mut conn, |conn, order: Order| {
+//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!         # stopper.stop();
+//!         Ok::<_, diesel_claim::Error>(())
+//!     })?;
+//! assert_eq!(report.processed, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Long jobs
 //!
 //! A job runs in its row's transaction, which holds the row's lock and
