@@ -235,8 +235,7 @@
 //! which holds its rows only while it marks them, so that others meet rows it
 //! marked rather than rows it holds; and a [`page_size`](ClaimBuilder::page_size)
 //! set by the caller, which does not grow. [BENCHMARKS.md](https://github.com/diesel-claim/diesel-claim/blob/main/BENCHMARKS.md)
-//! has the figures, up
-//! to 64 workers.
+//! has the figures, up to 64 workers.
 //!
 //! ## Rows that fail
 //!
@@ -320,8 +319,7 @@
 //! statement each; a row whose batch stamp ran out before its turn, and that
 //! another worker took, is passed over as [gone](ClaimReport::gone));
 //! [`remaining`](crate::Claimed::remaining) says how long is left. It ends
-//! the claim with
-//! [`finish`](crate::Claimed::finish): its changes and `claimed_until =
+//! the claim with [`finish`](crate::Claimed::finish): its changes and `claimed_until =
 //! NULL`, in one statement that applies only while the row still carries
 //! this claim's stamp. [`extend`](crate::Claimed::extend) moves the stamp on
 //! during long work; [`release`](crate::Claimed::release) hands the row
@@ -598,9 +596,10 @@
 //! have targets under `diesel_claim` (`diesel_claim::claim::engine`,
 //! `diesel_claim::lease`, …); a worker's span and events have
 //! `diesel_claim::worker`, so that `RUST_LOG=diesel_claim::worker=info`
-//! shows the workers alone. Events
-//! carry the table and the keys of the rows they are about, so that a line
-//! read alone says what happened.
+//! shows the workers alone. Events carry the table and the keys of the rows
+//! they are about, and a worker's its name (`worker`, by default its table:
+//! see [`name`](crate::ClaimWorker::name)), so that a line read alone says
+//! what happened, and which of two workers of a table it is about.
 //!
 //! A span is printed when it closes, with its fields, only if the
 //! subscriber is asked to: with `tracing-subscriber`'s `fmt`, that is
@@ -632,25 +631,25 @@
 //! |---|---|---|
 //! | `claim` | info (trace when a worker runs it) | `table` (the claimed table, unqualified), `from_head`, `batch`, `max_rows`, `drain`, `keep_going`, `on_locked` (`skip`, `fail`, `wait`), `strength`; when the call ends, the [`ClaimReport`]'s `processed`, `skipped`, `locked`, `gone`, `failed`, `not_reached`, `passes`, and `stopped` (an error ended the call) |
 //! | `batch` | debug (trace in a worker) | `limit` (rows it may take), `taken`, `outcome` (`committed`, `rolled back`); one per transaction that takes rows, inside `claim`; with `mark_and_commit` and a visibility timeout, it ends when the mark or the stamps commit, before the closure runs |
-//! | `worker` | info | `table`, `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
+//! | `worker` | info | `worker` (its name), `table`, `channel`, `min_poll`, `max_poll`; when it stops, `processed` and `failed` in all; around its `claim` spans |
 //! | `lease` | info | `name`, `ttl`, `token` (once acquired), `outcome` (`held by another`, `released`, `lost`, `release failed`): [`with_lease`], [`with_lease_kept_alive`] |
 //! | `acquire_lease`, `renew_lease`, `release_lease` | debug | `name`, `token`, `outcome` (`acquired`, `held by another`, `renewed`, `released`, `lost`); `acquire_lease` also `ttl` |
 //! | `lock` | debug | `table` (the locked table, unqualified), `strength`, `on_locked` (`fail`, `wait`), `rows`, `outcome`: [`with_lock`](LockDsl::with_lock) |
 //!
 //! | event | level |
 //! |---|---|
-//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook): `table`, `keys` (the first ten), `rows`, and in a worker `error` (the closure's, by `Display`) | warn |
+//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook): `table`, `keys` (the first ten), `rows`, and in a worker `worker` and `error` (the closure's, by `Display`) | warn |
 //! | a closure panicked: `panic` (its message); with `keep_going`, the event above follows | warn |
-//! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again: `table`, `error` | warn |
-//! | a worker stops on an error (a closure's, without `keep_going` or a hook; a lost connection, on one connection): `table`, `keys` (the rows rolled back), `error` | warn |
-//! | a worker on a pool lost a connection, or could not check one out, and tries again on another: `table`, `error`, `pause` | warn |
+//! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again: `table`, `worker`, `error` | warn |
+//! | a worker stops on an error (a closure's, without `keep_going` or a hook; a lost connection, on one connection): `table`, `worker`, `keys` (the rows rolled back), `error` | warn |
+//! | a worker on a pool lost a connection, or could not check one out, and tries again on another: `table`, `worker`, `error`, `pause` | warn |
 //! | deadlock detected (the database's message) | warn |
 //! | a kept-alive lease's renewal failed, the lease lost, a renewal still running when the closure ended left to finish: `name`, `token`, `error` (the error, or why the lease was lost) | warn |
 //! | [`retry`] gave up on a transient error: `attempt`, `max_attempts` | warn |
-//! | a worker starts: `table`, `loops`, `channel`, `min_poll`, `max_poll`, `progress_every` | info |
-//! | `worker progress`, every [`progress_interval`](crate::ClaimWorker::progress_interval) (60 s by default): `table`, `processed` and `failed` since the last, `idle` (the time spent waiting for rows, per claim loop), `over` (the time since the last) | info |
-//! | a worker stops: `table`, `why` (`stopped`, `nothing pending`), `processed`, `failed` | info |
-//! | a worker on a pool has a working connection again, after `failures`; its listener listens on `channel` (at the start, and after `failures`) | info |
+//! | a worker starts: `table`, `worker`, `loops`, `channel`, `min_poll`, `max_poll`, `progress_every` | info |
+//! | `worker progress`, every [`progress_interval`](crate::ClaimWorker::progress_interval) (60 s by default): `table`, `worker`, `processed` and `failed` since the last, `idle` (the time spent waiting for rows, per claim loop), `over` (the time since the last) | info |
+//! | a worker stops: `table`, `worker`, `why` (`stopped`, `nothing pending`), `processed`, `failed` | info |
+//! | a worker on a pool has a working connection again, after `failures`; its listener listens on `channel` (at the start, and after `failures`): `table`, `worker` | info |
 //! | lock not available (`nowait`, a lock timeout, SQLite's busy timeout) | info |
 //! | [`retry`] tries again: `attempt`, `max_attempts`, `pause` | debug |
 //! | a version conflict (the error, with both versions); a serialization failure | debug |
@@ -672,31 +671,29 @@
 //! (`tracing::subscriber::with_default`) sees them too.
 //!
 //! A worker's progress line tells an operator that it is alive and what it
-//! did. With the subscriber above and `RUST_LOG=diesel_claim=info`, a
-//! worker leaves lines such as these (span fields cut short):
+//! did. With the subscriber above and `RUST_LOG=diesel_claim=info`, a worker
+//! named `mailer` leaves lines such as these (span fields cut short):
 //!
 //! ```text
-//! INFO worker{table="orders" …}: diesel_claim::worker: a worker starts table="orders" loops=4 channel="orders" …
-//! INFO worker{table="orders" …}: diesel_claim::worker: worker progress table="orders" processed=1520 failed=2 idle=41.3s over=60.002s
-//! WARN worker{table="orders" …}: diesel_claim::claim: a closure failed: its rows are rolled back and passed over table="orders" keys=[1207] rows=1 error=no mail server
-//! INFO worker{table="orders" …}: diesel_claim::worker: a worker stops table="orders" why="stopped" processed=90411 failed=17
+//! INFO worker{worker="mailer" table="orders" …}: diesel_claim::worker: a worker starts table="orders" worker="mailer" loops=4 channel="orders" …
+//! INFO worker{worker="mailer" table="orders" …}: diesel_claim::worker: worker progress table="orders" worker="mailer" processed=1520 failed=2 idle=41.3s over=60.002s
+//! WARN worker{worker="mailer" table="orders" …}: diesel_claim::claim: a closure failed: its rows are rolled back and passed over table="orders" worker="mailer" keys=[1207] rows=1 error=no mail server
+//! INFO worker{worker="mailer" table="orders" …}: diesel_claim::worker: a worker stops table="orders" worker="mailer" why="stopped" processed=90411 failed=17
 //! ```
 //!
 //! Counters and histograms of the same (rows processed, failed, gone and
-//! locked; claim, batch and pickup times, per table) come with the `metrics`
-//! feature, through the `metrics` facade: see the `metrics` module.
+//! locked; claim, batch and pickup times, per table and worker) come with the
+//! `metrics` feature, through the `metrics` facade: see the `metrics` module.
 
+#![allow(unused_imports)]
 pub mod job_service;
 pub mod workers;
 
-// What the guide's links name.
+// What the guide's links name (used by its docs alone).
 #[cfg(feature = "postgres_backend")]
-#[allow(unused_imports)]
 use crate::advisory;
 #[cfg(feature = "migrations")]
-#[allow(unused_imports)]
 use crate::migrations;
-#[allow(unused_imports)]
 use crate::{
     is_transient, retry, with_lease, with_lease_kept_alive, ClaimBuilder, ClaimDsl, ClaimReport,
     Error, KeptLease, Lease, LockBuilder, LockDsl, Transient, VersionedDsl, VersionedUpdate,

@@ -14,9 +14,13 @@
 //! | `diesel_claim_pickup_latency_seconds` | histogram | from the time a row became runnable to the time its closure started, as the application reports it with [`record_pickup`] |
 //!
 //! Every metric has the label `table`: the claimed table's name,
-//! unqualified, as the `tracing` events show it. Counters move as each batch
-//! ends, so a long drain is seen as it goes; `locked` is counted when the
-//! call ends, once the rows it found locked were tried again.
+//! unqualified, as the `tracing` events show it. Those of a worker's claims
+//! have the label `worker` too: its [name](crate::ClaimWorker::name), by
+//! default its table's, so that two workers of one table are told apart
+//! (the pickup latency, which the application records, has the table
+//! alone). Counters move as each batch ends, so a long drain is seen as it
+//! goes; `locked` is counted when the call ends, once the rows it found
+//! locked were tried again.
 //!
 //! Call [`describe`] once, after installing the recorder, for the metrics'
 //! units and descriptions (exporters show them as help text).
@@ -151,8 +155,10 @@ pub(crate) struct ClaimMetrics {
 }
 
 impl ClaimMetrics {
-    pub(crate) fn new(table: &str) -> Self {
-        let labels = [("table", table.to_owned())];
+    /// The metrics of a claim on `table`, run by the `worker` named, if any.
+    pub(crate) fn new(table: &str, worker: Option<&str>) -> Self {
+        let mut labels = vec![("table", table.to_owned())];
+        labels.extend(worker.map(|worker| ("worker", worker.to_owned())));
         ClaimMetrics {
             processed: counter!(ROWS_PROCESSED, &labels),
             failed: counter!(ROWS_FAILED, &labels),

@@ -9,7 +9,7 @@ use crate::claim::report::Counts;
 pub(crate) struct ClaimMetrics;
 
 impl ClaimMetrics {
-    pub(crate) fn new(_table: &str) -> Self {
+    pub(crate) fn new(_table: &str, _worker: Option<&str>) -> Self {
         ClaimMetrics
     }
 

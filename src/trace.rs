@@ -7,12 +7,13 @@
 //! module's path (`diesel_claim::claim`, `diesel_claim::lease`, …); the guide
 //! lists them (`guide#tracing`). The few events whose values nothing else
 //! uses are functions here, so that nothing is left unused without the feature,
-//! and so are a worker's events ([`WorkerTrace`]): its table, its progress
-//! since it last reported, and what became of its connections. Those name
-//! the target of what they are about, not this module's.
+//! and so are a worker's events ([`WorkerTrace`]): its table and its name,
+//! its progress since it last reported, and what became of its connections.
+//! Those name the target of what they are about, not this module's.
 //!
-//! Events name the table and the keys of the rows they are about, so that a
-//! line read on its own, without the spans around it, says what happened.
+//! Events name the table and the keys of the rows they are about (and a
+//! worker's, the worker), so that a line read on its own, without the spans
+//! around it, says what happened.
 
 #[cfg(feature = "tracing")]
 mod enabled {
@@ -33,6 +34,8 @@ mod enabled {
     use std::fmt::{self, Debug, Display};
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
+
+    use crate::claim::worker::Labels;
 
     /// The targets of the events made here rather than where they happen:
     /// the module a user filters on for them, not this one's.
@@ -81,11 +84,18 @@ mod enabled {
     }
 
     /// A closure failed on the rows at `keys` of `table`, which the call
-    /// passes over; `error` is the closure's, where its type can show it.
-    pub(crate) fn passed_over<K: Debug>(table: &str, keys: &[K], error: Option<&dyn Display>) {
+    /// (of the `worker` named, if a worker's) passes over; `error` is the
+    /// closure's, where its type can show it.
+    pub(crate) fn passed_over<K: Debug>(
+        table: &str,
+        worker: Option<&str>,
+        keys: &[K],
+        error: Option<&dyn Display>,
+    ) {
         tracing::warn!(
             target: CLAIM,
             table,
+            worker,
             keys = %KeyList(keys),
             rows = keys.len(),
             error = error.map(tracing::field::display),
@@ -127,11 +137,12 @@ mod enabled {
         }
     }
 
-    /// A worker's events: its table on every one, and its progress, reported
-    /// at `info` every `every` (rows processed and failed, time idle) by
-    /// whichever of its loops notices the interval has passed.
+    /// A worker's events: its table and its name on every one, and its
+    /// progress, reported at `info` every `every` (rows processed and failed,
+    /// time idle) by whichever of its loops notices the interval has passed.
     pub(crate) struct WorkerTrace {
         table: String,
+        worker: String,
         every: Duration,
         loops: u32,
         interval: Mutex<Interval>,
@@ -147,11 +158,12 @@ mod enabled {
     }
 
     impl WorkerTrace {
-        /// The events of a worker on `table` with `loops` claim loops,
-        /// reporting its progress every `every`.
-        pub(crate) fn new(table: String, every: Duration, loops: usize) -> Self {
+        /// The events of a worker (its table, its name) with `loops` claim
+        /// loops, reporting its progress every `every`.
+        pub(crate) fn new(labels: Labels, every: Duration, loops: usize) -> Self {
             WorkerTrace {
-                table,
+                table: labels.table,
+                worker: labels.name,
                 every,
                 loops: u32::try_from(loops.max(1)).unwrap_or(u32::MAX),
                 interval: Mutex::new(Interval {
@@ -172,6 +184,7 @@ mod enabled {
             tracing::info!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 loops = self.loops,
                 channel,
                 ?min_poll,
@@ -214,6 +227,7 @@ mod enabled {
             tracing::info!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 processed = interval.processed,
                 failed = interval.failed,
                 idle = ?Rounded(idle),
@@ -231,7 +245,7 @@ mod enabled {
         /// A closure failed on the rows at `keys`, which the worker passes
         /// over (`keep_going`, a failure hook) and backs off from.
         pub(crate) fn passed_over<K: Debug>(&self, keys: &[K], error: &dyn Display) {
-            passed_over(&self.table, keys, Some(error));
+            passed_over(&self.table, Some(&self.worker), keys, Some(error));
         }
 
         /// A claim was rolled back by a deadlock or a serialization failure of
@@ -240,6 +254,7 @@ mod enabled {
             tracing::warn!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 %error,
                 "a claim was rolled back by a deadlock or a serialization failure: running it again"
             );
@@ -251,6 +266,7 @@ mod enabled {
             tracing::info!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 why,
                 processed,
                 failed,
@@ -264,6 +280,7 @@ mod enabled {
             tracing::warn!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 keys = %KeyList(keys),
                 %error,
                 "a worker stops on an error"
@@ -291,6 +308,7 @@ mod enabled {
             tracing::error!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 keys = %KeyList(keys),
                 %error,
                 "a job outlived its transaction's idle bound: its work was rolled back, its row \
@@ -306,6 +324,7 @@ mod enabled {
             tracing::warn!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 keys = %KeyList(keys),
                 %error,
                 "the failure of a job whose session ended under it could not be recorded"
@@ -318,6 +337,7 @@ mod enabled {
             tracing::warn!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 %error,
                 ?pause,
                 "{what}: trying again on another connection"
@@ -330,6 +350,7 @@ mod enabled {
             tracing::info!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 failures,
                 "a worker's claims have a working connection again"
             );
@@ -341,6 +362,7 @@ mod enabled {
             tracing::info!(
                 target: WORKER,
                 table = self.table,
+                worker = self.worker,
                 channel,
                 failures,
                 "a worker listens for notifications"
@@ -468,6 +490,8 @@ mod disabled {
     use std::fmt::{Debug, Display};
     use std::time::Duration;
 
+    use crate::claim::worker::Labels;
+
     pub(crate) fn moved_row(_again: u32) {}
 
     pub(crate) fn renewal_failed(_name: &str, _token: i64, _error: &dyn std::fmt::Display) {}
@@ -476,7 +500,13 @@ mod disabled {
 
     pub(crate) fn renewal_abandoned(_name: &str, _token: i64) {}
 
-    pub(crate) fn passed_over<K: Debug>(_table: &str, _keys: &[K], _error: Option<&dyn Display>) {}
+    pub(crate) fn passed_over<K: Debug>(
+        _table: &str,
+        _worker: Option<&str>,
+        _keys: &[K],
+        _error: Option<&dyn Display>,
+    ) {
+    }
 
     pub(crate) fn dead_letter<K: Debug>(_table: &str, _key: &K, _attempts: u32) {}
 
@@ -484,7 +514,7 @@ mod disabled {
     pub(crate) struct WorkerTrace;
 
     impl WorkerTrace {
-        pub(crate) fn new(_table: String, _every: Duration, _loops: usize) -> Self {
+        pub(crate) fn new(_labels: Labels, _every: Duration, _loops: usize) -> Self {
             WorkerTrace
         }
 

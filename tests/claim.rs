@@ -91,6 +91,49 @@ fn begins(log: &StatementLog) -> usize {
     log.entries().iter().filter(begin).count()
 }
 
+/// The reads of rows a connection sent since it was last asked (page reads
+/// and takes, not the closures' reads by key), from their `FROM` on,
+/// without their binds.
+fn reads_since(log: &StatementLog) -> Vec<String> {
+    let entries = std::mem::take(&mut *log.0.lock().unwrap());
+    entries
+        .iter()
+        .filter_map(|entry| entry.strip_prefix("query: SELECT "))
+        .filter(|statement| statement.contains(" LIMIT "))
+        .map(|statement| {
+            let sql = statement.split(" -- binds: ").next().unwrap_or_default();
+            sql[sql.find("FROM ").unwrap_or(0)..].to_owned()
+        })
+        .collect()
+}
+
+/// `statement`, written as PostgreSQL gets it, as `backend` gets it: SQLite
+/// and MySQL bind `?` and quote names with backquotes (as Diesel writes
+/// them); MySQL locks `FOR UPDATE`, without `OF`; SQLite has no row locks.
+fn as_sent_to(backend: &str, statement: &str) -> String {
+    if backend == "pg" {
+        return statement.to_owned();
+    }
+    let mut sql = String::with_capacity(statement.len());
+    let mut chars = statement.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '$' {
+            sql.push(c);
+            continue;
+        }
+        while chars.next_if(char::is_ascii_digit).is_some() {}
+        sql.push('?');
+    }
+    let locking = sql
+        .find(" FOR NO KEY UPDATE OF ")
+        .map(|at| sql.split_off(at));
+    let sql = sql.replace('"', "`");
+    match locking {
+        Some(_) if backend == "mysql" => sql + " FOR UPDATE SKIP LOCKED",
+        _ => sql,
+    }
+}
+
 on_every_backend! {
     /// Inserts `count` shipped orders whose email is not sent yet.
     pub fn insert_pending(conn: &mut Conn, count: usize) {
@@ -391,6 +434,95 @@ on_every_backend! {
         let entries = log.entries();
         assert_eq!(entries.len(), 1, "{entries:#?}");
         assert!(entries[0].starts_with("query: SELECT"), "{entries:#?}");
+    }
+
+    /// The statements as this backend gets them: a take orders by the
+    /// query's order, then by the key's columns that order leaves tied, each
+    /// column once (a key column among the order's terms is not repeated
+    /// after them, whichever its direction); a take or a page from the head
+    /// of the query adds nothing to its filter, and one past a position adds
+    /// the range. Plain, ordered and composite-key queries, from a worker's
+    /// takes and from a call's pages.
+    #[test]
+    fn statements_order_by_each_column_once_and_add_no_empty_condition() {
+        let (_db, pool) = test_db(1);
+        let mut pooled = pool.get().unwrap();
+        let conn: &mut Conn = &mut pooled;
+        let log = StatementLog::default();
+        conn.set_instrumentation(log.clone());
+        let stop = diesel_claim::StopHandle::new();
+        let work = |conn: &mut Conn, job: Job| finish_job(conn, &job);
+        let pack = |conn: &mut Conn, line: OrderLine| {
+            diesel::update(&line).set(order_lines::packed.eq(true)).execute(conn).map(drop)
+        };
+        let jobs_left = |conn: &mut Conn| {
+            diesel::delete(jobs::table).execute(conn).unwrap();
+            insert_jobs(conn, 3);
+            let _ = reads_since(&log);
+        };
+        let lines_left = |conn: &mut Conn| {
+            diesel::delete(order_lines::table).execute(conn).unwrap();
+            let rows: Vec<_> = (1..=3).map(|line| (order_lines::order_id.eq(1), order_lines::line_no.eq(line))).collect();
+            diesel::insert_into(order_lines::table).values(&rows).execute(conn).unwrap();
+            let _ = reads_since(&log);
+        };
+        let pending = || jobs::table.filter(jobs::done.eq(false)).select(Job::as_select());
+        let unpacked = || order_lines::table.filter(order_lines::packed.eq(false)).select(OrderLine::as_select());
+        let mut first_takes = Vec::new();
+        macro_rules! first_take {
+            ($reset:ident, $queue:expr, $work:expr) => {{
+                $reset(conn);
+                $queue.build_claim().worker(&stop).stop_when_empty().run(conn, $work).unwrap();
+                first_takes.push(reads_since(&log).remove(0));
+            }};
+        }
+        first_take!(jobs_left, pending(), work);
+        first_take!(jobs_left, pending().order(jobs::priority.desc()), work);
+        first_take!(jobs_left, pending().order(jobs::id), work);
+        first_take!(jobs_left, pending().order(jobs::id.desc()), work);
+        first_take!(jobs_left, pending().order((jobs::priority.desc(), jobs::id.desc())), work);
+        first_take!(lines_left, unpacked(), pack);
+        first_take!(lines_left, unpacked().order(order_lines::order_id.desc()), pack);
+        first_take!(lines_left, unpacked().order((order_lines::line_no, order_lines::order_id)), pack);
+        let take = |order: &str| {
+            let table = if order.contains("order_lines") { "order_lines" } else { "jobs" };
+            let filter = if table == "jobs" { r#"("jobs"."done" = $1)"# } else { r#"("order_lines"."packed" = $1)"# };
+            as_sent_to(
+                BACKEND,
+                &format!(r#"FROM "{table}" WHERE {filter} ORDER BY {order} LIMIT $2 FOR NO KEY UPDATE OF "{table}" SKIP LOCKED"#),
+            )
+        };
+        let expected = [
+            take(r#""jobs"."id""#),
+            take(r#""jobs"."priority" DESC, "jobs"."id""#),
+            take(r#""jobs"."id" ASC"#),
+            take(r#""jobs"."id" DESC"#),
+            take(r#""jobs"."priority" DESC, "jobs"."id" DESC"#),
+            take(r#""order_lines"."order_id", "order_lines"."line_no""#),
+            take(r#""order_lines"."order_id" DESC, "order_lines"."line_no""#),
+            take(r#""order_lines"."line_no" ASC, "order_lines"."order_id" ASC"#),
+        ];
+        assert_eq!(first_takes, expected);
+
+        // A call in pages of two: the first page from the head, a take within
+        // it (from its first row through its last), and the next page, past
+        // it.
+        jobs_left(conn);
+        pending().order(jobs::priority.desc()).build_claim().page_size(2).each(conn, work).unwrap();
+        let reads = reads_since(&log);
+        let order = r#"ORDER BY "jobs"."priority" DESC, "jobs"."id""#;
+        let from = r#"("jobs"."priority" <= $2 AND ("jobs"."priority" < $3 OR "jobs"."id" >= $4))"#;
+        let through = r#"("jobs"."priority" >= $5 AND ("jobs"."priority" > $6 OR "jobs"."id" <= $7))"#;
+        let past = r#"("jobs"."priority" <= $2 AND ("jobs"."priority" < $3 OR "jobs"."id" > $4))"#;
+        let expected = [
+            format!(r#"FROM "jobs" WHERE ("jobs"."done" = $1) {order} LIMIT $2"#),
+            format!(
+                r#"FROM "jobs" WHERE (("jobs"."done" = $1) AND ({from} AND {through})) {order} LIMIT $8 FOR NO KEY UPDATE OF "jobs" SKIP LOCKED"#
+            ),
+            format!(r#"FROM "jobs" WHERE (("jobs"."done" = $1) AND ({past})) {order} LIMIT $5"#),
+        ];
+        let expected = expected.map(|statement| as_sent_to(BACKEND, &statement));
+        assert_eq!([&reads[0], &reads[1], &reads[3]], expected.each_ref(), "{reads:#?}");
     }
 
     /// Workers claiming the same queue in priority order, per row, in

@@ -42,35 +42,61 @@ impl Recorded {
         }
     }
 
-    /// A counter's value; it is labelled with the table `orders`.
-    pub(crate) fn counter(&self, name: &str) -> u64 {
-        let metric = self.the(name);
-        assert_eq!(metric.kind, MetricKind::Counter, "{metric:?}");
-        assert_eq!(
-            metric.labels,
-            [("table".to_owned(), "orders".to_owned())],
-            "{metric:?}"
-        );
-        match metric.value {
-            DebugValue::Counter(value) => value,
-            ref other => panic!("{name}: {other:?}"),
+    /// The metric `name` labelled with the table `orders` alone, or, of a
+    /// worker's claims, with the table and the worker's name.
+    fn labelled(&self, name: &str, worker: Option<&str>) -> &Metric {
+        let mut labels = vec![("table".to_owned(), "orders".to_owned())];
+        labels.extend(worker.map(|worker| ("worker".to_owned(), worker.to_owned())));
+        match &self
+            .0
+            .iter()
+            .filter(|metric| metric.name == name && metric.labels == labels)
+            .collect::<Vec<_>>()[..]
+        {
+            [metric] => metric,
+            metrics => panic!(
+                "{} `{name}` metrics labelled {labels:?}: {:#?}",
+                metrics.len(),
+                self.0
+            ),
         }
     }
 
-    /// A histogram's samples, in seconds; it is labelled with the table
-    /// `orders`.
+    /// A counter's value, of a claim on the table `orders`.
+    pub(crate) fn counter(&self, name: &str) -> u64 {
+        counted(self.labelled(name, None))
+    }
+
+    /// A counter's value, of the claims of the worker `worker` on `orders`.
+    pub(crate) fn worker_counter(&self, name: &str, worker: &str) -> u64 {
+        counted(self.labelled(name, Some(worker)))
+    }
+
+    /// A histogram's samples, in seconds, of a claim on the table `orders`.
     pub(crate) fn samples(&self, name: &str) -> Vec<f64> {
-        let metric = self.the(name);
-        assert_eq!(metric.kind, MetricKind::Histogram, "{metric:?}");
-        assert_eq!(
-            metric.labels,
-            [("table".to_owned(), "orders".to_owned())],
-            "{metric:?}"
-        );
-        match &metric.value {
-            DebugValue::Histogram(samples) => samples.iter().map(|sample| sample.0).collect(),
-            other => panic!("{name}: {other:?}"),
+        sampled(self.labelled(name, None))
+    }
+
+    /// A histogram's samples, in seconds, of the claims of the worker
+    /// `worker` on `orders`.
+    pub(crate) fn worker_samples(&self, name: &str, worker: &str) -> Vec<f64> {
+        sampled(self.labelled(name, Some(worker)))
+    }
+}
+
+fn counted(metric: &Metric) -> u64 {
+    match (&metric.kind, &metric.value) {
+        (MetricKind::Counter, DebugValue::Counter(value)) => *value,
+        _ => panic!("not a counter: {metric:?}"),
+    }
+}
+
+fn sampled(metric: &Metric) -> Vec<f64> {
+    match (&metric.kind, &metric.value) {
+        (MetricKind::Histogram, DebugValue::Histogram(samples)) => {
+            samples.iter().map(|sample| sample.0).collect()
         }
+        _ => panic!("not a histogram: {metric:?}"),
     }
 }
 
@@ -222,8 +248,9 @@ on_every_backend! {
         assert_eq!(recorded.counter(TIMED_OUT), 1);
     }
 
-    /// A worker's claims count as any claim's, but those that found nothing
-    /// (its polls) are not timed.
+    /// A worker's claims count as any claim's, labelled with its name (by
+    /// default its table's), but those that found nothing (its polls) are
+    /// not timed.
     #[test]
     fn a_worker_times_the_claims_that_took_rows_alone() {
         let (_db, pool) = test_db(1);
@@ -247,10 +274,41 @@ on_every_backend! {
             })
         });
         assert_eq!(report.processed, 3);
-        assert_eq!(recorded.counter(PROCESSED), 3);
-        assert_eq!(recorded.samples(BATCH_DURATION).len(), 3);
-        let claims = recorded.samples(CLAIM_DURATION);
+        assert_eq!(recorded.worker_counter(PROCESSED, "orders"), 3);
+        assert_eq!(recorded.worker_samples(BATCH_DURATION, "orders").len(), 3);
+        let claims = recorded.worker_samples(CLAIM_DURATION, "orders");
         assert!((1..=3).contains(&claims.len()), "{claims:?}");
+    }
+
+    /// Two workers of one table, named, are told apart by the label
+    /// `worker` of their metrics.
+    #[test]
+    fn two_workers_of_one_table_are_told_apart_by_their_names() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let stop = StopHandle::new();
+        let ((), recorded) = measured(|| {
+            for (name, rows) in [("mailer", 3), ("reporter", 2)] {
+                insert_pending(&mut conn, rows);
+                let report = pending()
+                    .build_claim()
+                    .worker(&stop)
+                    .name(name)
+                    .stop_when_empty()
+                    .run(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, order.id)?))
+                    .unwrap();
+                assert_eq!(report.processed, rows as u64);
+            }
+        });
+        for (name, rows) in [("mailer", 3), ("reporter", 2)] {
+            assert_eq!(recorded.worker_counter(PROCESSED, name), rows, "{name}");
+            assert_eq!(recorded.worker_samples(BATCH_DURATION, name).len(), rows as usize, "{name}");
+        }
+        // No claim of theirs is counted without its worker's name.
+        assert!(
+            recorded.0.iter().all(|metric| metric.labels.iter().any(|(label, _)| label == "worker")),
+            "{recorded:#?}"
+        );
     }
 }
 

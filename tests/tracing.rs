@@ -396,8 +396,9 @@ on_every_backend! {
         assert_eq!(released.fields["outcome"], "released");
     }
 
-    /// A worker is one span at info level, with its table and totals; the
-    /// claims it runs over and over are spans inside it, at trace level.
+    /// A worker is one span at info level, with its name (by default its
+    /// table's), its table and its totals; the claims it runs over and over
+    /// are spans inside it, at trace level.
     #[test]
     fn a_worker_is_an_info_span_around_trace_claims() {
         let (_db, pool) = test_db(1);
@@ -422,6 +423,7 @@ on_every_backend! {
         let worker = seen.the_span("worker");
         assert_eq!((worker.level, worker.target), (Level::INFO, "diesel_claim::worker"));
         assert_eq!(worker.fields["table"], "orders");
+        assert_eq!(worker.fields["worker"], "orders");
         assert_eq!(worker.fields["processed"], "3");
         let claims = seen.spans("claim");
         assert!(!claims.is_empty());
@@ -435,7 +437,7 @@ on_every_backend! {
 
     /// A worker says when it starts and stops, shows a failed row's table,
     /// key and error, and reports its progress at info level every
-    /// `progress_interval`.
+    /// `progress_interval`, each event with the worker's name.
     #[test]
     fn a_worker_reports_its_failures_with_their_errors_and_its_progress() {
         let (_db, pool) = test_db(1);
@@ -453,6 +455,7 @@ on_every_backend! {
                     .build_claim()
                     .keep_going()
                     .worker(&stop)
+                    .name("mailer")
                     .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
                     .progress_interval(Duration::from_millis(40))
                     .run(&mut conn, |conn, order: Order| {
@@ -504,6 +507,62 @@ on_every_backend! {
         assert_eq!((processed, failed), (2, 1), "{progress:#?}");
         // Its last lines find it idle: the rows took a few milliseconds.
         assert!(progress.last().unwrap().fields["idle"] != "0ns", "{progress:#?}");
+        // Every line of the worker's says which worker it is, the failed
+        // row's too.
+        let worker_lines: Vec<_> = seen
+            .events
+            .iter()
+            .filter(|event| event.target == "diesel_claim::worker" || event.level == Level::WARN)
+            .collect();
+        assert!(worker_lines.len() >= 5, "{worker_lines:#?}");
+        for event in worker_lines {
+            assert_eq!(event.fields.get("worker").map(String::as_str), Some("mailer"), "{event:#?}");
+        }
+        assert_eq!(seen.the_span("worker").fields["worker"], "mailer");
+    }
+
+    /// Two workers of one table, named, are told apart: each one's span and
+    /// events carry its name, failed rows' included.
+    #[test]
+    fn two_workers_of_one_table_are_told_apart_by_their_names() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        let stop = diesel_claim::StopHandle::new();
+        let ((), seen) = traced(|| {
+            for name in ["mailer", "reporter"] {
+                // Two orders of its own: the other worker's failed one is sent.
+                diesel::update(orders::table).set(orders::email_sent.eq(true)).execute(&mut conn).unwrap();
+                insert_pending(&mut conn, 2);
+                let report = pending()
+                    .build_claim()
+                    .keep_going()
+                    .worker(&stop)
+                    .name(name)
+                    .stop_when_empty()
+                    .run(&mut conn, |conn, order: Order| {
+                        if order.id % 2 == 0 {
+                            return Err(Error::InvalidArgument(format!("order {} is bad", order.id)));
+                        }
+                        Ok::<_, Error>(mark_sent(conn, &order)?)
+                    })
+                    .unwrap();
+                assert_eq!((report.processed, report.failed), (1, 1), "{name}");
+            }
+        });
+        let named = |events: Vec<&EventSeen>| -> Vec<String> {
+            events.iter().map(|event| event.fields["worker"].clone()).collect()
+        };
+        let workers: Vec<&str> = seen.spans("worker").iter().map(|span| span.fields["worker"].as_str()).collect();
+        assert_eq!(workers, ["mailer", "reporter"]);
+        assert_eq!(named(seen.saying("a worker starts")), ["mailer", "reporter"]);
+        assert_eq!(named(seen.saying("a worker stops")), ["mailer", "reporter"]);
+        let failed = seen.saying("a closure failed: its rows are rolled back and passed over");
+        assert_eq!(named(failed.clone()), ["mailer", "reporter"]);
+        let keys: Vec<&str> = failed.iter().map(|event| event.fields["keys"].as_str()).collect();
+        assert_eq!(keys, ["[2]", "[4]"]);
+        for event in seen.saying("a worker stops") {
+            assert_eq!((event.fields["table"].as_str(), event.fields["processed"].as_str()), ("orders", "1"));
+        }
     }
 
     /// A worker whose closure fails without `keep_going` stops, and says
@@ -525,6 +584,7 @@ on_every_backend! {
         assert_eq!(stopped.len(), 1, "{:#?}", seen.events);
         assert_eq!(stopped[0].level, Level::WARN);
         assert_eq!(stopped[0].fields["table"], "orders");
+        assert_eq!(stopped[0].fields["worker"], "orders");
         assert_eq!(stopped[0].fields["keys"], "[1]");
         assert_eq!(stopped[0].fields["error"], "invalid argument: no mail server");
     }
@@ -843,6 +903,7 @@ mod pooled_pg {
                 pending()
                     .build_claim()
                     .worker(&stop)
+                    .name("mailer")
                     .listen("orders")
                     .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
                     .run_pooled(&pool, |conn: &mut PgConnection, order: Order| {
@@ -855,6 +916,25 @@ mod pooled_pg {
             })
         });
         assert_eq!(report.processed, 1, "{report:?}");
+        // The loop's and the listener's threads, too, say which worker they
+        // are, in every line of the worker's.
+        let worker_lines: Vec<_> = seen
+            .events
+            .iter()
+            .filter(|event| event.target == "diesel_claim::worker")
+            .collect();
+        assert!(
+            worker_lines.iter().any(|event| event.level == Level::WARN),
+            "{:#?}",
+            seen.events
+        );
+        for event in worker_lines {
+            assert_eq!(
+                event.fields.get("worker").map(String::as_str),
+                Some("mailer"),
+                "{event:#?}"
+            );
+        }
 
         let listening = seen.saying("a worker listens for notifications");
         assert!(listening.len() >= 2, "{:#?}", seen.events);
@@ -863,9 +943,10 @@ mod pooled_pg {
             assert_eq!(
                 (
                     event.fields["table"].as_str(),
+                    event.fields["worker"].as_str(),
                     event.fields["channel"].as_str()
                 ),
-                ("orders", "orders")
+                ("orders", "mailer", "orders")
             );
         }
         assert_eq!(listening[0].fields["failures"], "0");

@@ -251,6 +251,7 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
         }
         let table = T::table_name();
         let span = claim.span(&table);
+        let worker = claim.in_worker().then(|| self.options.worker_name(&table));
         let began = Instant::now();
         let mut driver = Driver {
             claim: &mut claim,
@@ -261,7 +262,7 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             failed: Vec::new(),
             transient: false,
             backoff: left_out.backoff.as_deref(),
-            metrics: ClaimMetrics::new(&table),
+            metrics: ClaimMetrics::new(&table, worker.as_deref()),
         };
         let stopped = driver.run(conn, f).instrument(span.clone()).await.err();
         let (failed, transient, mut metrics) = (driver.failed, driver.transient, driver.metrics);

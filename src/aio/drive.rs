@@ -434,7 +434,7 @@ where
         C: AsyncConnection,
     {
         if !self.claim.in_worker() {
-            trace::passed_over(&T::table_name(), keys, None);
+            trace::passed_over(&T::table_name(), None, keys, None);
         }
         self.claim
             .failed(keys.iter().cloned().map(Position::of_key).collect());

@@ -24,7 +24,7 @@ use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
 use crate::claim::siblings::{Sibling, Siblings};
 use crate::claim::worker::on_a_pool::{summed, Reconnect, Shared};
-use crate::claim::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
+use crate::claim::worker::{tally, Backoff, ClaimPerLoop, Labels, LeftOut, Polling};
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
@@ -246,10 +246,10 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     {
         async move {
             let ClaimWorker { claim, polling } = self;
-            let table = T::table_name();
-            let span = polling.span(&table);
+            let labels = claim.options.worker_labels(T::table_name());
+            let span = polling.span(&labels);
             polling.check(true)?;
-            let events = span.in_scope(|| polling.events(table));
+            let events = span.in_scope(|| polling.events(labels));
             let worker = Arc::new(PooledWorker {
                 shared: Shared::new(&polling),
                 backoff: Backoff::new(polling.backoff),
@@ -406,7 +406,8 @@ impl<PP, K> PooledWorker<PP, K> {
         let mut total = ClaimReport::default();
         let mut pause = polling.min_poll;
         let mut reconnect = Reconnect::new();
-        let mut metrics = ClaimMetrics::new(&once.table());
+        let Labels { table, name } = once.labels();
+        let mut metrics = ClaimMetrics::new(&table, Some(&name));
         // Rows a session ended under, whose failure is yet to be recorded.
         let mut unrecorded: Option<(Vec<K>, BoundFired)> = None;
         // Takes steer around the other loops' batches, but the last claim of a

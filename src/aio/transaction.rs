@@ -12,8 +12,27 @@ use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
 
 use super::backend::AsyncBackend;
+use crate::claim::Options;
 use crate::locking::IdleBound;
 use crate::{trace, Error};
+
+impl Options {
+    /// The idle bound of the claim's transactions on diesel-async: the one
+    /// chosen; else 30 s above the claim's timeout; else none for a worker,
+    /// whose jobs may run for as long as they take (a bound below a job
+    /// ends its session while it runs, and another worker starts it again);
+    /// else the default, [`IDLE_TRANSACTION_BOUND`](crate::aio::IDLE_TRANSACTION_BOUND).
+    pub(crate) fn idle_bound(&self) -> IdleBound {
+        if let Some(chosen) = self.lock.chosen_bound() {
+            return chosen;
+        }
+        match self.timeout {
+            Some(timeout) => IdleBound(Some(timeout + super::IDLE_TRANSACTION_BOUND)),
+            None if self.in_worker => IdleBound(None),
+            None => IdleBound::default(),
+        }
+    }
+}
 
 /// How many transactions deep the connection is.
 pub(crate) fn transaction_depth<C: AsyncConnection>(conn: &mut C) -> Result<u32, Error> {

@@ -20,7 +20,7 @@ use super::pooled::{BoundFired, FailsWith};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
-use crate::claim::worker::{tally, Backoff, LeftOut, Polling, NOTHING_PENDING, STOPPED};
+use crate::claim::worker::{tally, Backoff, Labels, LeftOut, Polling, NOTHING_PENDING, STOPPED};
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, RowFailure, StopHandle};
 
@@ -79,8 +79,9 @@ pub(super) trait ClaimOnce<C>: Send {
     type Key: Clone + Eq + Hash + Debug + Send;
     type Error;
 
-    /// The claimed table, for the worker's events.
-    fn table(&self) -> String;
+    /// The claimed table and the worker's name, for the worker's events and
+    /// metrics.
+    fn labels(&self) -> Labels;
 
     fn claim_once<'c>(
         &'c mut self,
@@ -130,8 +131,8 @@ where
     type Key = T::Key;
     type Error = E;
 
-    fn table(&self) -> String {
-        T::table_name()
+    fn labels(&self) -> Labels {
+        self.claim.options.worker_labels(T::table_name())
     }
 
     fn claim_once<'c>(
@@ -176,12 +177,12 @@ where
     K: Clone + Eq + Hash + Debug + Send,
     E: From<Error> + Display + 'static,
 {
-    let table = once.table();
-    let span = polling.span(&table);
+    let labels = once.labels();
+    let span = polling.span(&labels);
     let totals = span.clone();
     let worked = async {
         polling.check(false)?;
-        let events = polling.events(table);
+        let events = polling.events(labels);
         let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
         let worked: Result<(ClaimReport, &str), RowFailure<K, E>> = async {
             if let Some(channel) = &polling.channel {

@@ -136,6 +136,7 @@ impl<Q, M> ClaimBuilder<Q, M> {
                 keep_going: false,
                 stop: None,
                 in_worker: false,
+                worker: None,
                 failed_again: false,
                 retry_schedule: false,
                 timeout: None,

@@ -26,7 +26,9 @@ pub struct Options {
     pub(super) stop: Option<StopHandle>,
     /// Run by a worker, over and over (its spans are quieter, and it takes
     /// from the head unless told otherwise).
-    pub(super) in_worker: bool,
+    pub(crate) in_worker: bool,
+    /// The name given to that worker ([`ClaimWorker::name`](super::ClaimWorker::name)), if any.
+    pub(crate) worker: Option<String>,
     /// A row whose closure failed may be taken again in the same run: a
     /// worker without a backoff of its own.
     pub(crate) failed_again: bool,
@@ -115,26 +117,6 @@ impl Options {
             failed_again: self.failed_again,
             from_head,
         }))
-    }
-}
-
-impl Options {
-    /// The idle bound of the claim's transactions on diesel-async: the one
-    /// chosen; else 30 s above the claim's timeout; else none for a worker,
-    /// whose jobs may run for as long as they take (a bound below a job
-    /// ends its session while it runs, and another worker starts it again);
-    /// else the default, [`IDLE_TRANSACTION_BOUND`](crate::aio::IDLE_TRANSACTION_BOUND).
-    #[cfg(feature = "async")]
-    pub(crate) fn idle_bound(&self) -> crate::locking::IdleBound {
-        use crate::locking::IdleBound;
-        if let Some(chosen) = self.lock.chosen_bound() {
-            return chosen;
-        }
-        match self.timeout {
-            Some(timeout) => IdleBound(Some(timeout + crate::aio::IDLE_TRANSACTION_BOUND)),
-            None if self.in_worker => IdleBound(None),
-            None => IdleBound::default(),
-        }
     }
 }
 

@@ -85,11 +85,11 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         // retried by another sooner.
         let backoff = Backoff::new(polling.backoff);
         let siblings = Siblings::new(polling.concurrency);
-        let table = T::table_name();
-        let span = polling.span(&table);
+        let labels = claim.options.worker_labels(T::table_name());
+        let span = polling.span(&labels);
         let _entered = span.enter();
         polling.check(true)?;
-        let events = polling.events(table);
+        let events = polling.events(labels);
         let subscriber = &CallersSubscriber::of_this_thread();
         let ended = std::thread::scope(|scope| {
             if let Some(channel) = &polling.channel {

@@ -12,7 +12,7 @@ use diesel::dsl;
 use diesel::prelude::*;
 use diesel::query_builder::{AsQuery, QueryFragment};
 use diesel::query_dsl::methods::ExecuteDsl;
-use diesel::query_dsl::methods::{FilterDsl, LimitDsl, OrderDsl, SelectDsl};
+use diesel::query_dsl::methods::FilterDsl;
 use diesel::query_dsl::LoadQuery;
 
 use crate::backend::strategy::Strategy;
@@ -21,8 +21,9 @@ use crate::locking::LockClause;
 use crate::reusable::Reusable;
 use crate::sql::stamp::{NewStamp, StampMicros, StampType};
 use crate::sql::{
-    lock_target, rendered, ClaimOrder, Delete, IdShape, InList, InRange, KeyRange, KeyShape,
-    KeysIn, Locked, OrderTerms, Position, Positioned, QueryOrder, Returning, SelectWhere, Update,
+    lock_target, rendered, BuildOn, ClaimOrder, Delete, IdShape, InList, InRange, KeyRange,
+    KeyShape, KeysIn, Locked, OrderTerms, Ordered, Position, Positioned, QueryOrder, Ranged,
+    Returning, SelectWhere, Selected, Update,
 };
 use crate::Error;
 
@@ -211,15 +212,16 @@ pub(crate) type PrimaryKey<R> = <<R as HasTable>::Table as Table>::PrimaryKey;
 /// `Q` within a range of positions, in the order `O`, whose key's columns are
 /// `W` (the primary key wrapped for the key predicates) and values `K`.
 pub(crate) type InQuery<Q, O, W, K> = dsl::Filter<Q, InRange<Positioned<O, W>, Position<K>>>;
-type ClaimOrdering<O, Pk, K> = <O as ClaimOrder<Pk, K>>::Ordering;
-type Selection<O, Pk, K> = <O as ClaimOrder<Pk, K>>::Selection;
-pub(crate) type KeysQuery<Q, O, Pk, W, K> = dsl::Limit<
-    dsl::Order<dsl::Select<InQuery<Q, O, W, K>, Selection<O, Pk, K>>, ClaimOrdering<O, Pk, K>>,
->;
+type ClaimOrdering<O, W, K> = <O as ClaimOrder<W, K>>::Ordering;
+type Selection<O, W, K> = <O as ClaimOrder<W, K>>::Selection;
+/// The statement `S` of a claim, on `Q` whole or within a range of positions.
+type Either<S, Q, O, W, K> =
+    Ranged<<S as BuildOn<Q>>::Output, <S as BuildOn<InQuery<Q, O, W, K>>>::Output>;
+pub(crate) type KeysQuery<Q, O, W, K> =
+    Either<Selected<Selection<O, W, K>, ClaimOrdering<O, W, K>>, Q, O, W, K>;
 pub(crate) type LockedKeysQuery<Q, O, Pk, W, K> =
-    dsl::Limit<dsl::Order<dsl::Select<InQuery<Q, O, W, K>, Pk>, ClaimOrdering<O, Pk, K>>>;
-pub(crate) type RowsQuery<Q, O, Pk, W, K> =
-    dsl::Limit<dsl::Order<InQuery<Q, O, W, K>, ClaimOrdering<O, Pk, K>>>;
+    Either<Selected<Pk, ClaimOrdering<O, W, K>>, Q, O, W, K>;
+pub(crate) type RowsQuery<Q, O, W, K> = Either<Ordered<ClaimOrdering<O, W, K>>, Q, O, W, K>;
 pub(crate) type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause;
 /// [`taken_in_one`]: changes `Ch` on the rows at the locked keys `KQ`,
 /// returning `S`.
@@ -253,7 +255,7 @@ where
     Q::Query: FilterDsl<InRange<Positioned<O, Wrapped<R>>, Position<Key<R>>>>,
     Q::Query: AsQuery + QueryFragment<DB>,
     <Q::Query as AsQuery>::Query: QueryOrder<Terms = O>,
-    O: ClaimOrder<Pk, Key<R>, Selection: Expression, Ordering: Expression>,
+    O: ClaimOrder<Wrapped<R>, Key<R>, Selection: Expression, Ordering: Expression>,
     DB: ClaimBackend,
     R: HasTable,
     R::Table: Table<PrimaryKey = Pk>,
@@ -263,21 +265,18 @@ where
     <&'static R as Identifiable>::Id: IdShape,
     Shape<R>: KeyShape<R>,
     Pk: Expression + Copy,
-    InQuery<Q::Query, O, Wrapped<R>, Key<R>>:
-        SelectDsl<O::Selection> + SelectDsl<Pk> + OrderDsl<O::Ordering>,
-    dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, O::Selection>: OrderDsl<O::Ordering>,
-    dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, Pk>: OrderDsl<O::Ordering>,
-    dsl::Order<dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, O::Selection>, O::Ordering>:
-        LimitDsl,
-    dsl::Order<dsl::Select<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, Pk>, O::Ordering>: LimitDsl,
-    dsl::Order<InQuery<Q::Query, O, Wrapped<R>, Key<R>>, O::Ordering>: LimitDsl,
+    Selected<O::Selection, O::Ordering>:
+        BuildOn<Q::Query> + BuildOn<InQuery<Q::Query, O, Wrapped<R>, Key<R>>>,
+    Selected<Pk, O::Ordering>:
+        BuildOn<Q::Query> + BuildOn<InQuery<Q::Query, O, Wrapped<R>, Key<R>>>,
+    Ordered<O::Ordering>: BuildOn<Q::Query> + BuildOn<InQuery<Q::Query, O, Wrapped<R>, Key<R>>>,
 {
     type Key = Key<R>;
     type KeyColumns = Wrapped<R>;
-    type Keys = KeysQuery<Q::Query, O, Pk, Wrapped<R>, Key<R>>;
+    type Keys = KeysQuery<Q::Query, O, Wrapped<R>, Key<R>>;
     type Loaded = O::Loaded;
     type LockedKeys = LockedKeysQuery<Q::Query, O, Pk, Wrapped<R>, Key<R>>;
-    type Rows = RowsQuery<Q::Query, O, Pk, Wrapped<R>, Key<R>>;
+    type Rows = RowsQuery<Q::Query, O, Wrapped<R>, Key<R>>;
     const ORDERED_BY_KEY: bool = O::LEN == 0;
 
     fn claimed_table(&self) -> Result<Option<Arc<str>>, Error> {
@@ -304,10 +303,12 @@ where
     }
 
     fn keys_query(&self, range: KeyRange<Position<Self::Key>>, limit: i64) -> Self::Keys {
-        let key = primary_key::<R>();
-        SelectDsl::select(self.in_range(range), O::selection(key))
-            .order(O::ordering(key))
-            .limit(limit)
+        let key = Self::key_columns();
+        let order = O::ordering(key);
+        self.ranged(range).build(Selected {
+            columns: O::selection(key),
+            rows: Ordered { order, limit },
+        })
     }
 
     fn locked_keys_query(
@@ -315,10 +316,11 @@ where
         range: KeyRange<Position<Self::Key>>,
         limit: i64,
     ) -> Self::LockedKeys {
-        let key = primary_key::<R>();
-        SelectDsl::select(self.in_range(range), key)
-            .order(O::ordering(key))
-            .limit(limit)
+        let order = O::ordering(Self::key_columns());
+        self.ranged(range).build(Selected {
+            columns: primary_key::<R>(),
+            rows: Ordered { order, limit },
+        })
     }
 
     fn rows_query(
@@ -327,20 +329,22 @@ where
         limit: i64,
         lock: &LockClause,
     ) -> Locked<Self::Rows> {
-        let key = primary_key::<R>();
+        let order = O::ordering(Self::key_columns());
         Locked {
-            query: self.in_range(range).order(O::ordering(key)).limit(limit),
+            query: self.ranged(range).build(Ordered { order, limit }),
             clause: Some(lock.clone()),
         }
     }
 }
 
-/// The caller's query, restricted to a range of positions in the claim order.
+/// The caller's query in the claim order's positions: whole when a range
+/// bounds nothing, else within the range.
 trait InPositions<R, O>: Reusable {
-    fn in_range(
+    #[allow(clippy::type_complexity)]
+    fn ranged(
         &self,
         range: KeyRange<Position<Key<R>>>,
-    ) -> InQuery<Self::Query, O, Wrapped<R>, Key<R>>
+    ) -> Ranged<Self::Query, InQuery<Self::Query, O, Wrapped<R>, Key<R>>>
     where
         R: HasTable + 'static,
         &'static R: Identifiable,
@@ -349,11 +353,14 @@ trait InPositions<R, O>: Reusable {
         O: OrderTerms,
         Self::Query: FilterDsl<InRange<Positioned<O, Wrapped<R>>, Position<Key<R>>>>,
     {
+        if range.bounds_nothing() {
+            return Ranged::Whole(self.query());
+        }
         let in_range = InRange {
             column: Positioned::new(Shape::<R>::columns()),
             range,
         };
-        FilterDsl::filter(self.query(), in_range)
+        Ranged::Within(FilterDsl::filter(self.query(), in_range))
     }
 }
 

@@ -136,6 +136,7 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
         }
         let table = T::table_name();
         let span = claim.span(&table);
+        let worker = claim.in_worker().then(|| self.options.worker_name(&table));
         let began = Instant::now();
         let mut driver = Driver {
             claim: &mut claim,
@@ -146,7 +147,7 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             failed: Vec::new(),
             transient: false,
             backoff: left_out.backoff.as_deref(),
-            metrics: ClaimMetrics::new(&table),
+            metrics: ClaimMetrics::new(&table, worker.as_deref()),
         };
         let stopped = span.in_scope(|| driver.run(conn, f)).err();
         let (failed, transient, mut metrics) = (driver.failed, driver.transient, driver.metrics);
@@ -563,7 +564,7 @@ where
     C: Connection,
 {
     if !claim.in_worker() {
-        trace::passed_over(&T::table_name(), keys, None);
+        trace::passed_over(&T::table_name(), None, keys, None);
     }
     claim.failed(keys.iter().cloned().map(Position::of_key).collect());
 }

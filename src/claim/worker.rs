@@ -1,20 +1,19 @@
 //! A claim run over and over until stopped: the stop handle, the worker's
-//! options and its blocking loop, and the backoff that keeps a worker from
-//! retrying a failing row at once.
+//! options (its name among them) and its blocking loop; the backoff that
+//! keeps a worker from retrying a failing row at once (`backoff`), and what
+//! the loops of a worker on a pool share (`on_a_pool`).
 
-use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::engine::MAX_EXCLUDED;
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
 use super::siblings::Sibling;
-use super::{ClaimBuilder, ClaimOutcome, ClaimReport, RowFailure, WaitForRows};
+use super::{ClaimBuilder, ClaimOutcome, ClaimReport, Options, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::error::rolled_back_by_the_database;
 use crate::reusable::QueryPerLoop;
@@ -182,6 +181,17 @@ pub(crate) struct Polling {
 /// How often a worker reports its progress, by default.
 const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 
+/// What tells a worker apart in its span and events (read by nothing
+/// without the `tracing` feature).
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+pub(crate) struct Labels {
+    /// Its claimed table.
+    pub(crate) table: String,
+    /// Its name: the one it was given, else its table's.
+    pub(crate) name: String,
+}
+
 impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     pub(crate) fn new(claim: ClaimBuilder<Q, M, T, H>, stop: StopHandle) -> Self {
         // Rows that carry their retry schedule need no backoff of the worker's.
@@ -300,6 +310,30 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
         self.polling.progress_every = every;
         self
     }
+
+    /// Names the worker (by default, its claimed table's name), so that two
+    /// workers of one table are told apart: with the `tracing` feature, the
+    /// worker's span and each of its events carry it as `worker`; with the
+    /// `metrics` feature, its claims' metrics have it as the label `worker`.
+    /// See the guide's [names](crate::guide::workers#names).
+    pub fn name(mut self, name: &str) -> Self {
+        self.claim.options.worker = Some(name.to_owned());
+        self
+    }
+}
+
+impl Options {
+    /// The name of the worker that runs the claim, in its events and
+    /// metrics: the one it was given, else the claimed table's.
+    pub(crate) fn worker_name(&self, table: &str) -> String {
+        self.worker.clone().unwrap_or_else(|| table.to_owned())
+    }
+
+    /// The labels of the worker that runs the claim, on `table`.
+    pub(crate) fn worker_labels(&self, table: String) -> Labels {
+        let name = self.worker_name(&table);
+        Labels { table, name }
+    }
 }
 
 impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
@@ -316,7 +350,8 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
     {
         let ClaimWorker { mut claim, polling } = self;
         let mut f = PerRow(f);
-        polling.serve(conn, T::table_name(), |conn, left_out| {
+        let labels = claim.options.worker_labels(T::table_name());
+        polling.serve(conn, labels, |conn, left_out| {
             claim.run_once(conn, &mut f, left_out)
         })
     }
@@ -361,13 +396,14 @@ impl Polling {
         Ok(())
     }
 
-    /// The span of the worker's loop on `table`, around its claims' spans.
+    /// The span of the worker's loop, around its claims' spans.
     #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-    pub(crate) fn span(&self, table: &str) -> Span {
+    pub(crate) fn span(&self, labels: &Labels) -> Span {
         trace::info_span!(
             target: trace::WORKER,
             "worker",
-            table,
+            worker = labels.name,
+            table = labels.table,
             channel = self.channel.as_deref(),
             min_poll = ?self.min_poll,
             max_poll = ?self.max_poll,
@@ -376,10 +412,10 @@ impl Polling {
         )
     }
 
-    /// The events of the worker on `table`, once its options are checked:
-    /// it says that it starts.
-    pub(crate) fn events(&self, table: String) -> WorkerTrace {
-        let events = WorkerTrace::new(table, self.progress_every, self.concurrency);
+    /// The events of the worker, once its options are checked: it says that
+    /// it starts.
+    pub(crate) fn events(&self, labels: Labels) -> WorkerTrace {
+        let events = WorkerTrace::new(labels, self.progress_every, self.concurrency);
         let polls = (self.min_poll, self.max_poll);
         events.started(self.channel.as_deref(), polls);
         events
@@ -420,7 +456,7 @@ impl Polling {
     pub(crate) fn serve<C, K, E>(
         &self,
         conn: &mut C,
-        table: String,
+        labels: Labels,
         mut claim_once: impl FnMut(&mut C, LeftOut<K>) -> ClaimOutcome<K, E>,
     ) -> Result<ClaimReport, E>
     where
@@ -428,10 +464,10 @@ impl Polling {
         K: Clone + Eq + Hash + Debug,
         E: From<Error> + Display + 'static,
     {
-        let span = self.span(&table);
+        let span = self.span(&labels);
         let _entered = span.enter();
         self.check(false)?;
-        let events = self.events(table);
+        let events = self.events(labels);
         let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
         let mut worked = || -> Result<(ClaimReport, &str), RowFailure<K, E>> {
             if let Some(channel) = &self.channel {
@@ -474,89 +510,14 @@ impl Polling {
     }
 }
 
+mod backoff;
+pub(crate) use backoff::Backoff;
+
 /// Why a worker ended: its stop handle was triggered.
 pub(crate) const STOPPED: &str = "stopped";
 
 /// Why a worker ended: `stop_when_empty`, and a claim found nothing.
 pub(crate) const NOTHING_PENDING: &str = "nothing pending";
-
-/// The rows a worker leaves out of its claims after their closures failed,
-/// each until its backoff has passed: one for all the loops of a worker on a
-/// pool, shared with each run of its claim.
-///
-/// A run records a failing row here while the row is still locked, before
-/// its transaction ends, and passes over the rows a take locked that the
-/// backoff holds: so no loop runs a row again before its backoff has passed,
-/// not even one whose take began before the failure was recorded.
-#[derive(Debug)]
-pub(crate) struct Backoff<K> {
-    first: Duration,
-    max: Duration,
-    /// Per row: its failures here, and when it may be taken again.
-    rows: Mutex<HashMap<K, (u32, Instant)>>,
-}
-
-/// Rows a worker leaves out of a claim, at most: the rest of the claim's
-/// room is for the rows that fail during it.
-const MAX_BACKED_OFF: usize = MAX_EXCLUDED / 2;
-
-impl<K: Clone + Eq + Hash> Backoff<K> {
-    pub(crate) fn new((first, max): (Duration, Duration)) -> Arc<Self> {
-        Arc::new(Backoff {
-            first,
-            max,
-            rows: Mutex::new(HashMap::new()),
-        })
-    }
-
-    fn rows(&self) -> MutexGuard<'_, HashMap<K, (u32, Instant)>> {
-        // Each entry is written whole: a panic elsewhere leaves none half
-        // written.
-        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The rows at `keys` failed: each is left out until its backoff passes.
-    pub(crate) fn failed(&self, keys: &[K]) {
-        if self.first.is_zero() {
-            return;
-        }
-        let now = Instant::now();
-        let mut rows = self.rows();
-        for key in keys {
-            let (failures, until) = rows.entry(key.clone()).or_insert((0, now));
-            let doublings = (*failures).min(31);
-            *failures += 1;
-            *until = now + self.first.saturating_mul(1 << doublings).min(self.max);
-        }
-    }
-
-    /// Whether the row at `key` is still backed off from.
-    pub(crate) fn holds(&self, key: &K) -> bool {
-        let now = Instant::now();
-        self.rows().get(key).is_some_and(|(_, until)| *until > now)
-    }
-
-    /// The rows to leave out now: those whose backoff has not passed, the
-    /// latest first, at most [`MAX_BACKED_OFF`]. Rows whose backoff passed
-    /// longer than the longest backoff ago are forgotten.
-    pub(crate) fn excluded(&self) -> Vec<K> {
-        let now = Instant::now();
-        let max = self.max;
-        let mut rows = self.rows();
-        rows.retain(|_, (_, until)| now.saturating_duration_since(*until) <= max);
-        let mut waiting: Vec<(&K, Instant)> = rows
-            .iter()
-            .filter(|(_, (_, until))| *until > now)
-            .map(|(key, (_, until))| (key, *until))
-            .collect();
-        waiting.sort_by_key(|(_, until)| std::cmp::Reverse(*until));
-        waiting
-            .into_iter()
-            .take(MAX_BACKED_OFF)
-            .map(|(key, _)| key.clone())
-            .collect()
-    }
-}
 
 /// What a worker's run of its claim leaves out of its takes.
 #[derive(Debug)]
@@ -619,7 +580,6 @@ pub(crate) fn tally<K: Debug, E: Display + 'static>(
     }
 }
 
-/// What the workers on a pool, blocking and async, share.
 #[cfg(any(
     feature = "postgres",
     feature = "sqlite",
@@ -627,226 +587,4 @@ pub(crate) fn tally<K: Debug, E: Display + 'static>(
     feature = "bb8",
     feature = "deadpool"
 ))]
-pub(crate) mod on_a_pool {
-    use std::sync::atomic::AtomicU64;
-
-    use super::*;
-
-    /// What a pooled worker's loops and its listener share.
-    pub(crate) struct Shared {
-        /// The caller's stop.
-        pub(crate) stop: StopHandle,
-        /// Stops the loops and the listener when one loop ends on an error, or
-        /// when the loops are done.
-        pub(crate) halt: StopHandle,
-        /// Bumped by the listener on every notification, and when it
-        /// (re)connects, and by a loop whose connection answers again after
-        /// failures: idle loops claim at once when it moves, and loops
-        /// pausing after a failed connection try again at once.
-        pub(crate) wakeups: AtomicU64,
-        /// The last of the turns the loops and the listener take to try for
-        /// a connection while connections fail (see [`Shared::retry_in`]).
-        last_turn: Mutex<Option<Instant>>,
-        /// Wakes async loops waiting for `wakeups` to move.
-        #[cfg(feature = "async")]
-        pub(crate) woken_up: tokio::sync::Notify,
-    }
-
-    impl Shared {
-        pub(crate) fn new(polling: &Polling) -> Self {
-            Shared {
-                stop: polling.stop.clone(),
-                halt: StopHandle::new(),
-                wakeups: AtomicU64::new(0),
-                last_turn: Mutex::new(None),
-                #[cfg(feature = "async")]
-                woken_up: tokio::sync::Notify::new(),
-            }
-        }
-
-        pub(crate) fn stopping(&self) -> bool {
-            self.stop.is_stopped() || self.halt.is_stopped()
-        }
-
-        pub(crate) fn woken(&self) -> u64 {
-            self.wakeups.load(Ordering::Acquire)
-        }
-
-        /// Wakes the loops waiting; returns the wake-ups so far, this one
-        /// with them.
-        pub(crate) fn wake(&self) -> u64 {
-            let woken = self.wakeups.fetch_add(1, Ordering::AcqRel) + 1;
-            #[cfg(feature = "async")]
-            self.woken_up.notify_waiters();
-            woken
-        }
-
-        /// How long to sleep before looking again, at most `step`, in a wait
-        /// that ends at `deadline` or when woken past `seen`; `None` once over.
-        pub(crate) fn next_step(
-            &self,
-            deadline: Instant,
-            seen: u64,
-            step: Duration,
-        ) -> Option<Duration> {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let over = left.is_zero() || self.stopping() || self.woken() != seen;
-            (!over).then(|| left.min(step))
-        }
-
-        /// How long a loop or the listener whose connection failed waits
-        /// before it tries again, its own `pause` being up: that pause, or
-        /// less, until the worker's next turn. The turns are [`TRY_EVERY`]
-        /// apart, one try each, and taken only by those whose own pause ends
-        /// later: while the server is down, a worker tries about four times a
-        /// second however many loops it has, and once the one that gets
-        /// through wakes the others ([`Shared::wake`]), none waits out the
-        /// rest of its pause.
-        pub(crate) fn retry_in(&self, pause: Duration) -> Duration {
-            let now = Instant::now();
-            let mut last = self
-                .last_turn
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let turn = last.map_or(now, |last| last + TRY_EVERY);
-            let turn = turn.max(now + RECONNECT_PAUSES.0);
-            if turn >= now + pause {
-                return pause;
-            }
-            *last = Some(turn);
-            turn - now
-        }
-    }
-
-    /// The pause after a lost connection: the first, doubling up to the last
-    /// while connections keep failing.
-    pub(crate) const RECONNECT_PAUSES: (Duration, Duration) =
-        (Duration::from_millis(50), Duration::from_secs(5));
-
-    /// How often a worker's loops, between them, try for a connection once
-    /// their own pauses are longer ([`Shared::retry_in`]): a server that is
-    /// back is tried within it, and one that is down gets about four tries
-    /// a second from a worker, however many loops it has.
-    ///
-    /// A pool's own waits come on top, and a worker cannot shorten them:
-    /// r2d2 and bb8 make their connections in the background, retrying one
-    /// that failed after a pause doubling up to half their
-    /// `connection_timeout` (15 s by default), and a checkout (r2d2's
-    /// `get_timeout` too) only waits for those; deadpool connects within the
-    /// checkout. So a loop waiting in a checkout takes a connection as soon
-    /// as the pool has one, a loop pausing is woken by the first that gets
-    /// through, and what is left after a restart is the pool's own pause:
-    /// the guide asks for a `connection_timeout` of a second or two on a
-    /// worker's r2d2 or bb8 pool.
-    pub(crate) const TRY_EVERY: Duration = Duration::from_millis(250);
-
-    /// The pauses between attempts to get a working connection again.
-    pub(crate) struct Reconnect {
-        next: Duration,
-        /// The connections that failed since one last worked.
-        failures: u32,
-    }
-
-    impl Reconnect {
-        pub(crate) fn new() -> Self {
-            Reconnect {
-                next: RECONNECT_PAUSES.0,
-                failures: 0,
-            }
-        }
-
-        /// Whether connections failed since one last worked.
-        pub(crate) fn failing(&self) -> bool {
-            self.failures > 0
-        }
-
-        /// A connection worked: the next failure pauses briefly again. The
-        /// connections that failed before it.
-        pub(crate) fn mended(&mut self) -> u32 {
-            self.next = RECONNECT_PAUSES.0;
-            std::mem::take(&mut self.failures)
-        }
-
-        /// A connection failed: says that `what` failed, and returns how
-        /// long to wait before the next try (see [`Shared::retry_in`]). Its
-        /// own pause doubles the one after it.
-        pub(crate) fn failed(
-            &mut self,
-            shared: &Shared,
-            events: &WorkerTrace,
-            what: &str,
-            error: &dyn Display,
-        ) -> Duration {
-            self.failures = self.failures.saturating_add(1);
-            let pause = self.next;
-            self.next = (pause * 2).min(RECONNECT_PAUSES.1);
-            let pause = shared.retry_in(pause);
-            events.reconnecting(what, error, pause);
-            pause
-        }
-    }
-
-    /// The report of a worker's loops and why they ended, or the first
-    /// error that ended one.
-    pub(crate) fn summed<K, E>(
-        polling: &Polling,
-        ended: impl IntoIterator<Item = Result<ClaimReport, RowFailure<K, E>>>,
-    ) -> Result<(ClaimReport, &'static str), RowFailure<K, E>> {
-        let mut total = ClaimReport::default();
-        for ended in ended {
-            total.add(&ended?);
-        }
-        let stopped = polling.stop.is_stopped() || !polling.until_empty;
-        Ok((total, if stopped { STOPPED } else { NOTHING_PENDING }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A failing row is left out for the first backoff, doubling with each
-    /// failure up to the longest; it comes back once its backoff has passed.
-    #[test]
-    fn failing_rows_are_left_out_until_their_backoff_passes() {
-        let first = Duration::from_millis(40);
-        let backoff = Backoff::new((first, first * 3));
-        backoff.failed(&[1, 2]);
-        let mut excluded = backoff.excluded();
-        excluded.sort();
-        assert_eq!(excluded, [1, 2]);
-        assert!(backoff.holds(&1) && !backoff.holds(&3));
-        std::thread::sleep(first + Duration::from_millis(10));
-        assert!(backoff.excluded().is_empty());
-        assert!(!backoff.holds(&1));
-        // The second failure doubles the backoff, the third caps it.
-        backoff.failed(&[1]);
-        backoff.failed(&[1]);
-        let (failures, until) = backoff.rows()[&1];
-        assert_eq!(failures, 3);
-        let left = until.saturating_duration_since(Instant::now());
-        assert!(left > first * 2 && left <= first * 3, "{left:?}");
-    }
-
-    /// At most half the claim's room for left-out rows goes to the backoff,
-    /// the rows that failed last.
-    #[test]
-    fn a_worker_leaves_out_a_bounded_number_of_rows() {
-        let backoff = Backoff::new((Duration::from_secs(60), Duration::from_secs(60)));
-        let keys: Vec<i32> = (0..(MAX_BACKED_OFF as i32 + 10)).collect();
-        for key in &keys {
-            backoff.failed(&[*key]);
-        }
-        let excluded = backoff.excluded();
-        assert_eq!(excluded.len(), MAX_BACKED_OFF);
-        assert!(excluded.contains(keys.last().unwrap()));
-    }
-
-    /// Without a backoff, a failing row is not left out at all.
-    #[test]
-    fn no_backoff_holds_nothing() {
-        let backoff = Backoff::new((Duration::ZERO, Duration::ZERO));
-        backoff.failed(&[1]);
-        assert!(!backoff.holds(&1) && backoff.excluded().is_empty());
-    }
-}
+pub(crate) mod on_a_pool;

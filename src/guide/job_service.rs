@@ -294,7 +294,8 @@
 //! inside the tokio runtime, installs and serves on `addr` for Prometheus
 //! to scrape (the example scrapes it for its checks); then
 //! [`describe`](crate::metrics::describe) gives the crate's metrics units
-//! and help texts. Each is labelled with its table:
+//! and help texts. Each is labelled with its table and the worker's name
+//! ([`name`](crate::ClaimWorker::name); by default, the table's):
 //! `diesel_claim_rows_processed_total`,
 //! `_failed_total`, `_timed_out_total`, and histograms of claim and batch
 //! durations and of the pickup latency, which this exporter serves as

@@ -50,11 +50,14 @@
 //! A worker takes its rows from the head of the query: each take is one
 //! locking statement, `SELECT … WHERE <your filter> ORDER BY <your order>,
 //! <key> LIMIT n FOR NO KEY UPDATE SKIP LOCKED` (MySQL: `FOR UPDATE SKIP
-//! LOCKED`; SQLite: the database write lock), re-run for every take. A job
-//! enqueued ahead of the others (a higher priority) is the next one taken,
-//! whoever is running what; an empty queue costs that one statement, in a
-//! transaction. [`max_rows`](crate::ClaimBuilder::max_rows) no larger than a
-//! batch takes from the head too, and any claim does with
+//! LOCKED`; SQLite: the database write lock), re-run for every take; the key
+//! breaks the order's ties, its columns left out where the order names them
+//! (`ORDER BY id DESC`, not `ORDER BY id DESC, id`), and a queue with no
+//! order is taken by key. A job enqueued ahead of the others (a higher
+//! priority) is the next one taken, whoever is running what; an empty queue
+//! costs that one statement, in a transaction.
+//! [`max_rows`](crate::ClaimBuilder::max_rows) no larger than a batch takes
+//! from the head too, and any claim does with
 //! [`from_head`](crate::ClaimBuilder::from_head).
 //!
 //! A call of `claim_each` reads candidates in pages instead: a page of keys
@@ -325,6 +328,39 @@
 //!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
 //!         Ok::<_, diesel_claim::Error>(())
 //!     })?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Names
+//!
+//! A worker's span, its events and its claims' metrics carry its name
+//! (`worker`) beside its table: the table's name unless the worker is given
+//! one. Name the workers of one table, so that their lines and metrics are
+//! told apart (see the guide's [tracing](super#tracing) and the `metrics`
+//! module):
+//!
+//! ```
+//! # include!("../doctest_setup.rs");
+//! use diesel_claim::prelude::*;
+//! use diesel_claim::StopHandle;
+//!
+//! # fn main() -> Result<(), diesel_claim::Error> {
+//! # let mut conn = establish_connection();
+//! let stop = StopHandle::new();
+//! # let stopper = stop.clone();
+//! let pending = orders::table.filter(orders::shipped.eq(true)).filter(orders::email_sent.eq(false));
+//! // Its lines say worker="mailer" table="orders"; its metrics have both labels.
+//! let report = pending
+//!     .build_claim()
+//!     .worker(&stop)
+//!     .name("mailer")
+//!     .run(&mut conn, |conn, order: Order| {
+//!         diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn)?;
+//!         # stopper.stop();
+//!         Ok::<_, diesel_claim::Error>(())
+//!     })?;
+//! assert_eq!(report.processed, 1);
 //! # Ok(())
 //! # }
 //! ```

@@ -178,6 +178,32 @@ macro_rules! row_key {
 row_key!(C0 K0 0, C1 K1 1);
 row_key!(C0 K0 0, C1 K1 1, C2 K2 2);
 
+/// A wrapped primary key, unwrapped for Diesel's `SELECT` and `ORDER BY`:
+/// its column, or its tuple of columns.
+pub trait WrappedKey: Copy {
+    /// The column, or the tuple.
+    type Columns: Copy;
+
+    /// The key's columns, unwrapped.
+    fn columns(self) -> Self::Columns;
+}
+
+impl<C: Copy> WrappedKey for One<C> {
+    type Columns = C;
+
+    fn columns(self) -> C {
+        self.0
+    }
+}
+
+impl<C: Copy> WrappedKey for Row<C> {
+    type Columns = C;
+
+    fn columns(self) -> C {
+        self.0
+    }
+}
+
 /// How the crate reads the key of rows `R` and wraps their table's primary key
 /// for the key predicates, per shape of key: [`OneColumn`] for `&K` ids (a
 /// single-column key), [`Columns2`] and [`Columns3`] for composite keys. The
@@ -189,7 +215,7 @@ pub trait KeyShape<R: HasTable> {
     /// events show the keys of the rows they are about).
     type Key: Clone + Eq + std::hash::Hash + std::fmt::Debug;
     /// [`One`] or [`Row`] of the table's primary key.
-    type Columns: Copy;
+    type Columns: WrappedKey;
 
     /// The key of a row.
     fn key(row: &R) -> Self::Key;
@@ -382,8 +408,21 @@ impl<K: Clone> KeyRange<K> {
     }
 }
 
+impl<K> KeyRange<K> {
+    /// Whether the range holds every key: a statement in it is one on the
+    /// whole query, with no condition of the range's.
+    pub fn bounds_nothing(&self) -> bool {
+        matches!(self.lower, Lower::Unbounded)
+            && self.through.is_none()
+            && self.excluded.is_empty()
+            && self.among.is_none()
+    }
+}
+
 /// `column` within a [`KeyRange`]: keyset pagination in the claim order (see
-/// [`Positioned`](super::Positioned)), with one statement shape per kind of range.
+/// [`Positioned`](super::Positioned)), with one statement shape per kind of
+/// range. A range that [bounds nothing](KeyRange::bounds_nothing) is no
+/// condition: the statement is built without it ([`Ranged`](super::Ranged)).
 #[derive(Debug, Clone)]
 pub struct InRange<Column, K> {
     pub column: Column,
@@ -412,9 +451,10 @@ where
             }
             among => among.unwrap_or_default(),
         };
-        if bounds.peek().is_none() && excluded.is_empty() && among.is_empty() {
-            out.push_sql("1 = 1");
-            return Ok(());
+        if self.range.bounds_nothing() {
+            return Err(diesel::result::Error::QueryBuilderError(
+                "a claim's statement was given a range that bounds nothing".into(),
+            ));
         }
         out.push_sql("(");
         let mut first = true;
@@ -605,5 +645,12 @@ mod tests {
         );
         // Among no keys, no row.
         assert_eq!(sql::<diesel::pg::Pg>(&whole(Some(Arc::new([])))), "1 = 0");
+        // Every key is no condition: the statement is built without it.
+        let every = InRange {
+            column: column(),
+            range: KeyRange::<Position<i32>>::whole(),
+        };
+        assert!(every.range.bounds_nothing());
+        assert!(crate::sql::rendered::render::<diesel::pg::Pg>(&every).is_err());
     }
 }

@@ -7,6 +7,8 @@
 
 mod keys;
 pub(crate) mod order;
+mod order_by;
+mod ranged;
 pub mod rendered;
 pub(crate) mod retry;
 pub mod stamp;
@@ -14,6 +16,7 @@ mod statements;
 
 pub use keys::{IdShape, InList, InRange, KeyColumns, KeyRange, KeyShape, KeysIn, Lower};
 pub use order::{ClaimOrder, OrderTerms, Position, Positioned, QueryOrder};
+pub use ranged::{BuildOn, Ordered, Ranged, Selected};
 pub use statements::{Delete, Returning, SelectWhere, Update, VersionProbe};
 
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 //! the query's type: up to three `NOT NULL` columns, each bare, `.asc()` or
 //! `.desc()`.
 
+use std::any::TypeId;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 
@@ -21,7 +22,8 @@ use diesel::sql_types::is_nullable::NotNull;
 use diesel::sql_types::{self, HasSqlType, SqlType};
 use diesel::{Column, Expression, ExpressionMethods, QueryResult};
 
-use super::keys::{KeyColumns, KeyOn};
+use super::keys::{KeyColumns, KeyOn, WrappedKey};
+use super::order_by::{KeyAmongTerms, ThenKey};
 use crate::backend::OrderValue;
 
 /// A row's place in the claim order: its order columns' values, then its key.
@@ -77,6 +79,10 @@ pub trait OrderTerms {
 
     #[doc(hidden)]
     fn columns() -> Self::Columns;
+
+    /// Whether a term is the column `C`.
+    #[doc(hidden)]
+    fn holds<C: 'static>() -> bool;
 }
 
 /// An order a claim can follow: each term a `NOT NULL` column with its
@@ -138,6 +144,10 @@ impl OrderTerms for KeyOrder {
     type Columns = ();
 
     fn columns() {}
+
+    fn holds<C: 'static>() -> bool {
+        false
+    }
 }
 
 impl<DB: Backend> WalkTerms<DB> for KeyOrder {
@@ -160,7 +170,7 @@ macro_rules! directed_column {
         #[diagnostic::do_not_recommend]
         impl<C> OrderTerms for $wrapper<C>
         where
-            C: Column + Default + Copy,
+            C: Column + Default + Copy + 'static,
         {
             const LEN: usize = 1;
             type Columns = C;
@@ -168,11 +178,15 @@ macro_rules! directed_column {
             fn columns() -> C {
                 C::default()
             }
+
+            fn holds<Other: 'static>() -> bool {
+                TypeId::of::<C>() == TypeId::of::<Other>()
+            }
         }
 
         impl<C> Directed for $wrapper<C>
         where
-            C: Column + Default + Copy + ExpressionMethods,
+            C: Column + Default + Copy + ExpressionMethods + 'static,
             C::SqlType: SqlType,
             <C::SqlType as SqlType>::IsNull: NotNullColumn,
         {
@@ -190,7 +204,7 @@ macro_rules! directed_column {
         impl<C, DB> WalkTerms<DB> for $wrapper<C>
         where
             DB: Backend + HasSqlType<C::SqlType>,
-            C: Column + Default + Copy + QueryFragment<DB>,
+            C: Column + Default + Copy + QueryFragment<DB> + 'static,
             OrderValue: ToSql<C::SqlType, DB>,
         {
             fn descending(_: usize) -> bool {
@@ -227,6 +241,10 @@ macro_rules! directed_tuple {
 
             fn columns() -> Self::Columns {
                 ($($term::columns(),)+)
+            }
+
+            fn holds<C: 'static>() -> bool {
+                false $(|| $term::holds::<C>())+
             }
         }
 
@@ -385,14 +403,14 @@ impl<ST, QS, DB, GB> QueryOrder for BoxedSelectStatement<'_, ST, QS, DB, GB> {
 }
 
 /// What a claim's statements select and order by, for an order and a primary
-/// key `Pk` whose values are `K`.
+/// key `W` (wrapped for the key predicates) whose values are `K`.
 #[diagnostic::on_unimplemented(
     message = "a claim cannot follow the order `{Self}`",
     note = "order a claim by up to three NOT NULL columns of the query, each bare, `.asc()` or \
             `.desc()`: `.order_by(priority.desc())`, `.order((priority.desc(), due_at))`; the \
             primary key breaks ties"
 )]
-pub trait ClaimOrder<Pk, K>: OrderTerms {
+pub trait ClaimOrder<W: WrappedKey, K>: OrderTerms {
     /// What the candidate scan selects: the key, or the order's columns and
     /// the key.
     #[doc(hidden)]
@@ -400,29 +418,30 @@ pub trait ClaimOrder<Pk, K>: OrderTerms {
     /// What it loads.
     #[doc(hidden)]
     type Loaded;
-    /// The statements' `ORDER BY`: the key, or the order's terms and the key.
+    /// The statements' `ORDER BY`: the key, or the order's terms and the
+    /// key's columns they leave tied.
     #[doc(hidden)]
     type Ordering;
 
     #[doc(hidden)]
-    fn selection(key: Pk) -> Self::Selection;
+    fn selection(key: W) -> Self::Selection;
     #[doc(hidden)]
-    fn ordering(key: Pk) -> Self::Ordering;
+    fn ordering(key: W) -> Self::Ordering;
     #[doc(hidden)]
     fn position(loaded: Self::Loaded) -> Position<K>;
 }
 
-impl<Pk: Copy, K> ClaimOrder<Pk, K> for KeyOrder {
-    type Selection = Pk;
+impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
+    type Selection = W::Columns;
     type Loaded = K;
-    type Ordering = Pk;
+    type Ordering = W::Columns;
 
-    fn selection(key: Pk) -> Pk {
-        key
+    fn selection(key: W) -> W::Columns {
+        key.columns()
     }
 
-    fn ordering(key: Pk) -> Pk {
-        key
+    fn ordering(key: W) -> W::Columns {
+        key.columns()
     }
 
     fn position(key: K) -> Position<K> {
@@ -435,20 +454,20 @@ impl<Pk: Copy, K> ClaimOrder<Pk, K> for KeyOrder {
 /// the compiler guessing at the one impl and losing itself in Diesel's.
 macro_rules! claim_order {
     ($($order:ident<$($term:ident),+>;)+) => {$(
-        impl<$($term,)+ Pk: Copy, K> ClaimOrder<Pk, K> for $order<$($term),+>
+        impl<$($term,)+ W: WrappedKey + KeyAmongTerms, K> ClaimOrder<W, K> for $order<$($term),+>
         where
             Self: Directed,
         {
-            type Selection = (<Self as OrderTerms>::Columns, Pk);
+            type Selection = (<Self as OrderTerms>::Columns, W::Columns);
             type Loaded = (<Self as Directed>::Values, K);
-            type Ordering = (Self, Pk);
+            type Ordering = ThenKey<Self, W>;
 
-            fn selection(key: Pk) -> Self::Selection {
-                (<Self as OrderTerms>::columns(), key)
+            fn selection(key: W) -> Self::Selection {
+                (<Self as OrderTerms>::columns(), key.columns())
             }
 
-            fn ordering(key: Pk) -> Self::Ordering {
-                (<Self as Directed>::ordering(), key)
+            fn ordering(key: W) -> Self::Ordering {
+                ThenKey::new(<Self as Directed>::ordering(), key)
             }
 
             fn position((values, key): Self::Loaded) -> Position<K> {

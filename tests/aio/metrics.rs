@@ -72,8 +72,8 @@ on_async_backends! {
         assert_five_orders_counted(&report, &recorded);
     }
 
-    /// An async worker's claims count as any claim's, but those that found
-    /// nothing (its polls) are not timed.
+    /// An async worker's claims count as any claim's, labelled with its
+    /// name, but those that found nothing (its polls) are not timed.
     #[test]
     fn an_async_worker_times_the_claims_that_took_rows_alone() {
         let (report, recorded) = measured(|| {
@@ -91,6 +91,7 @@ on_async_backends! {
                 let report = pending()
                     .build_claim()
                     .worker(&stop)
+                    .name("mailer")
                     .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
                     .run(&mut *conn, async |conn: &mut Conn, order: Order| {
                         Ok::<_, Error>(mark_sent(conn, order.id).await?)
@@ -103,9 +104,9 @@ on_async_backends! {
         });
         assert_eq!(report.processed, 3);
         assert!(report.passes > 3, "too few empty polls to tell: {report:?}");
-        assert_eq!(recorded.counter(PROCESSED), 3);
-        assert_eq!(recorded.samples(BATCH_DURATION).len(), 3);
-        let claims = recorded.samples(CLAIM_DURATION);
+        assert_eq!(recorded.worker_counter(PROCESSED, "mailer"), 3);
+        assert_eq!(recorded.worker_samples(BATCH_DURATION, "mailer").len(), 3);
+        let claims = recorded.worker_samples(CLAIM_DURATION, "mailer");
         assert!((1..=3).contains(&claims.len()), "{claims:?}");
     }
 
