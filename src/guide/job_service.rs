@@ -234,7 +234,7 @@
 //!
 //! ```no_run
 //! # use diesel_claim::{ClaimReport, StopHandle};
-//! # async fn serve(_: &StopHandle) -> Result<ClaimReport, diesel_claim::Error> { unimplemented!() }
+//! # async fn serve(_: &StopHandle) -> Result<ClaimReport, diesel_claim::Error> { Ok(ClaimReport::default()) }
 //! # async fn next_signal() -> &'static str { "SIGTERM" }
 //! use std::pin::pin;
 //!
