@@ -14,9 +14,13 @@ pub use crate::claim::retries::{
     ScheduleColumns, TimestampType,
 };
 pub use crate::claim::timed::Unclaimed;
-pub use crate::claim::worker::ClaimPerLoop;
+pub use crate::claim::worker::{ClaimPerLoop, WorkerError};
 pub use crate::claim::ClaimStatements;
+pub use crate::connection::RenewingConnection;
+pub use crate::error::Unconvertible;
 pub use crate::reusable::QueryPerLoop;
 pub use crate::sql::order::{ClaimOrder, Directed, KeyOrder, NotNullColumn, OrderTerms};
 pub use crate::sql::retry::{DueNow, ErrorColumn, NoColumn, TextType};
-pub use crate::sql::stamp::{StampColumn, StampType};
+pub use crate::sql::stamp::{
+    ColumnOf, NullableTimestamp, QueryTable, StampColumn, StampType, StampedQuery,
+};

@@ -56,3 +56,18 @@ impl<C> BlockingConnection<inferred::Never> for C where
     C: LoadConnection<Backend: ClaimBackend> + inferred::Unimplemented
 {
 }
+
+/// The connection [`with_lease_kept_alive`](crate::with_lease_kept_alive)
+/// renews its lease on: a blocking connection of its own, given by value,
+/// that moves to the renewing thread. Implemented for all of them; there is
+/// nothing to implement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot renew a lease: the renewing connection is given by value",
+    label = "a connection of its own, moved to the thread that renews the lease",
+    note = "pass the second connection itself (`second`, not `&mut second`) or one checked out of \
+            a pool (`pool.get()?`): the renewing thread owns it and drops it when the lease ends"
+)]
+pub trait RenewingConnection: LoadConnection<Backend: ClaimBackend> + Send + 'static {}
+
+#[diagnostic::do_not_recommend]
+impl<C: LoadConnection<Backend: ClaimBackend> + Send + 'static> RenewingConnection for C {}

@@ -311,6 +311,42 @@ where
     }
 }
 
+/// Converts nothing: no type implements [`Unconvertible`]. It is the impl the
+/// compiler finds when `?` (or `.into()`) is asked to turn an error the crate
+/// has no conversion for into an [`Error`], and its bound is what the
+/// compiler then reports: a message that names the feature a pool's error
+/// converts with, where there would otherwise be only "`From<…>` is not
+/// implemented".
+impl<T: Unconvertible> From<T> for Error {
+    fn from(never: T) -> Self {
+        never.into_error()
+    }
+}
+
+/// An error type that `?` cannot turn into [`Error`]: implemented by no
+/// type, and by none outside the crate (sealed). See `From<T>` for
+/// [`Error`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not convert into `diesel_claim::Error`",
+    // The label is all that `?` shows of these words, so it names the fix.
+    label = "no conversion into `diesel_claim::Error`; a pool's error converts with diesel-claim's \
+             feature for the pool: `bb8`, `deadpool`",
+    note = "a pool's checkout error converts with diesel-claim's feature for that pool: diesel's \
+            r2d2 with a blocking backend (`postgres`, `sqlite`, `mysql`), bb8's `RunError` with \
+            `features = [\"bb8\"]`, deadpool's `PoolError` with `features = [\"deadpool\"]`",
+    note = "for errors of your own, return a type of yours that implements \
+            `From<diesel_claim::Error>` (or `anyhow::Error`)"
+)]
+pub trait Unconvertible: unconvertible::Sealed {
+    /// Never called: there is no value to call it on.
+    #[doc(hidden)]
+    fn into_error(self) -> Error;
+}
+
+mod unconvertible {
+    pub trait Sealed {}
+}
+
 /// Lets callers whose closures return `diesel::result::Error` use the crate: typed
 /// outcomes become database errors that [`is_lock_not_available`] and friends still
 /// recognise.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::LoadConnection;
 
 use crate::backend::{strategy::Strategy, ClaimBackend, LeaseStatement};
-use crate::connection::BlockingConnection;
+use crate::connection::{BlockingConnection, RenewingConnection};
 use crate::trace::{self, Span};
 use crate::transaction::transaction_depth;
 use crate::Error;
@@ -519,8 +519,7 @@ pub fn with_lease_kept_alive<C, R, T, E, F, Inferred>(
 ) -> Result<Option<T>, E>
 where
     C: BlockingConnection<Inferred>,
-    R: LoadConnection + Send + 'static,
-    R::Backend: ClaimBackend,
+    R: RenewingConnection,
     F: FnOnce(&mut C, &KeptLease) -> Result<T, E>,
     E: From<Error>,
 {

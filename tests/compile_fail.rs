@@ -2,7 +2,10 @@
 //! file of `tests/compile_fail/` is checked as a program of its own, which must
 //! not compile, and whose errors must contain its `//~` lines and none of
 //! its `//~!` lines, nor anything of [`NEVER_SAID`], nor a type or trait by a
-//! path through the crate's private modules ([`private_paths`]).
+//! path through the crate's private modules ([`private_paths`]); and come to
+//! as many errors, in at most as many lines, as its `//~#` line says
+//! (`//~# 1 error in at most 30 lines`), so that a refusal does not grow
+//! unnoticed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -74,6 +77,30 @@ fn cases() -> Vec<PathBuf> {
     cases
 }
 
+/// How many errors a program's refusal comes to, and in at most how many
+/// lines: its `//~# N errors in at most M lines` line.
+fn expected_size(source: &str) -> Option<(usize, usize)> {
+    let line = source.lines().find_map(|line| line.strip_prefix("//~# "))?;
+    let numbers: Vec<usize> = line
+        .split(' ')
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    match numbers[..] {
+        [errors, lines] => Some((errors, lines)),
+        _ => None,
+    }
+}
+
+/// How many errors `output` reports (the compiler's closing "could not
+/// compile" line is not one), and in how many lines.
+fn size_of(output: &str) -> (usize, usize) {
+    let errors = output
+        .lines()
+        .filter(|line| line.starts_with("error") && !line.starts_with("error: could not compile"))
+        .count();
+    (errors, output.lines().count())
+}
+
 /// What a program's errors must say: its `//~ ` lines.
 fn expected_words(source: &str) -> impl Iterator<Item = &str> {
     source.lines().filter_map(|line| line.strip_prefix("//~ "))
@@ -97,7 +124,8 @@ publish = false
 
 [dependencies]
 diesel = {{ version = "2.3", default-features = false, features = ["postgres", "sqlite"] }}
-diesel-async = {{ version = "0.9.2", features = ["postgres", "sqlite"] }}
+# The pools' features, without diesel-claim's: for the refusals that name them.
+diesel-async = {{ version = "0.9.2", features = ["postgres", "sqlite", "bb8", "deadpool"] }}
 diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async"] }}
 
 [workspace]
@@ -128,6 +156,20 @@ diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async
         if output.status.success() {
             failures.push(format!("{name}: compiled, but must not"));
             continue;
+        }
+        match expected_size(&source) {
+            None => failures.push(format!(
+                "{name}: says not how long its refusal is (`//~# N errors in at most M lines`)"
+            )),
+            Some((count, most)) => {
+                let (said, lines) = size_of(&errors);
+                if said != count || lines > most {
+                    failures.push(format!(
+                        "{name}: {said} errors in {lines} lines, where {count} in at most \
+                         {most} are expected:\n{errors}"
+                    ));
+                }
+            }
         }
         for expected in expected_words(&source) {
             if !errors.contains(expected) {

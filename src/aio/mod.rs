@@ -168,7 +168,6 @@ mod lease;
 mod lock;
 #[cfg(feature = "migrations")]
 mod migrations;
-#[cfg(any(feature = "bb8", feature = "deadpool"))]
 mod pooled;
 mod query;
 mod retries;
@@ -187,7 +186,6 @@ pub use lease::{with_lease, with_lease_kept_alive, Lease};
 pub use lock::{LockDsl, LockModelDsl, LockQuery};
 #[cfg(feature = "migrations")]
 pub use migrations::run_migrations;
-#[cfg(any(feature = "bb8", feature = "deadpool"))]
 pub use pooled::WorkerPool;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use retries::RetriedRow;

@@ -24,7 +24,7 @@ use super::worker::{ClaimOnce, Runs, WaitForRows};
 use super::Async;
 use crate::claim::siblings::{Sibling, Siblings};
 use crate::claim::worker::on_a_pool::{summed, Reconnect, Shared};
-use crate::claim::worker::{tally, Backoff, ClaimPerLoop, Labels, LeftOut, Polling};
+use crate::claim::worker::{tally, Backoff, ClaimPerLoop, Labels, LeftOut, Polling, WorkerError};
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::{Instrument, WorkerTrace};
@@ -32,6 +32,12 @@ use crate::{ClaimBuilder, ClaimReport, ClaimWorker, Error, RowFailure, StopHandl
 
 /// A pool an async worker runs on: diesel-async's bb8 pool (feature `bb8`)
 /// and deadpool pool (feature `deadpool`). Sealed.
+#[diagnostic::on_unimplemented(
+    message = "an async worker cannot run on `{Self}`",
+    label = "not a pool diesel-claim runs workers on",
+    note = "async workers run on diesel-async's bb8 and deadpool pools, with diesel-claim's \
+            feature of the same name: `features = [\"bb8\"]` or `features = [\"deadpool\"]`"
+)]
 pub trait WorkerPool: Sync + private::Sealed {
     /// The connection the pool holds.
     type Connection: WaitForRows + Send;
@@ -149,7 +155,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + Clone
             + Send
             + 'a,
-        E: From<Error> + Display + Send + 'static,
+        E: WorkerError + Send,
     {
         self.run_loops::<_, P, _, _, _, _, _>(pool, f, |loops, _| future::join_all(loops))
     }
@@ -187,7 +193,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + Clone
             + Send
             + 'static,
-        E: From<Error> + Display + Send + 'static,
+        E: WorkerError + Send,
     {
         self.run_loops::<_, P, _, _, _, _, _>(pool.clone(), f, |loops, halt| async move {
             let mut tasks = tokio::task::JoinSet::new();

@@ -15,12 +15,13 @@ use super::backend::AsyncBackend;
 use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
-#[cfg(any(feature = "bb8", feature = "deadpool"))]
 use super::pooled::{BoundFired, FailsWith};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
-use crate::claim::worker::{tally, Backoff, Labels, LeftOut, Polling, NOTHING_PENDING, STOPPED};
+use crate::claim::worker::{
+    tally, Backoff, Labels, LeftOut, Polling, WorkerError, NOTHING_PENDING, STOPPED,
+};
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, Error, RowFailure, StopHandle};
 
@@ -58,7 +59,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             + AsyncFnMut2<&'c mut C, I, Result<(), E>, Fut: Send>
             + Send
             + 'a,
-        E: From<Error> + Display + Send + 'static,
+        E: WorkerError + Send,
     {
         async move {
             let ClaimWorker { mut claim, polling } = self;
@@ -96,7 +97,6 @@ pub(super) trait ClaimOnce<C>: Send {
     /// once, so that the failure path records it under each row's lock.
     /// `None` when the claim has no failure hook or schedule to record it
     /// with.
-    #[cfg(any(feature = "bb8", feature = "deadpool"))]
     fn record_failures<'c>(
         &'c mut self,
         conn: &'c mut C,
@@ -143,7 +143,6 @@ where
         Box::pin(self.claim.run_once(conn, &mut self.f, left_out))
     }
 
-    #[cfg(any(feature = "bb8", feature = "deadpool"))]
     fn record_failures<'c>(
         &'c mut self,
         conn: &'c mut C,
@@ -233,6 +232,14 @@ where
 /// `AsyncPgConnection` (which listens) and `AsyncMysqlConnection` (which
 /// sleeps), and (features `bb8` and `deadpool`) for their connections from
 /// diesel-async's pools.
+#[diagnostic::on_unimplemented(
+    message = "an async claim worker cannot wait for rows on `{Self}`",
+    note = "async workers run on diesel-async's `AsyncPgConnection` and `AsyncMysqlConnection`, \
+            and on their connections from bb8 and deadpool pools with diesel-claim's feature of \
+            the same name: `features = [\"bb8\"]` or `features = [\"deadpool\"]`",
+    note = "on one of Diesel's blocking connections, import `diesel_claim::prelude::*` in place \
+            of `diesel_claim::aio::prelude::*`"
+)]
 pub trait WaitForRows: AsyncConnection {
     /// Starts listening on `channel`: PostgreSQL `LISTEN`; elsewhere
     /// [`Error::InvalidArgument`].

@@ -14,7 +14,7 @@ use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
 use super::siblings::{Sibling, Siblings};
 use super::worker::on_a_pool::{summed, Reconnect, Shared};
-use super::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling};
+use super::worker::{tally, Backoff, ClaimPerLoop, LeftOut, Polling, WorkerError};
 use super::{ClaimBuilder, ClaimOutcome, ClaimReport, ClaimWorker, RowFailure, WaitForRows};
 use crate::backend::ClaimBackend;
 use crate::sql::Position;
@@ -77,7 +77,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         C: WaitForRows + R2D2Connection + Send + 'static,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, I) -> Result<(), E> + Clone + Send,
-        E: From<Error> + Display + Send + 'static,
+        E: WorkerError + Send,
     {
         let ClaimWorker { claim, polling } = self;
         let shared = Shared::new(&polling);

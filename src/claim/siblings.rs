@@ -87,8 +87,7 @@ impl<K> Siblings<K> {
         feature = "postgres",
         feature = "sqlite",
         feature = "mysql",
-        feature = "bb8",
-        feature = "deadpool"
+        feature = "async"
     ))]
     pub(crate) fn new(loops: usize) -> Arc<Self> {
         Arc::new(Siblings {

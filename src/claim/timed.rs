@@ -23,11 +23,16 @@ use crate::backend::ClaimBackend;
 use crate::reusable::{QueryPerLoop, Reusable};
 use crate::sql::rendered;
 use crate::sql::stamp::{
-    CountRows, NewStamp, StampColumn, StampMicros, StampPassed, StampType, StillStamped,
-    ThenUnstamp,
+    Checked, ColumnOf, CountRows, NewStamp, NullableTimestamp, StampColumn, StampMicros,
+    StampPassed, StampType, StampedQuery, StillStamped, TableOf, ThenUnstamp, Timestamped,
 };
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Returning, SelectWhere, Update};
 use crate::{Blocking, Error};
+
+/// The claim [`visibility_timeout`](ClaimBuilder::visibility_timeout) makes
+/// of a claim of `Q` with the column `Col`.
+type StampClaim<Q, Col, M, H> =
+    ClaimBuilder<Unclaimed<Q, Checked<Col, Q>>, M, Stamp<Checked<Col, Q>>, H>;
 
 /// The caller's query, restricted to rows that are not claimed or whose claim
 /// has run out. (Not `Clone`: it is rebuilt from the caller's query for each
@@ -41,7 +46,7 @@ pub struct Unclaimed<Q, Col> {
 #[diagnostic::do_not_recommend]
 impl<Q, Col> Reusable for Unclaimed<Q, Col>
 where
-    Col: StampColumn<Q>,
+    Col: StampColumn,
     Q: Reusable,
     Q::Query: FilterDsl<StampPassed<Col>>,
     Col: Copy,
@@ -117,18 +122,26 @@ impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
     /// back to null (to hand a row back at once). Its type: `timestamptz` or
     /// `timestamp` (PostgreSQL), `DATETIME(6)` (MySQL), `TIMESTAMP` (SQLite,
     /// as text); it rarely needs an index, as the query's own filter picks the
-    /// rows. `ttl` is at least a millisecond and at most
+    /// rows. The column is of the table the query reads, which it reads
+    /// alone (no join; a subquery in its filter may read other tables).
+    /// `ttl` is at least a millisecond and at most
     /// [`MAX_TTL`](crate::MAX_TTL). A closure that fails leaves its row
     /// stamped: it is claimed again once the stamp passes, no sooner (so never
     /// twice in one call); with a [failure hook](Self::on_failure), the hook
     /// runs in a transaction that first clears the stamp, if the row still
     /// carries it, so that the hook decides when the row runs again. Not
     /// available with [`nowait`](Self::nowait).
-    pub fn visibility_timeout<Col: StampColumn<Q>>(
-        self,
-        column: Col,
-        ttl: Duration,
-    ) -> ClaimBuilder<Unclaimed<Q, Col>, M, Stamp<Col>, H> {
+    pub fn visibility_timeout<Col>(self, column: Col, ttl: Duration) -> StampClaim<Q, Col, M, H>
+    where
+        Col: Column,
+        Col::SqlType: NullableTimestamp<Col>,
+        Col: StampedQuery<Q>,
+        <Col as Column>::Table: ColumnOf<TableOf<Q, Col>, Timestamped<Col>, Column: Copy>,
+    {
+        // The column as the claim's type, known only for a nullable
+        // timestamp column of the claimed table: see `ColumnOf`.
+        let column = <Col::SqlType as NullableTimestamp<Col>>::column(column);
+        let column = <<Col as Column>::Table as ColumnOf<TableOf<Q, Col>, _>>::column(column);
         let stamp = NewStamp {
             column,
             micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),

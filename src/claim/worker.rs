@@ -161,6 +161,22 @@ where
     }
 }
 
+/// The error type of a worker's closure: the crate's own errors convert into
+/// it, and it is `Display`, for the events and logs that name each failed
+/// job's error.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error type of a worker's jobs",
+    label = "the closure's error type is `{Self}`",
+    note = "a worker writes each failed job's error into its events and logs, so the type must \
+            implement `std::fmt::Display`; and it ends on the crate's own errors, so it must \
+            implement `From<diesel_claim::Error>`",
+    note = "`diesel_claim::Error` and `anyhow::Error` are both"
+)]
+pub trait WorkerError: From<Error> + Display + 'static {}
+
+#[diagnostic::do_not_recommend]
+impl<E: From<Error> + Display + 'static> WorkerError for E {}
+
 /// How a worker waits between its claims, and backs off from failing rows.
 #[derive(Debug, Clone)]
 pub(crate) struct Polling {
@@ -346,7 +362,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         C: WaitForRows,
         C::Backend: ClaimBackend,
         F: FnMut(&mut C, I) -> Result<(), E>,
-        E: From<Error> + Display + 'static,
+        E: WorkerError,
     {
         let ClaimWorker { mut claim, polling } = self;
         let mut f = PerRow(f);
@@ -584,7 +600,6 @@ pub(crate) fn tally<K: Debug, E: Display + 'static>(
     feature = "postgres",
     feature = "sqlite",
     feature = "mysql",
-    feature = "bb8",
-    feature = "deadpool"
+    feature = "async"
 ))]
 pub(crate) mod on_a_pool;

@@ -13,13 +13,13 @@
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
-use diesel::dsl;
 use diesel::expression::{is_aggregate, AppearsOnTable, Expression, ValidGrouping};
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::query_dsl::methods::FilterDsl;
+use diesel::query_builder::{
+    AsQuery, AstPass, BoxedSelectStatement, FromClause, QueryFragment, QueryId, SelectStatement,
+};
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Bool, HasSqlType, Nullable, Timestamp};
-use diesel::{Column, QueryResult};
+use diesel::{Column, QueryResult, QuerySource};
 
 use crate::reusable::Reusable;
 
@@ -31,12 +31,9 @@ use crate::reusable::Reusable;
 ///   stamps lose their fractions of a second), or `TIMESTAMP(6)` (declared
 ///   `Timestamp`, compared with the session's clock);
 /// - SQLite: `TIMESTAMP`, as text `YYYY-MM-DD HH:MM:SS.SSS` (UTC).
-#[diagnostic::on_unimplemented(
-    message = "a claim stamp cannot be kept in a column of type `{Self}` on `{DB}`",
-    note = "the stamp column must be a nullable timestamp: `Nullable<Timestamptz>` or \
-            `Nullable<Timestamp>` on PostgreSQL, `Nullable<Datetime>` (`DATETIME(6)`) on \
-            MySQL, `Nullable<Timestamp>` on SQLite"
-)]
+///
+/// A column of another type is refused where it is given to
+/// `visibility_timeout`, by [`NullableTimestamp`], which says so.
 pub trait StampType<DB: Backend> {
     /// The type holds nulls.
     #[doc(hidden)]
@@ -64,47 +61,141 @@ pub trait StampType<DB: Backend> {
     ) -> QueryResult<()>;
 }
 
-/// A column a visibility-timeout claim of the query `Q` can keep its stamp
-/// in: a nullable timestamp column of a table the query reads.
-///
-/// Checked where the column is given, before any of the claim's statements
-/// is put together: a column of another type or table would otherwise fail
-/// deep inside them.
-#[diagnostic::on_unimplemented(
-    message = "the visibility-timeout column must be a nullable timestamp column of the claimed \
-               table, and `{Self}` is not, or the query cannot be cloned",
-    label = "not a nullable timestamp column of the claimed table, or a query that cannot be \
-             cloned",
-    note = "declare the column `Nullable<Timestamptz>` or `Nullable<Timestamp>` on PostgreSQL, \
-            `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite, in \
-            the table the claim takes its rows from",
-    note = "a boxed query cannot be cloned: wrap the code that builds it in \
-            `diesel_claim::rebuild(|| …)`"
-)]
-pub trait StampColumn<Q>: Column + Copy {}
+/// A column a visibility-timeout claim can keep its stamp in: a nullable
+/// timestamp column.
+pub trait StampColumn: Column + Copy {}
 
-#[diagnostic::do_not_recommend]
-impl<Col, Q> StampColumn<Q> for Col
+impl<Col> StampColumn for Col
 where
     Col: Column + Copy,
-    Col::SqlType: NullableTimestamp,
-    Q: Reusable,
-    Q::Query: FilterDsl<StampPassed<Col>>,
-    dsl::Filter<Q::Query, StampPassed<Col>>: Query,
+    Col::SqlType: NullableTimestamp<Col>,
 {
 }
 
+/// What a typed query reads: `T` of its `FROM T`, a table, or a join (of
+/// which no column is [`ColumnOf`]).
+pub trait QueryTable {
+    /// The table.
+    type Table;
+}
+
+impl<T, S, D, W, O, LOf, G, H, LC> QueryTable
+    for SelectStatement<FromClause<T>, S, D, W, O, LOf, G, H, LC>
+where
+    T: QuerySource,
+{
+    type Table = T;
+}
+
+impl<T, ST, DB, G> QueryTable for BoxedSelectStatement<'_, ST, FromClause<T>, DB, G>
+where
+    T: QuerySource,
+{
+    type Table = T;
+}
+
+/// A visibility-timeout column given to a claim of the query `Q`, which
+/// the crate builds each statement from ([`Reusable`]), and which reads one
+/// table. (The column is `Self` so that the compiler checks this where the
+/// column is given, and says there why a boxed query is refused.)
+pub trait StampedQuery<Q> {
+    /// The table the query reads.
+    type ClaimedTable;
+}
+
+impl<Col, Q> StampedQuery<Q> for Col
+where
+    Q: Reusable<Query: AsQuery<Query: QueryTable>>,
+{
+    type ClaimedTable = <<Q::Query as AsQuery>::Query as QueryTable>::Table;
+}
+
+/// The table a query given to a visibility-timeout claim with the column
+/// `Col` reads.
+pub type TableOf<Q, Col> = <Col as StampedQuery<Q>>::ClaimedTable;
+
+/// Implemented by the tables of `T`'s columns: a visibility-timeout column
+/// (`Col`) of the claim's table (`T`). Where the column is of another table,
+/// the claim's column is left unknown ([`Column`](Self::Column) is told only
+/// for `T`'s columns), and the compiler reports this error alone, and none
+/// for the later calls on the claim.
+#[diagnostic::on_unimplemented(
+    message = "the visibility-timeout column `{Col}` is not a column of `{T}`, the table the \
+               claim takes its rows from",
+    label = "a column of another table",
+    note = "the stamp column belongs to the table the rows are claimed from: add it to `{T}`, and \
+            give `visibility_timeout` that table's column",
+    note = "a claim with a visibility timeout reads that one table: where a join chooses its \
+            rows, filter the table by a subquery instead (`.filter(id.eq_any(…))`)"
+)]
+pub trait ColumnOf<T, Col> {
+    /// `Col`.
+    type Column;
+
+    /// `column`, as [`Column`](Self::Column).
+    #[doc(hidden)]
+    fn column(column: Col) -> Self::Column;
+}
+
+// `Self` is the column's table, so that only a column of `T` finds this impl.
+impl<T, Col> ColumnOf<T, Col> for T {
+    type Column = Col;
+
+    fn column(column: Col) -> Col {
+        column
+    }
+}
+
+/// `Col`, where it is a nullable timestamp column of the table `Q` reads.
+pub type Checked<Col, Q> =
+    <<Col as Column>::Table as ColumnOf<TableOf<Q, Col>, Timestamped<Col>>>::Column;
+
+/// `Col`, where it is a nullable timestamp column.
+pub type Timestamped<Col> = <<Col as Expression>::SqlType as NullableTimestamp<Col>>::Column;
+
 /// The SQL types a claim stamp can be kept in, on one backend or another
-/// ([`StampType`] says which backend takes which).
-pub trait NullableTimestamp {}
+/// ([`StampType`] says which backend takes which), as the type of the
+/// column `Col`. Where a column of another type is given, the claim's column
+/// is left unknown ([`Column`](Self::Column) is told only for these types),
+/// and the compiler reports this error alone, and none for the later calls
+/// on the claim.
+#[diagnostic::on_unimplemented(
+    message = "the visibility-timeout column must be a nullable timestamp column, and `{Col}` is \
+               of type `{Self}`",
+    label = "not a nullable timestamp column",
+    note = "declare the column `Nullable<Timestamptz>` or `Nullable<Timestamp>` on PostgreSQL, \
+            `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite"
+)]
+pub trait NullableTimestamp<Col> {
+    /// `Col`.
+    type Column;
 
-impl NullableTimestamp for Nullable<Timestamp> {}
+    /// `column`, as [`Column`](Self::Column).
+    #[doc(hidden)]
+    fn column(column: Col) -> Self::Column;
+}
 
-#[cfg(feature = "postgres_backend")]
-impl NullableTimestamp for Nullable<diesel::sql_types::Timestamptz> {}
+/// The impl of [`NullableTimestamp`] for each of `$sql_type`s.
+macro_rules! nullable_timestamp {
+    ($($(#[$cfg:meta])* $sql_type:ty),*) => {$(
+        $(#[$cfg])*
+        impl<Col> NullableTimestamp<Col> for Nullable<$sql_type> {
+            type Column = Col;
 
-#[cfg(feature = "mysql_backend")]
-impl NullableTimestamp for Nullable<diesel::sql_types::Datetime> {}
+            fn column(column: Col) -> Col {
+                column
+            }
+        }
+    )*};
+}
+
+nullable_timestamp!(
+    Timestamp,
+    #[cfg(feature = "postgres_backend")]
+    diesel::sql_types::Timestamptz,
+    #[cfg(feature = "mysql_backend")]
+    diesel::sql_types::Datetime
+);
 
 // A nullable type is read and written as its values' type: a nullable
 // column's null is tested apart (`IS NULL`). Told as the nullable type it

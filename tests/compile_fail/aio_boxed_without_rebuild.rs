@@ -2,6 +2,7 @@
 //! is refused with a pointer at `rebuild`.
 //~ cannot be claimed from `BoxedSelectStatement<
 //~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 5 errors in at most 150 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

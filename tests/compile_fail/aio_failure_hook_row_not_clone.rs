@@ -3,6 +3,7 @@
 //! hook is.
 //~ the failure hook does not fit this claim
 //~ rows that are `Clone`
+//~# 3 errors in at most 120 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

@@ -2,6 +2,7 @@
 //! table are refused, saying what they must be.
 //~ cannot be written once done with `
 //~ `then_update(changes)` takes an `AsChangeset` for that table
+//~# 3 errors in at most 80 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

@@ -2,6 +2,7 @@
 //! a pointer at `rebuild`.
 //~ rows of type `_` cannot be locked through `BoxedSelectStatement<
 //~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 5 errors in at most 150 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

@@ -2,6 +2,7 @@
 //! expression is refused, saying what a claim can follow.
 //~ a claim cannot follow the order `Desc<Add<priority
 //~ order a claim by up to three NOT NULL columns of the query
+//~# 3 errors in at most 130 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

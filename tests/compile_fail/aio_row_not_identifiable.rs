@@ -4,6 +4,7 @@
 //~ rows of type `Order` cannot be claimed from `SelectStatement<
 //~ the row type must `#[derive(Identifiable)]`
 //~! HasTable
+//~# 3 errors in at most 70 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

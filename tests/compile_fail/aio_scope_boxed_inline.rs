@@ -6,6 +6,7 @@
 //! (the module's Closures section, and `scoped` itself); this program
 //! checks the words are still the ones quoted.
 //~ implementation of `AsyncFnMut` is not general enough
+//~# 9 errors in at most 210 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

@@ -4,6 +4,7 @@
 //~ diesel-claim's async API does not support the backend `Sqlite`
 //~ the async API runs on PostgreSQL and MySQL
 //~! is not satisfied
+//~# 3 errors in at most 90 lines
 use diesel::prelude::*;
 use diesel::sqlite::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;

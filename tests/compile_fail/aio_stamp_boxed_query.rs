@@ -1,10 +1,12 @@
 //! An async visibility-timeout claim builds its statements from the query
 //! too: a boxed query is refused where the column is given and by the
 //! stamp's error, both with a pointer at `rebuild`.
-//~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::claimed_until` is not, or the query cannot be cloned
+//~ cannot be cloned, and the crate builds each statement from a copy of the query
+//~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 //~ rows of type `_` cannot be claimed from `Unclaimed<BoxedSelectStatement<
 //~ with a stamp in `columns::claimed_until`
 //~ the stamp a nullable timestamp column of that table; a boxed query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 3 errors in at most 90 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

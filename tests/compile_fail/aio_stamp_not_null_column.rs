@@ -1,6 +1,7 @@
 //! An async visibility-timeout claim on a `NOT NULL` column: the error is
 //! where the column is given and says what it must be.
-//~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::claimed_until` is not
+//~ the visibility-timeout column must be a nullable timestamp column, and `columns::claimed_until` is of type `diesel::sql_types::Timestamptz`
+//~# 1 error in at most 50 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;
@@ -21,6 +22,7 @@ struct Job {
 async fn claim(conn: &mut AsyncPgConnection) {
     let _ = jobs::table
         .filter(jobs::id.gt(0))
+        .select(Job::as_select())
         .build_claim()
         .visibility_timeout(jobs::claimed_until, Duration::from_secs(60))
         .each(conn, async |_, job| {

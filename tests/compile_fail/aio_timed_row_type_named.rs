@@ -5,6 +5,7 @@
 //~ `Job` cannot be claimed from `Unclaimed<
 //~ on `AsyncPgConnection`
 //~ or, with a visibility timeout, `Claimed<Row, _, Async>`
+//~# 3 errors in at most 110 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

@@ -3,6 +3,7 @@
 //! that the row can be written on it.
 //~ a claim of rows `Job` stamped in `columns::claimed_until` cannot write on `C`
 //~ code generic over the connection says so in its bounds: `Row: diesel_claim::aio::StampedRow<C, StampColumn>`
+//~# 6 errors in at most 150 lines
 use diesel::prelude::*;
 use diesel_async::AsyncConnection;
 use diesel_claim::aio::Async;

@@ -7,6 +7,7 @@
 //~ a blocking claim worker cannot wait for rows on `AsyncPgConnection`
 //~ due to 7 previous errors
 //~! is not satisfied
+//~# 7 errors in at most 170 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::prelude::*;

@@ -5,6 +5,7 @@
 //~ `AsyncPgConnection` is not a blocking connection diesel-claim runs on
 //~ import `diesel_claim::aio::prelude::*` in place of `diesel_claim::prelude::*`
 //~! is not satisfied
+//~# 2 errors in at most 80 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::prelude::*;

@@ -5,6 +5,7 @@
 //~! Clone` is not satisfied
 //~! ClaimStatements
 //~! Unclaimed
+//~# 1 error in at most 40 lines
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::sql_types::Bool;

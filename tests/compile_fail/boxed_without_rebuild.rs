@@ -2,6 +2,7 @@
 //~ cannot be claimed from `BoxedSelectStatement<
 //~ diesel_claim::rebuild(|| …)
 //~! ClaimStatements
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

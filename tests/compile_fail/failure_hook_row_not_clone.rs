@@ -3,6 +3,7 @@
 //~ the failure hook does not fit this claim
 //~ a failure hook is a closure `|conn, row: Row, error: &E| -> Result<(), E>`
 //~ rows that are `Clone`
+//~# 1 error in at most 50 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -3,6 +3,7 @@
 //~ the rows of `
 //~ cannot be written once done with `
 //~ `then_update(changes)` takes an `AsChangeset` for that table
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

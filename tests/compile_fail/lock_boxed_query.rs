@@ -2,6 +2,7 @@
 //! is refused with a pointer at `rebuild`.
 //~ rows of type `_` cannot be locked through `BoxedSelectStatement<
 //~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -3,6 +3,7 @@
 //~ rows of type `_` cannot be claimed from `BoxedSelectStatement<
 //~ and marked with `Grouped<Eq<done
 //~ the changes an `AsChangeset` for that table; a boxed query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -1,6 +1,7 @@
 //! `mark` reads the marked rows from the claimed table alone: a row type with
 //! a joined table's column does not compile (it would fail in the database).
 //~ to implement `MarkQuery<
+//~# 1 error in at most 30 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

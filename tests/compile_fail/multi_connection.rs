@@ -2,6 +2,7 @@
 //! supported and what to do.
 //~ diesel-claim does not support the backend
 //~ `#[derive(MultiConnection)]` backend is not supported
+//~# 2 errors in at most 70 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

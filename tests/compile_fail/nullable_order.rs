@@ -3,6 +3,7 @@
 //~ a claim cannot follow a nullable column
 //~ order the claim by NOT NULL columns
 //~! ClaimStatements
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -2,6 +2,7 @@
 //! refused, saying what a claim can follow.
 //~ a claim cannot follow the order `Desc<Add<priority
 //~ order a claim by up to three NOT NULL columns of the query
+//~# 1 error in at most 50 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -3,6 +3,7 @@
 //~ a worker on a pool runs a copy of its claim in each loop, and this claim cannot be copied
 //~ or an `Arc` of what is not
 //~! cannot be claimed from
+//~# 1 error in at most 40 lines
 use std::sync::Mutex;
 
 use diesel::prelude::*;

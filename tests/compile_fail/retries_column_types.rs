@@ -4,6 +4,7 @@
 //~ a retry schedule keeps the next run time in a timestamp column, and `columns::note` is not one
 //~ a retry schedule writes errors in a text column, and `columns::attempts` is not one
 //~ declare the column `Timestamptz` or `Timestamp` on PostgreSQL
+//~# 3 errors in at most 80 lines
 use diesel_claim::Retries;
 
 diesel::table! {

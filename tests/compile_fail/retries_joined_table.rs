@@ -2,6 +2,7 @@
 //! a failure is recorded in the claimed rows' own table.
 //~ a retry schedule in `customers::columns::attempts` and `customers::columns::run_at` cannot record failures of rows `Order`
 //~ the attempts, next run time and error columns be columns of their table
+//~# 1 error in at most 50 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::Retries;

@@ -1,5 +1,6 @@
 //! A retry schedule's columns of another table than the claimed one.
 //~ the retry schedule's columns must be columns of the claimed table, and `(runs::columns::attempts, runs::columns::run_at)` are not, or the query cannot be cloned
+//~# 6 errors in at most 230 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use diesel_claim::Retries;

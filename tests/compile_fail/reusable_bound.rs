@@ -4,6 +4,7 @@
 //~ cannot be cloned, and the crate builds each statement from a copy of the query
 //~ a query that cannot be cloned
 //~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 2 errors in at most 50 lines
 use diesel::prelude::*;
 use diesel_claim::Reusable;
 

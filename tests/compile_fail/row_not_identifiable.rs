@@ -4,6 +4,7 @@
 //~ the row type must `#[derive(Identifiable)]`
 //~! HasTable
 //~! __diesel_schema_migrations
+//~# 1 error in at most 30 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 

@@ -2,10 +2,12 @@
 //! boxed query is refused where the column is given and by the stamp's
 //! error, both with a pointer at `rebuild`, and neither says only that the
 //! column is wrong.
-//~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::claimed_until` is not, or the query cannot be cloned
+//~ cannot be cloned, and the crate builds each statement from a copy of the query
+//~ wrap the code that builds it in `diesel_claim::rebuild(|| …)`
 //~ rows of type `_` cannot be claimed from `Unclaimed<BoxedSelectStatement<
 //~ with a stamp in `columns::claimed_until`
 //~ the stamp a nullable timestamp column of that table; a boxed query cannot be cloned: wrap the code that builds it in `diesel_claim::rebuild(|| …)`
+//~# 2 errors in at most 60 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;

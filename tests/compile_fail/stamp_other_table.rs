@@ -1,8 +1,12 @@
-//! A visibility-timeout column of another table: the error says the column
-//! must be one of the claimed table, not which tables may appear together.
-//~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `runs::columns::claimed_until` is not
+//! A visibility-timeout column of another table: one error, where the
+//! column is given, naming both tables, not which tables may appear
+//! together, and none for the calls on the claim that follow.
+//~ the visibility-timeout column `runs::columns::claimed_until` is not a column of `jobs::table`, the table the claim takes its rows from
+//~! cannot be cloned
+//~! rebuild
 //~! AppearsInFromClause
 //~! TableNotEqual
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;
@@ -30,9 +34,10 @@ fn main() {
     let mut conn = PgConnection::establish("postgres://").unwrap();
     let _ = jobs::table
         .filter(jobs::id.gt(0))
+        .select(Job::as_select())
         .build_claim()
         .visibility_timeout(runs::claimed_until, Duration::from_secs(60))
-        .each(&mut conn, |_, job: diesel_claim::Claimed<Job, runs::claimed_until>| {
+        .each(&mut conn, |_, job: diesel_claim::Claimed<Job, _>| {
             let _ = job.id;
             Ok::<_, diesel_claim::Error>(())
         });

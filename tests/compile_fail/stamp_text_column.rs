@@ -1,9 +1,9 @@
 //! A visibility-timeout column of another type (text): the error says the
 //! column must be a nullable timestamp, and the closure's row type may be
 //! left to inference as usual.
-//~ the visibility-timeout column must be a nullable timestamp column of the claimed table, and `columns::note` is not
-//~ a claim stamp cannot be kept in a column of type `diesel::sql_types::Nullable<diesel::sql_types::Text>`
+//~ the visibility-timeout column must be a nullable timestamp column, and `columns::note` is of type `diesel::sql_types::Nullable<diesel::sql_types::Text>`
 //~ `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite
+//~# 1 error in at most 50 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;
@@ -18,10 +18,11 @@ diesel::table! {
 #[derive(Queryable, Selectable, Identifiable)]
 struct Job {
     id: i32,
+    note: Option<String>,
 }
 
 fn run(conn: &mut PgConnection, job: &Job) {
-    let _ = (conn, job.id);
+    let _ = (conn, job.id, &job.note);
 }
 
 fn main() {

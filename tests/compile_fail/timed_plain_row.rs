@@ -2,6 +2,7 @@
 //! the bare row is told the signature it must have.
 //~ type mismatch in closure arguments
 //~ expected closure signature `for<'a> fn(&'a mut diesel::PgConnection, Claimed<_, columns::claimed_until>) -> _`
+//~# 1 error in at most 30 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;

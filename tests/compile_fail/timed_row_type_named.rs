@@ -5,6 +5,7 @@
 //~ `Job` cannot be claimed from `Unclaimed<
 //~ on `diesel::PgConnection`
 //~ the closure gets the rows of the query (a `#[derive(Identifiable)]` type loadable from it), or, with a visibility timeout, `Claimed<Row, _>`
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;

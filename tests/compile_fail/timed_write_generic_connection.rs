@@ -6,6 +6,7 @@
 //~ the stamp be a nullable timestamp column of their table
 //~ code generic over the connection says so in its bounds: `Row: diesel_claim::StampedRow<C, StampColumn>`
 //~ Job: diesel_claim::StampedRow<C, columns::claimed_until>
+//~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::Claimed;
 
