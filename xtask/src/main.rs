@@ -82,6 +82,7 @@ fn main() -> ExitCode {
 /// nextest, then the doc tests (which nextest does not run) once per backend:
 /// they run on PostgreSQL when it is enabled, else on MySQL, else on SQLite.
 fn test(servers: &setup::Servers, nextest_args: &[String]) -> Result<(), Error> {
+    println!("{LONG_TESTS}");
     cargo(
         servers,
         ["nextest", "run", "--workspace", "--all-features"],
@@ -92,6 +93,14 @@ fn test(servers: &setup::Servers, nextest_args: &[String]) -> Result<(), Error> 
     }
     Ok(())
 }
+
+/// What the test run says before it starts, so that its long tests are
+/// expected (`.config/nextest.toml` gives them their time).
+const LONG_TESTS: &str = "\nThe tests take about 10 minutes on 2 cores. The longest: \
+     torture::light_postgres and torture::light_mysql (every failure scenario in turn on a \
+     server: workers killed, sessions cut, the server restarted; about 2 minutes each), and \
+     compile_fail::refusals_at_compile_time_say_what_to_do (programs the crate must refuse, \
+     compiled on their own; about 2 minutes the first time).";
 
 /// Every feature set the crate promises to compile, lint-free: none, each
 /// backend alone (with its blocking connection or without), the async API
