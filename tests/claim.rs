@@ -1452,10 +1452,14 @@ on_every_backend! {
         conn.set_instrumentation(log.clone());
         let never = |_: &mut _, _: Order| Ok::<_, Error>(());
         let worker = || pending().build_claim().worker(&stop);
+        let stopped = diesel_claim::StopHandle::new();
+        stopped.stop();
         for (what, refused) in [
             ("a zero interval", worker().poll_interval(Duration::ZERO, Duration::from_secs(1)).run(&mut *conn, never)),
             ("min above max", worker().poll_interval(Duration::from_secs(2), Duration::from_secs(1)).run(&mut *conn, never)),
             ("an empty channel", worker().listen("").run(&mut *conn, never)),
+            // Stopped already: a worker that took the name would end at once.
+            ("an empty name", pending().build_claim().worker(&stopped).name("").run(&mut *conn, never)),
         ] {
             assert!(matches!(refused, Err(Error::InvalidArgument(_))), "{what}: {refused:?}");
         }

@@ -248,7 +248,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             let ClaimWorker { claim, polling } = self;
             let labels = claim.options.worker_labels(T::table_name());
             let span = polling.span(&labels);
-            polling.check(true)?;
+            polling.check(true, &labels)?;
             let events = span.in_scope(|| polling.events(labels));
             let worker = Arc::new(PooledWorker {
                 shared: Shared::new(&polling),

@@ -181,7 +181,7 @@ where
     let span = polling.span(&labels);
     let totals = span.clone();
     let worked = async {
-        polling.check(false)?;
+        polling.check(false, &labels)?;
         let events = polling.events(labels);
         let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
         let worked: Result<(ClaimReport, &str), RowFailure<K, E>> = async {

@@ -88,7 +88,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         let labels = claim.options.worker_labels(T::table_name());
         let span = polling.span(&labels);
         let _entered = span.enter();
-        polling.check(true)?;
+        polling.check(true, &labels)?;
         let events = polling.events(labels);
         let subscriber = &CallersSubscriber::of_this_thread();
         let ended = std::thread::scope(|scope| {

@@ -315,7 +315,9 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     /// workers of one table are told apart: with the `tracing` feature, the
     /// worker's span and each of its events carry it as `worker`; with the
     /// `metrics` feature, its claims' metrics have it as the label `worker`.
-    /// See the guide's [names](crate::guide::workers#names).
+    /// See the guide's [names](crate::guide::workers#names). An empty name
+    /// would tell nothing apart: the worker refuses it with
+    /// [`Error::InvalidArgument`] before any SQL.
     pub fn name(mut self, name: &str) -> Self {
         self.claim.options.worker = Some(name.to_owned());
         self
@@ -359,8 +361,15 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
 
 impl Polling {
     /// The options, checked before anything is sent, for a worker on a pool
-    /// or on one connection.
-    pub(crate) fn check(&self, pooled: bool) -> Result<(), Error> {
+    /// or on one connection, and its name.
+    pub(crate) fn check(&self, pooled: bool, labels: &Labels) -> Result<(), Error> {
+        // A table's name is never empty: an empty one was given by `name`.
+        if labels.name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "name needs at least one character (without one, a worker has its table's name)"
+                    .to_owned(),
+            ));
+        }
         if !pooled && self.concurrency != 1 {
             return Err(Error::InvalidArgument(format!(
                 "concurrency is for workers on a pool (run_pooled): run on one connection runs \
@@ -466,7 +475,7 @@ impl Polling {
     {
         let span = self.span(&labels);
         let _entered = span.enter();
-        self.check(false)?;
+        self.check(false, &labels)?;
         let events = self.events(labels);
         let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
         let mut worked = || -> Result<(ClaimReport, &str), RowFailure<K, E>> {
