@@ -403,6 +403,7 @@ impl<PP, K> PooledWorker<PP, K> {
             backoff,
             events,
         } = self;
+        let tell = |keys: &[K], error: &E| events.passed_over(keys, error);
         let mut total = ClaimReport::default();
         let mut pause = polling.min_poll;
         let mut reconnect = Reconnect::new();
@@ -451,9 +452,8 @@ impl<PP, K> PooledWorker<PP, K> {
                 metrics.failed_outside_the_claim(left);
             }
             let left_out = LeftOut {
-                backoff: Some(Arc::clone(backoff)),
                 sibling: steering.then(|| sibling.clone()),
-                only: None,
+                ..LeftOut::backed_off(backoff, &tell)
             };
             let outcome = once.claim_once(&mut conn, left_out).await;
             let lost = outcome.stopped.is_some()
