@@ -751,17 +751,24 @@ macro_rules! on_async_backends {
 
             use super::{failures_and_work, pending, Recorder};
 
-            #[tokio::test(flavor = "current_thread")]
-            async fn an_async_claim_is_the_same_span() {
+            /// A database of its own with `count` shipped orders, and a
+            /// connection to it.
+            async fn with_orders(count: usize) -> (testkit::$test_db, $conn) {
                 let db = testkit::$test_db::new();
                 let mut setup = <$db as diesel::Connection>::establish(&db.url).unwrap();
                 testkit::fixtures::create_schema(&mut setup, testkit::fixtures::$schema);
                 let mut conn = <$conn>::establish(&db.url).await.unwrap();
                 diesel::insert_into(orders::table)
-                    .values(vec![orders::shipped.eq(true); 5])
+                    .values(vec![orders::shipped.eq(true); count])
                     .execute(&mut conn)
                     .await
                     .unwrap();
+                (db, conn)
+            }
+
+            #[tokio::test(flavor = "current_thread")]
+            async fn an_async_claim_is_the_same_span() {
+                let (_db, mut conn) = with_orders(5).await;
 
                 // The runtime runs the claim on this thread: the default
                 // subscriber sees it.
@@ -802,15 +809,7 @@ macro_rules! on_async_backends {
             /// row's work.
             #[tokio::test(flavor = "current_thread")]
             async fn an_async_worker_warns_of_a_failed_row_before_the_next_rows_work() {
-                let db = testkit::$test_db::new();
-                let mut setup = <$db as diesel::Connection>::establish(&db.url).unwrap();
-                testkit::fixtures::create_schema(&mut setup, testkit::fixtures::$schema);
-                let mut conn = <$conn>::establish(&db.url).await.unwrap();
-                diesel::insert_into(orders::table)
-                    .values(vec![orders::shipped.eq(true); 3])
-                    .execute(&mut conn)
-                    .await
-                    .unwrap();
+                let (_db, mut conn) = with_orders(3).await;
 
                 let recorder = Recorder::default();
                 let subscriber = Registry::default().with(recorder.clone());
