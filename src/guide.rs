@@ -638,7 +638,7 @@
 //!
 //! | event | level |
 //! |---|---|
-//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook): `table`, `keys` (the first ten), `rows`, and in a worker `worker` and `error` (the closure's, by `Display`) | warn |
+//! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook), said as they are passed over, before the next batch is taken: `table`, `keys` (the first ten), `rows`, and in a worker `worker` and `error` (the closure's, by `Display`) | warn |
 //! | a closure panicked: `panic` (its message); with `keep_going`, the event above follows | warn |
 //! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again: `table`, `worker`, `error` | warn |
 //! | a worker stops on an error (a closure's, without `keep_going` or a hook; a lost connection, on one connection): `table`, `worker`, `keys` (the rows rolled back), `error` | warn |

@@ -512,6 +512,21 @@ on_async_backends! {
             no_batch,
             Err(diesel_claim::Error::InvalidArgument(_))
         ));
+        // Stopped already: a worker that took the name would end at once.
+        let stop = diesel_claim::StopHandle::new();
+        stop.stop();
+        let unnamed = pending()
+            .build_claim()
+            .worker(&stop)
+            .name("")
+            .run(&mut *conn, async |_: &mut Conn, _: Order| {
+                Ok::<_, diesel_claim::Error>(())
+            })
+            .await;
+        assert!(
+            matches!(&unnamed, Err(diesel_claim::Error::InvalidArgument(m)) if m.contains("name")),
+            "{unnamed:?}"
+        );
         let missing = accounts::table
             .find(42)
             .with_lock(&mut *conn, async |_: &mut Conn, _: Account| {

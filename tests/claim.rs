@@ -468,29 +468,45 @@ on_every_backend! {
         };
         let pending = || jobs::table.filter(jobs::done.eq(false)).select(Job::as_select());
         let unpacked = || order_lines::table.filter(order_lines::packed.eq(false)).select(OrderLine::as_select());
-        let mut first_takes = Vec::new();
-        macro_rules! first_take {
+        let (mut first_takes, mut later_pages) = (Vec::new(), Vec::new());
+        macro_rules! statements {
             ($reset:ident, $queue:expr, $work:expr) => {{
                 $reset(conn);
                 $queue.build_claim().worker(&stop).stop_when_empty().run(conn, $work).unwrap();
                 first_takes.push(reads_since(&log).remove(0));
+                // In pages of two: the first page, its two takes, then the
+                // second page, past the first.
+                $reset(conn);
+                $queue.build_claim().page_size(2).each(conn, $work).unwrap();
+                later_pages.push(reads_since(&log).remove(3));
             }};
         }
-        first_take!(jobs_left, pending(), work);
-        first_take!(jobs_left, pending().order(jobs::priority.desc()), work);
-        first_take!(jobs_left, pending().order(jobs::id), work);
-        first_take!(jobs_left, pending().order(jobs::id.desc()), work);
-        first_take!(jobs_left, pending().order((jobs::priority.desc(), jobs::id.desc())), work);
-        first_take!(lines_left, unpacked(), pack);
-        first_take!(lines_left, unpacked().order(order_lines::order_id.desc()), pack);
-        first_take!(lines_left, unpacked().order((order_lines::line_no, order_lines::order_id)), pack);
+        statements!(jobs_left, pending(), work);
+        statements!(jobs_left, pending().order(jobs::priority.desc()), work);
+        statements!(jobs_left, pending().order(jobs::id), work);
+        statements!(jobs_left, pending().order(jobs::id.desc()), work);
+        statements!(jobs_left, pending().order((jobs::priority.desc(), jobs::id.desc())), work);
+        statements!(lines_left, unpacked(), pack);
+        statements!(lines_left, unpacked().order(order_lines::order_id.desc()), pack);
+        statements!(lines_left, unpacked().order((order_lines::line_no, order_lines::order_id)), pack);
+        let table_of = |order: &str| if order.contains("order_lines") { "order_lines" } else { "jobs" };
+        let filter_of = |table: &str| {
+            if table == "jobs" { r#"("jobs"."done" = $1)"# } else { r#"("order_lines"."packed" = $1)"# }
+        };
         let take = |order: &str| {
-            let table = if order.contains("order_lines") { "order_lines" } else { "jobs" };
-            let filter = if table == "jobs" { r#"("jobs"."done" = $1)"# } else { r#"("order_lines"."packed" = $1)"# };
+            let table = table_of(order);
+            let filter = filter_of(table);
             as_sent_to(
                 BACKEND,
                 &format!(r#"FROM "{table}" WHERE {filter} ORDER BY {order} LIMIT $2 FOR NO KEY UPDATE OF "{table}" SKIP LOCKED"#),
             )
+        };
+        // A page past a position: its range's binds follow the filter's.
+        let page = |order: &str, past: &str| {
+            let table = table_of(order);
+            let filter = filter_of(table);
+            let limit = past.matches('$').count() + 2;
+            as_sent_to(BACKEND, &format!(r#"FROM "{table}" WHERE ({filter} AND ({past})) ORDER BY {order} LIMIT ${limit}"#))
         };
         let expected = [
             take(r#""jobs"."id""#),
@@ -503,6 +519,43 @@ on_every_backend! {
             take(r#""order_lines"."line_no" ASC, "order_lines"."order_id" ASC"#),
         ];
         assert_eq!(first_takes, expected);
+        // The key compared once: where the order holds it, its last term is
+        // compared alone. A composite key after a position is a row value,
+        // which MySQL reads without its index, so it gets it column by column.
+        let lines_after = |first: usize| {
+            let (order_id, line_no) = (r#""order_lines"."order_id""#, r#""order_lines"."line_no""#);
+            let (second, third) = (first + 1, first + 2);
+            match BACKEND {
+                "mysql" => format!("({order_id} >= ${first} AND ({order_id} > ${second} OR {line_no} > ${third}))"),
+                _ => format!("({order_id}, {line_no}) > (${first}, ${second})"),
+            }
+        };
+        let expected = [
+            page(r#""jobs"."id""#, r#""jobs"."id" > $2"#),
+            page(
+                r#""jobs"."priority" DESC, "jobs"."id""#,
+                r#"("jobs"."priority" <= $2 AND ("jobs"."priority" < $3 OR "jobs"."id" > $4))"#,
+            ),
+            page(r#""jobs"."id" ASC"#, r#""jobs"."id" > $2"#),
+            page(r#""jobs"."id" DESC"#, r#""jobs"."id" < $2"#),
+            page(
+                r#""jobs"."priority" DESC, "jobs"."id" DESC"#,
+                r#"("jobs"."priority" <= $2 AND ("jobs"."priority" < $3 OR "jobs"."id" < $4))"#,
+            ),
+            page(r#""order_lines"."order_id", "order_lines"."line_no""#, &lines_after(2)),
+            page(
+                r#""order_lines"."order_id" DESC, "order_lines"."line_no""#,
+                &format!(
+                    r#"("order_lines"."order_id" <= $2 AND ("order_lines"."order_id" < $3 OR {}))"#,
+                    lines_after(4)
+                ),
+            ),
+            page(
+                r#""order_lines"."line_no" ASC, "order_lines"."order_id" ASC"#,
+                r#"("order_lines"."line_no" >= $2 AND ("order_lines"."line_no" > $3 OR "order_lines"."order_id" > $4))"#,
+            ),
+        ];
+        assert_eq!(later_pages, expected);
 
         // A call in pages of two: the first page from the head, a take within
         // it (from its first row through its last), and the next page, past
@@ -1452,10 +1505,14 @@ on_every_backend! {
         conn.set_instrumentation(log.clone());
         let never = |_: &mut _, _: Order| Ok::<_, Error>(());
         let worker = || pending().build_claim().worker(&stop);
+        let stopped = diesel_claim::StopHandle::new();
+        stopped.stop();
         for (what, refused) in [
             ("a zero interval", worker().poll_interval(Duration::ZERO, Duration::from_secs(1)).run(&mut *conn, never)),
             ("min above max", worker().poll_interval(Duration::from_secs(2), Duration::from_secs(1)).run(&mut *conn, never)),
             ("an empty channel", worker().listen("").run(&mut *conn, never)),
+            // Stopped already: a worker that took the name would end at once.
+            ("an empty name", pending().build_claim().worker(&stopped).name("").run(&mut *conn, never)),
         ] {
             assert!(matches!(refused, Err(Error::InvalidArgument(_))), "{what}: {refused:?}");
         }

@@ -138,6 +138,22 @@ fn traced<T>(f: impl FnOnce() -> T) -> (T, Seen) {
     (value, seen)
 }
 
+/// The warnings of failed rows and the closures' own "sending" events, in
+/// the order they came.
+fn failures_and_work(seen: &Seen) -> Vec<String> {
+    seen.events
+        .iter()
+        .filter_map(|event| match event.level {
+            Level::WARN => Some(format!(
+                "order {} failed: {}",
+                event.fields["keys"], event.fields["error"]
+            )),
+            _ if event.message().starts_with("sending") => Some(event.message().to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn pending() -> diesel::dsl::Filter<
     diesel::dsl::Filter<orders::table, diesel::dsl::Eq<orders::shipped, bool>>,
     diesel::dsl::Eq<orders::email_sent, bool>,
@@ -521,6 +537,35 @@ on_every_backend! {
         assert_eq!(seen.the_span("worker").fields["worker"], "mailer");
     }
 
+    /// A worker warns of a failed row as it passes the row over, before the
+    /// next row's work, not once its claim's run ends: a run takes batch
+    /// after batch until none is left.
+    #[test]
+    fn a_worker_warns_of_a_failed_row_before_the_next_rows_work() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 3);
+        let stop = diesel_claim::StopHandle::new();
+        let (report, seen) = traced(|| {
+            pending()
+                .build_claim()
+                .batch(1)
+                .keep_going()
+                .worker(&stop)
+                .stop_when_empty()
+                .run(&mut conn, |conn, order: Order| {
+                    if order.id == 1 {
+                        return Err(Error::InvalidArgument("order 1 is bad".to_owned()));
+                    }
+                    ::tracing::info!("sending order {}", order.id);
+                    Ok::<_, Error>(mark_sent(conn, &order)?)
+                })
+                .unwrap()
+        });
+        assert_eq!((report.processed, report.failed), (2, 1));
+        assert_eq!(failures_and_work(&seen), ["order [1] failed: invalid argument: order 1 is bad", "sending order 2", "sending order 3"]);
+    }
+
     /// Two workers of one table, named, are told apart: each one's span and
     /// events carry its name, failed rows' included.
     #[test]
@@ -704,19 +749,26 @@ macro_rules! on_async_backends {
             use tracing_subscriber::layer::SubscriberExt;
             use tracing_subscriber::Registry;
 
-            use super::{pending, Recorder};
+            use super::{failures_and_work, pending, Recorder};
 
-            #[tokio::test(flavor = "current_thread")]
-            async fn an_async_claim_is_the_same_span() {
+            /// A database of its own with `count` shipped orders, and a
+            /// connection to it.
+            async fn with_orders(count: usize) -> (testkit::$test_db, $conn) {
                 let db = testkit::$test_db::new();
                 let mut setup = <$db as diesel::Connection>::establish(&db.url).unwrap();
                 testkit::fixtures::create_schema(&mut setup, testkit::fixtures::$schema);
                 let mut conn = <$conn>::establish(&db.url).await.unwrap();
                 diesel::insert_into(orders::table)
-                    .values(vec![orders::shipped.eq(true); 5])
+                    .values(vec![orders::shipped.eq(true); count])
                     .execute(&mut conn)
                     .await
                     .unwrap();
+                (db, conn)
+            }
+
+            #[tokio::test(flavor = "current_thread")]
+            async fn an_async_claim_is_the_same_span() {
+                let (_db, mut conn) = with_orders(5).await;
 
                 // The runtime runs the claim on this thread: the default
                 // subscriber sees it.
@@ -751,6 +803,45 @@ macro_rules! on_async_backends {
                     .filter(|taken| *taken != "0")
                     .collect();
                 assert_eq!(taken, ["2", "2", "1"]);
+            }
+
+            /// An async worker too warns of a failed row before the next
+            /// row's work.
+            #[tokio::test(flavor = "current_thread")]
+            async fn an_async_worker_warns_of_a_failed_row_before_the_next_rows_work() {
+                let (_db, mut conn) = with_orders(3).await;
+
+                let recorder = Recorder::default();
+                let subscriber = Registry::default().with(recorder.clone());
+                let default = ::tracing::subscriber::set_default(subscriber);
+                let stop = diesel_claim::StopHandle::new();
+                let report = pending()
+                    .build_claim()
+                    .batch(1)
+                    .keep_going()
+                    .worker(&stop)
+                    .stop_when_empty()
+                    .run(&mut conn, async |conn: &mut $conn, order: Order| {
+                        if order.id == 1 {
+                            return Err(Error::InvalidArgument("order 1 is bad".to_owned()));
+                        }
+                        ::tracing::info!("sending order {}", order.id);
+                        diesel::update(orders::table.find(order.id))
+                            .set(orders::email_sent.eq(true))
+                            .execute(conn)
+                            .await?;
+                        Ok::<_, Error>(())
+                    })
+                    .await
+                    .unwrap();
+                drop(default);
+                assert_eq!((report.processed, report.failed), (2, 1));
+
+                let seen = std::mem::take(&mut *recorder.0.lock().unwrap());
+                assert_eq!(
+                    failures_and_work(&seen),
+                    ["order [1] failed: invalid argument: order 1 is bad", "sending order 2", "sending order 3"]
+                );
             }
 
             type ClaimStamp = testkit::fixtures::claim_stamp!($stamp);

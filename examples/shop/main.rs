@@ -19,7 +19,7 @@
 //! It ends by printing the checks it made and exits with status 1 if any failed.
 //!
 //! ```text
-//! cargo run --release --features sqlite --example shop             # SQLite file
+//! cargo run --release --features sqlite --example shop             # a temporary SQLite file
 //! DATABASE_URL=postgres://user@host/db \
 //!     cargo run --release --features postgres --example shop       # PostgreSQL
 //! DATABASE_URL=mysql://user@host/db \
@@ -60,10 +60,10 @@ mod postgres;
 mod sqlite;
 
 const ABOUT: &str = "\
-Runs the diesel-claim shop example on a fresh SQLite file, or on PostgreSQL or
-MySQL/MariaDB when --database-url or DATABASE_URL names a postgres:// or
-mysql:// database (the example works in a schema, or a database, of its own
-there and drops it at the end).";
+Runs the diesel-claim shop example on a temporary SQLite file, removed at the
+end, or on PostgreSQL or MySQL/MariaDB when --database-url or DATABASE_URL
+names a postgres:// or mysql:// database (the example works in a schema, or a
+database, of its own there and drops it at the end).";
 
 /// The command line, with the server URL taken from `DATABASE_URL` when the
 /// command line names none.

@@ -1,10 +1,10 @@
-//! Running the shop on an embedded SQLite file.
+//! Running the shop on an embedded SQLite file, in a temporary directory
+//! removed at the end.
 //!
 //! SQLite has no row locks: `claim_each` and `with_lock` take the database write
 //! lock (`BEGIN IMMEDIATE`) instead, so workers queue for it rather than skip
 //! each other's rows. Still at most once per row; just less parallel.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
@@ -103,30 +103,20 @@ impl CustomizeConnection<SqliteConnection, r2d2::Error> for Pragmas {
     }
 }
 
-/// The database file; removed at the start of every run and left behind at the
-/// end for inspection with `sqlite3`.
-fn database_path() -> PathBuf {
-    std::env::temp_dir().join("diesel-claim-shop.sqlite")
-}
-
 pub fn run(options: &Options, clock: Clock) -> Result<Checks, BoxError> {
-    let path = database_path();
-    for suffix in ["", "-wal", "-shm"] {
-        let mut file = path.clone().into_os_string();
-        file.push(suffix);
-        match std::fs::remove_file(&file) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error.into()),
-            _ => {}
-        }
-    }
+    // A directory of its own, removed with the database (and its `-wal` and
+    // `-shm` files) when the run ends, whatever the outcome.
+    let dir = tempfile::Builder::new()
+        .prefix("diesel-claim-shop-")
+        .tempdir()?;
+    let path = dir.path().join("shop.sqlite");
     let url = path
         .to_str()
         .ok_or("the temporary directory's path is not UTF-8")?;
     println!(
-        "diesel-claim shop on SQLite ({}), {} workers, {} orders\n",
-        path.display(),
-        options.workers,
-        options.orders
+        "diesel-claim shop on SQLite (a temporary file, removed at the end), {} workers, {} \
+         orders\n",
+        options.workers, options.orders
     );
 
     let pool = Pool::builder()
@@ -141,5 +131,12 @@ pub fn run(options: &Options, clock: Clock) -> Result<Checks, BoxError> {
     diesel_claim::run_migrations(&mut conn)?;
     drop(conn);
 
-    stories::run(&pool, options, clock)
+    let checks = stories::run(&pool, options, clock);
+    // Every connection closed before the directory goes; a failure to remove
+    // it is reported after the run's own error, which matters more.
+    drop(pool);
+    let removed = dir.close();
+    let checks = checks?;
+    removed?;
+    Ok(checks)
 }

@@ -17,7 +17,7 @@ use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::Async;
 use crate::claim::run::{panicked, ran_late};
-use crate::claim::worker::LeftOut;
+use crate::claim::worker::{LeftOut, PassedOver};
 use crate::metrics::ClaimMetrics;
 use crate::sql::Position;
 use crate::trace::Instrument;
@@ -222,7 +222,7 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
         &mut self,
         conn: &mut C,
         f: &mut F,
-        left_out: LeftOut<T::Key>,
+        left_out: LeftOut<'_, T::Key, E>,
     ) -> ClaimOutcome<T::Key, E>
     where
         Q: Sync,
@@ -259,13 +259,14 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             kind: &mut self.kind,
             hook: &mut self.hook,
             options: &self.options,
-            failed: Vec::new(),
+            failed: PassedOver::new(left_out.tell),
             transient: false,
             backoff: left_out.backoff.as_deref(),
             metrics: ClaimMetrics::new(&table, worker.as_deref()),
         };
         let stopped = driver.run(conn, f).instrument(span.clone()).await.err();
-        let (failed, transient, mut metrics) = (driver.failed, driver.transient, driver.metrics);
+        let (failed, transient, mut metrics) =
+            (driver.failed.failures, driver.transient, driver.metrics);
         let report = claim.report();
         metrics.claim_ended(began, report.counts(), claim.in_worker());
         ClaimOutcome::ended(report, failed, stopped, transient, &span)

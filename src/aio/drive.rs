@@ -15,7 +15,7 @@ use super::transaction::{locking_transaction, roll_back_to, transaction_depth};
 use crate::backend::strategy::Strategy;
 use crate::claim::engine::{Claim, Step, Taking};
 use crate::claim::run::{backed_off, calls, pass_over_backed_off, Failing, NextBatch};
-use crate::claim::worker::Backoff;
+use crate::claim::worker::{Backoff, PassedOver};
 use crate::claim::{failures_in_savepoints, Options};
 use crate::metrics::ClaimMetrics;
 use crate::sql::{KeyRange, Position};
@@ -31,7 +31,7 @@ pub(super) struct Driver<'d, Q, T, H, K, E> {
     pub(super) kind: &'d mut T,
     pub(super) hook: &'d mut H,
     pub(super) options: &'d Options,
-    pub(super) failed: Vec<RowFailure<K, E>>,
+    pub(super) failed: PassedOver<'d, K, E>,
     /// See the blocking driver's.
     pub(super) transient: bool,
     /// See the blocking driver's.
@@ -260,14 +260,13 @@ where
                 self.claim.processed(processed);
                 self.claim.timed_out(timed_out);
                 for failure in caught {
-                    self.passed_over::<C, I>(&failure.keys);
-                    self.failed.push(failure);
+                    self.failed.add(self.claim, T::table_name, failure);
                 }
             }
             (Err(error), Some(Failing::Closure(keys))) if catch => {
                 self.claim.timed_out(timed_out);
-                self.passed_over::<C, I>(&keys);
-                self.failed.push(RowFailure::new(keys, error));
+                let failure = RowFailure::new(keys, error);
+                self.failed.add(self.claim, T::table_name, failure);
             }
             (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
                 return Err(RowFailure::new(keys, error))
@@ -373,8 +372,8 @@ where
             } else {
                 error
             };
-            self.passed_over::<C, I>(&keys);
-            self.failed.push(RowFailure::new(keys, error));
+            let failure = RowFailure::new(keys, error);
+            self.failed.add(self.claim, T::table_name, failure);
         }
         self.claim.processed(processed);
         ended
@@ -424,19 +423,5 @@ where
         };
         self.claim
             .taken(rows, limit, |row| Position::of_key(T::taken_key(row)))
-    }
-
-    /// Counts a failure the call goes on past, and says so (a worker says so
-    /// itself, with the error, which it can show).
-    fn passed_over<C, I>(&mut self, keys: &[K])
-    where
-        T: Takes<'a, Q, C, I, Key = K>,
-        C: AsyncConnection,
-    {
-        if !self.claim.in_worker() {
-            trace::passed_over(&T::table_name(), None, keys, None);
-        }
-        self.claim
-            .failed(keys.iter().cloned().map(Position::of_key).collect());
     }
 }

@@ -254,7 +254,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
             let ClaimWorker { claim, polling } = self;
             let labels = claim.options.worker_labels(T::table_name());
             let span = polling.span(&labels);
-            polling.check(true)?;
+            polling.check(true, &labels)?;
             let events = span.in_scope(|| polling.events(labels));
             let worker = Arc::new(PooledWorker {
                 shared: Shared::new(&polling),
@@ -409,6 +409,7 @@ impl<PP, K> PooledWorker<PP, K> {
             backoff,
             events,
         } = self;
+        let tell = |keys: &[K], error: &E| events.passed_over(keys, error);
         let mut total = ClaimReport::default();
         let mut pause = polling.min_poll;
         let mut reconnect = Reconnect::new();
@@ -457,9 +458,8 @@ impl<PP, K> PooledWorker<PP, K> {
                 metrics.failed_outside_the_claim(left);
             }
             let left_out = LeftOut {
-                backoff: Some(Arc::clone(backoff)),
                 sibling: steering.then(|| sibling.clone()),
-                only: None,
+                ..LeftOut::backed_off(backoff, &tell)
             };
             let outcome = once.claim_once(&mut conn, left_out).await;
             let lost = outcome.stopped.is_some()

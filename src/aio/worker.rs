@@ -87,7 +87,7 @@ pub(super) trait ClaimOnce<C>: Send {
     fn claim_once<'c>(
         &'c mut self,
         conn: &'c mut C,
-        left_out: LeftOut<Self::Key>,
+        left_out: LeftOut<'c, Self::Key, Self::Error>,
     ) -> BoxFuture<'c, ClaimOutcome<Self::Key, Self::Error>>;
 
     /// Records the failure of the rows at `keys`, which a run handed over on
@@ -138,7 +138,7 @@ where
     fn claim_once<'c>(
         &'c mut self,
         conn: &'c mut C,
-        left_out: LeftOut<T::Key>,
+        left_out: LeftOut<'c, T::Key, E>,
     ) -> BoxFuture<'c, ClaimOutcome<T::Key, E>> {
         Box::pin(self.claim.run_once(conn, &mut self.f, left_out))
     }
@@ -180,8 +180,9 @@ where
     let span = polling.span(&labels);
     let totals = span.clone();
     let worked = async {
-        polling.check(false)?;
+        polling.check(false, &labels)?;
         let events = polling.events(labels);
+        let tell = |keys: &[K], error: &E| events.passed_over(keys, error);
         let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
         let worked: Result<(ClaimReport, &str), RowFailure<K, E>> = async {
             if let Some(channel) = &polling.channel {
@@ -194,7 +195,9 @@ where
                 if polling.stop.is_stopped() {
                     return Ok((total, STOPPED));
                 }
-                let outcome = once.claim_once(conn, LeftOut::backed_off(&backoff)).await;
+                let outcome = once
+                    .claim_once(conn, LeftOut::backed_off(&backoff, &tell))
+                    .await;
                 let took = tally(&mut total, outcome, &events)?;
                 if polling.until_empty && !took {
                     return Ok((total, NOTHING_PENDING));

@@ -88,7 +88,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
         let labels = claim.options.worker_labels(T::table_name());
         let span = polling.span(&labels);
         let _entered = span.enter();
-        polling.check(true)?;
+        polling.check(true, &labels)?;
         let events = polling.events(labels);
         let subscriber = &CallersSubscriber::of_this_thread();
         let ended = std::thread::scope(|scope| {
@@ -107,8 +107,9 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
                     scope.spawn(move || {
                         let _halts = HaltOnPanic(shared);
                         subscriber.in_span(span, || {
-                            let once =
-                                |conn: &mut C, left_out| claim.run_once(conn, &mut f, left_out);
+                            let once = |conn: &mut C, left_out: LeftOut<'_, _, _>| {
+                                claim.run_once(conn, &mut f, left_out)
+                            };
                             claim_loop(pool, polling, shared, backoff, events, sibling, once)
                         })
                     })
@@ -165,13 +166,14 @@ fn claim_loop<C, K, E>(
     backoff: &Arc<Backoff<K>>,
     events: &WorkerTrace,
     sibling: Sibling<Position<K>>,
-    mut claim_once: impl FnMut(&mut C, LeftOut<K>) -> ClaimOutcome<K, E>,
+    mut claim_once: impl FnMut(&mut C, LeftOut<'_, K, E>) -> ClaimOutcome<K, E>,
 ) -> Result<ClaimReport, RowFailure<K, E>>
 where
     C: R2D2Connection + Send + 'static,
     K: Clone + Eq + Hash + Debug + Send,
     E: From<Error> + Display + 'static,
 {
+    let tell = |keys: &[K], error: &E| events.passed_over(keys, error);
     let mut total = ClaimReport::default();
     let mut pause = polling.min_poll;
     let mut reconnect = Reconnect::new();
@@ -201,9 +203,8 @@ where
             seen = shared.wake();
         }
         let left_out = LeftOut {
-            backoff: Some(Arc::clone(backoff)),
             sibling: steering.then(|| sibling.clone()),
-            only: None,
+            ..LeftOut::backed_off(backoff, &tell)
         };
         let outcome = claim_once(&mut conn, left_out);
         let lost = outcome.stopped.is_some()

@@ -350,14 +350,14 @@ trait InPositions<R, O>: Reusable {
         &'static R: Identifiable,
         <&'static R as Identifiable>::Id: IdShape,
         Shape<R>: KeyShape<R>,
-        O: OrderTerms,
+        O: ClaimOrder<Wrapped<R>, Key<R>>,
         Self::Query: FilterDsl<InRange<Positioned<O, Wrapped<R>>, Position<Key<R>>>>,
     {
         if range.bounds_nothing() {
             return Ranged::Whole(self.query());
         }
         let in_range = InRange {
-            column: Positioned::new(Shape::<R>::columns()),
+            column: Positioned::new(Shape::<R>::columns(), O::terms_hold_the_key()),
             range,
         };
         Ranged::Within(FilterDsl::filter(self.query(), in_range))

@@ -12,7 +12,7 @@ use diesel::QueryResult;
 use super::engine::{Claim, Step, Taking};
 use super::kind::{FailureHook, Takes};
 use super::report::{ClaimOutcome, ClaimReport, RowFailure};
-use super::worker::{Backoff, LeftOut};
+use super::worker::{Backoff, LeftOut, PassedOver};
 use super::{failures_in_savepoints, ClaimBuilder, Options};
 use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
@@ -108,7 +108,7 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
         &mut self,
         conn: &mut C,
         f: &mut F,
-        left_out: LeftOut<T::Key>,
+        left_out: LeftOut<'_, T::Key, E>,
     ) -> ClaimOutcome<T::Key, E>
     where
         T: Takes<'q, Q, C, I>,
@@ -144,13 +144,14 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             kind: &mut self.kind,
             hook: &mut self.hook,
             options: &self.options,
-            failed: Vec::new(),
+            failed: PassedOver::new(left_out.tell),
             transient: false,
             backoff: left_out.backoff.as_deref(),
             metrics: ClaimMetrics::new(&table, worker.as_deref()),
         };
         let stopped = span.in_scope(|| driver.run(conn, f)).err();
-        let (failed, transient, mut metrics) = (driver.failed, driver.transient, driver.metrics);
+        let (failed, transient, mut metrics) =
+            (driver.failed.failures, driver.transient, driver.metrics);
         let report = claim.report();
         metrics.claim_ended(began, report.counts(), claim.in_worker());
         ClaimOutcome::ended(report, failed, stopped, transient, &span)
@@ -213,7 +214,7 @@ struct Driver<'d, Q, T, H, K, E> {
     kind: &'d mut T,
     hook: &'d mut H,
     options: &'d Options,
-    failed: Vec<RowFailure<K, E>>,
+    failed: PassedOver<'d, K, E>,
     /// The error that ended the run is one of the crate's statements', and
     /// running again mends it (see [`ClaimOutcome::transient`]).
     transient: bool,
@@ -235,7 +236,7 @@ pub(crate) enum Failing<K> {
 
 impl<'q, Q, T, H, K, E> Driver<'_, Q, T, H, K, E>
 where
-    K: Clone + Eq + Hash,
+    K: Clone + Eq + Hash + std::fmt::Debug,
     E: From<Error>,
 {
     /// Runs the claim's steps until it is done; an error ends it.
@@ -415,14 +416,12 @@ where
                 claim.processed(processed);
                 claim.timed_out(timed_out);
                 for failure in caught {
-                    failure_passed_over::<T, _, _, _>(claim, &failure.keys);
-                    failed.push(failure);
+                    failed.add(claim, T::table_name, failure);
                 }
             }
             (Err(error), Some(Failing::Closure(keys))) if catch => {
                 claim.timed_out(timed_out);
-                failure_passed_over::<T, _, _, _>(claim, &keys);
-                failed.push(RowFailure::new(keys, error));
+                failed.add(claim, T::table_name, RowFailure::new(keys, error));
             }
             (Err(error), Some(Failing::Closure(keys) | Failing::Ends(keys))) => {
                 return Err(RowFailure::new(keys, error))
@@ -512,8 +511,8 @@ where
                     });
                     hooked.map_err(|hook_error| RowFailure::new(keys.clone(), hook_error))?;
                 }
-                failure_passed_over::<T, _, _, _>(self.claim, &keys);
-                self.failed.push(RowFailure::new(keys, error));
+                let failure = RowFailure::new(keys, error);
+                self.failed.add(self.claim, T::table_name, failure);
             }
             Ok(())
         })();
@@ -554,19 +553,6 @@ pub(crate) fn pass_over_backed_off<K, R>(
         free
     });
     claim.exclude(held);
-}
-
-/// Counts a failure the call goes on past, and says so (a worker says so
-/// itself, with the error, which it can show).
-fn failure_passed_over<'q, T, Q, C, I>(claim: &mut Claim<Position<T::Key>>, keys: &[T::Key])
-where
-    T: Takes<'q, Q, C, I>,
-    C: Connection,
-{
-    if !claim.in_worker() {
-        trace::passed_over(&T::table_name(), None, keys, None);
-    }
-    claim.failed(keys.iter().cloned().map(Position::of_key).collect());
 }
 
 /// Claims a batch with a statement that commits on its own (or in a

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::engine::Claim;
 use super::kind::{FailureHook, Takes};
 use super::run::PerRow;
 use super::siblings::Sibling;
@@ -331,7 +332,9 @@ impl<Q, M, T, H> ClaimWorker<ClaimBuilder<Q, M, T, H>> {
     /// workers of one table are told apart: with the `tracing` feature, the
     /// worker's span and each of its events carry it as `worker`; with the
     /// `metrics` feature, its claims' metrics have it as the label `worker`.
-    /// See the guide's [names](crate::guide::workers#names).
+    /// See the guide's [names](crate::guide::workers#names). An empty name
+    /// would tell nothing apart: the worker refuses it with
+    /// [`Error::InvalidArgument`] before any SQL.
     pub fn name(mut self, name: &str) -> Self {
         self.claim.options.worker = Some(name.to_owned());
         self
@@ -375,8 +378,15 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Blocking, T, H>> {
 
 impl Polling {
     /// The options, checked before anything is sent, for a worker on a pool
-    /// or on one connection.
-    pub(crate) fn check(&self, pooled: bool) -> Result<(), Error> {
+    /// or on one connection, and its name.
+    pub(crate) fn check(&self, pooled: bool, labels: &Labels) -> Result<(), Error> {
+        // A table's name is never empty: an empty one was given by `name`.
+        if labels.name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "name needs at least one character (without one, a worker has its table's name)"
+                    .to_owned(),
+            ));
+        }
         if !pooled && self.concurrency != 1 {
             return Err(Error::InvalidArgument(format!(
                 "concurrency is for workers on a pool (run_pooled): run on one connection runs \
@@ -473,7 +483,7 @@ impl Polling {
         &self,
         conn: &mut C,
         labels: Labels,
-        mut claim_once: impl FnMut(&mut C, LeftOut<K>) -> ClaimOutcome<K, E>,
+        mut claim_once: impl FnMut(&mut C, LeftOut<'_, K, E>) -> ClaimOutcome<K, E>,
     ) -> Result<ClaimReport, E>
     where
         C: WaitForRows,
@@ -482,8 +492,9 @@ impl Polling {
     {
         let span = self.span(&labels);
         let _entered = span.enter();
-        self.check(false)?;
+        self.check(false, &labels)?;
         let events = self.events(labels);
+        let tell = |keys: &[K], error: &E| events.passed_over(keys, error);
         let outside = |error: Error| RowFailure::new(Vec::new(), E::from(error));
         let mut worked = || -> Result<(ClaimReport, &str), RowFailure<K, E>> {
             if let Some(channel) = &self.channel {
@@ -496,7 +507,7 @@ impl Polling {
                 if self.stop.is_stopped() {
                     return Ok((total, STOPPED));
                 }
-                let outcome = claim_once(conn, LeftOut::backed_off(&backoff));
+                let outcome = claim_once(conn, LeftOut::backed_off(&backoff, &tell));
                 let took = tally(&mut total, outcome, &events)?;
                 if self.until_empty && !took {
                     return Ok((total, NOTHING_PENDING));
@@ -535,9 +546,9 @@ pub(crate) const STOPPED: &str = "stopped";
 /// Why a worker ended: `stop_when_empty`, and a claim found nothing.
 pub(crate) const NOTHING_PENDING: &str = "nothing pending";
 
-/// What a worker's run of its claim leaves out of its takes.
-#[derive(Debug)]
-pub(crate) struct LeftOut<K> {
+/// What a worker gives one run of its claim: the rows the run leaves out of
+/// its takes, and where it tells of the rows it passes over.
+pub(crate) struct LeftOut<'w, K, E> {
     /// The worker's backoff: the rows it leaves out after they failed, and
     /// where the run records the rows that fail in it.
     pub(crate) backoff: Option<Arc<Backoff<K>>>,
@@ -545,31 +556,75 @@ pub(crate) struct LeftOut<K> {
     pub(crate) sibling: Option<Sibling<Position<K>>>,
     /// The only rows to take, if set: those whose failure the run records.
     pub(crate) only: Option<Vec<K>>,
+    /// The worker's warning of rows whose closure failed, with the error.
+    pub(crate) tell: Option<Tell<'w, K, E>>,
 }
 
-impl<K> LeftOut<K> {
+/// How a worker tells of rows passed over after their closure failed, with
+/// the error, which the worker can show (its error type is `Display`).
+pub(crate) type Tell<'w, K, E> = &'w (dyn Fn(&[K], &E) + Sync);
+
+impl<'w, K, E> LeftOut<'w, K, E> {
     /// Nothing: a claim that is not a worker's.
     pub(crate) fn nothing() -> Self {
         LeftOut {
             backoff: None,
             sibling: None,
             only: None,
+            tell: None,
         }
     }
 
-    /// The rows `backoff` holds, the worker's on one connection.
-    pub(crate) fn backed_off(backoff: &Arc<Backoff<K>>) -> Self {
+    /// The rows `backoff` holds, the worker's on one connection, which
+    /// tells of the rows it passes over with `tell`.
+    pub(crate) fn backed_off(backoff: &Arc<Backoff<K>>, tell: Tell<'w, K, E>) -> Self {
         LeftOut {
             backoff: Some(Arc::clone(backoff)),
-            sibling: None,
-            only: None,
+            tell: Some(tell),
+            ..LeftOut::nothing()
         }
     }
 }
 
+/// The failures a run of a claim goes on past, each told of as it happens:
+/// a worker's run takes batch after batch until none is left, and a warning
+/// kept until it ends would come after the work of the rows after it.
+pub(crate) struct PassedOver<'w, K, E> {
+    pub(crate) failures: Vec<RowFailure<K, E>>,
+    tell: Option<Tell<'w, K, E>>,
+}
+
+impl<'w, K: Clone + Eq + Hash + Debug, E> PassedOver<'w, K, E> {
+    pub(crate) fn new(tell: Option<Tell<'w, K, E>>) -> Self {
+        PassedOver {
+            failures: Vec::new(),
+            tell,
+        }
+    }
+
+    /// Counts `failure` in `claim`, of the table `table` names, and says so
+    /// (a worker with the error; a call without it, as its error type may
+    /// not show); keeps it for the run's outcome.
+    pub(crate) fn add(
+        &mut self,
+        claim: &mut Claim<Position<K>>,
+        table: impl FnOnce() -> String,
+        failure: RowFailure<K, E>,
+    ) {
+        match self.tell {
+            Some(tell) => tell(&failure.keys, &failure.error),
+            // A worker's run recording failures outside its loop tells nothing.
+            None if claim.in_worker() => {}
+            None => trace::passed_over(&table(), None, &failure.keys, None),
+        }
+        claim.failed(failure.keys.iter().cloned().map(Position::of_key).collect());
+        self.failures.push(failure);
+    }
+}
+
 /// Counts what a worker's run did into `total`, saying so in the worker's
-/// `events`: the rows it processed and those it passed over, or the failure
-/// that ended it; whether it took any row, or was rolled back before it knew
+/// `events`: the rows it processed and those it passed over (each of which
+/// it told of as it happened), or the failure that ended it; whether it took any row, or was rolled back before it knew
 /// (a run whose rows all failed is not an idle one). A run ended by a
 /// deadlock or a serialization failure, of the crate's own statements or of
 /// the closure's, was rolled back by the database: it is not the worker's
@@ -581,9 +636,6 @@ pub(crate) fn tally<K: Debug, E: Display + 'static>(
 ) -> Result<bool, RowFailure<K, E>> {
     total.add(&outcome.report);
     events.ran(outcome.report.processed, outcome.report.failed);
-    for failure in &outcome.failed {
-        events.passed_over(&failure.keys, &failure.error);
-    }
     let took = outcome.report.processed > 0 || !outcome.failed.is_empty();
     match outcome.stopped {
         // Rolled back, nothing lost: the next run takes the rows again.

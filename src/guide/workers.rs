@@ -336,9 +336,10 @@
 //!
 //! A worker's span, its events and its claims' metrics carry its name
 //! (`worker`) beside its table: the table's name unless the worker is given
-//! one. Name the workers of one table, so that their lines and metrics are
-//! told apart (see the guide's [tracing](super#tracing) and the `metrics`
-//! module):
+//! one (not empty: an empty name is refused with
+//! [`Error::InvalidArgument`](crate::Error::InvalidArgument)). Name the
+//! workers of one table, so that their lines and metrics are told apart (see
+//! the guide's [tracing](super#tracing) and the `metrics` module):
 //!
 //! ```
 //! # include!("../doctest_setup.rs");

@@ -596,7 +596,7 @@ mod tests {
     #[test]
     fn keys_of_two_columns_compare_as_row_values_or_column_by_column() {
         let range = InRange {
-            column: Positioned::<KeyOrder, _>::new(Row((lines::order_id, lines::line_no))),
+            column: Positioned::<KeyOrder, _>::new(Row((lines::order_id, lines::line_no)), false),
             range: KeyRange::between(Some(Position::of_key((1, 2))), Position::of_key((5, 6))),
         };
         assert_eq!(
@@ -628,7 +628,7 @@ mod tests {
 
     #[test]
     fn a_range_leaves_its_excluded_keys_out_and_holds_among_alone() {
-        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id));
+        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id), false);
         let whole = |among: Option<Arc<[Position<i32>]>>| InRange {
             column: column(),
             range: KeyRange::whole()

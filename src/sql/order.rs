@@ -429,6 +429,10 @@ pub trait ClaimOrder<W: WrappedKey, K>: OrderTerms {
     fn ordering(key: W) -> Self::Ordering;
     #[doc(hidden)]
     fn position(loaded: Self::Loaded) -> Position<K>;
+    /// Whether the terms hold every column of the key, so that no two rows
+    /// are tied on all of them.
+    #[doc(hidden)]
+    fn terms_hold_the_key() -> bool;
 }
 
 impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
@@ -446,6 +450,10 @@ impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
 
     fn position(key: K) -> Position<K> {
         Position::of_key(key)
+    }
+
+    fn terms_hold_the_key() -> bool {
+        false
     }
 }
 
@@ -478,6 +486,10 @@ macro_rules! claim_order {
                 Self::push_values(values, &mut position.values);
                 position
             }
+
+            fn terms_hold_the_key() -> bool {
+                W::wholly_among::<Self>()
+            }
         }
     )+};
 }
@@ -499,6 +511,8 @@ claim_order! {
 pub struct Positioned<T: OrderTerms, Key> {
     pub terms: T::Columns,
     pub key: Key,
+    /// The terms hold every column of the key ([`ClaimOrder::terms_hold_the_key`]).
+    terms_hold_the_key: bool,
     order: PhantomData<T>,
 }
 
@@ -511,10 +525,13 @@ impl<T: OrderTerms, Key: Copy> Clone for Positioned<T, Key> {
 impl<T: OrderTerms, Key: Copy> Copy for Positioned<T, Key> {}
 
 impl<T: OrderTerms, Key> Positioned<T, Key> {
-    pub fn new(key: Key) -> Self {
+    /// The columns of the order `T` and the key `key`, which the terms hold
+    /// wholly if `terms_hold_the_key`.
+    pub fn new(key: Key, terms_hold_the_key: bool) -> Self {
         Positioned {
             terms: T::columns(),
             key,
+            terms_hold_the_key,
             order: PhantomData,
         }
     }
@@ -567,7 +584,10 @@ where
 impl<T: OrderTerms, Key> Positioned<T, Key> {
     /// The comparison from term `index` on, as `(t >= v AND (t > v OR …))` (a
     /// descending term the other way), whose first condition bounds an index
-    /// range on the term; after the last term, the key's own comparison.
+    /// range on the term; after the last term, the key's own comparison. When
+    /// the terms hold the key, rows tied on every term are one row, the
+    /// position's own, and the last term is compared alone (`t > v`, or `t >=
+    /// v` to take the position's row in): the key's comparison would repeat it.
     fn walk_from<'b, K, DB>(
         &'b self,
         index: usize,
@@ -599,6 +619,10 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
             out.push_sql(operator);
             T::walk_value(index, value, out)
         };
+        if index + 1 == T::LEN && self.terms_hold_the_key {
+            let taken_in = operator != " > ";
+            return compare(if taken_in { inclusive } else { strict }, out);
+        }
         out.push_sql("(");
         compare(inclusive, out.reborrow())?;
         out.push_sql(" AND (");
@@ -611,69 +635,4 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
 }
 
 #[cfg(all(test, feature = "postgres_backend", feature = "mysql_backend"))]
-mod tests {
-    use super::*;
-    use crate::sql::keys::{KeyRange, One, Row};
-    use crate::sql::InRange;
-
-    diesel::table! {
-        jobs (id) {
-            id -> Integer,
-            priority -> Integer,
-            due -> Text,
-        }
-    }
-
-    fn sql<DB: crate::backend::ClaimBackend>(fragment: &impl QueryFragment<DB>) -> String {
-        crate::sql::rendered::render::<DB>(fragment).unwrap()
-    }
-
-    fn at(values: &[i64], key: i32) -> Position<i32> {
-        Position {
-            values: values
-                .iter()
-                .map(|value| OrderValue::Integer(*value))
-                .collect(),
-            key,
-        }
-    }
-
-    /// `ORDER BY priority DESC, due, id`: after a position means a lower
-    /// priority, or the same and a later due date, or both the same and a
-    /// higher key; up to one, the other way round.
-    #[test]
-    fn positions_compare_term_by_term_in_each_terms_direction() {
-        type Order = (Desc<jobs::priority>, Asc<jobs::due>);
-        let range = InRange {
-            column: Positioned::<Order, _>::new(One(jobs::id)),
-            range: KeyRange::between(Some(at(&[5, 1], 7)), at(&[2, 3], 9)),
-        };
-        assert_eq!(
-            sql::<diesel::pg::Pg>(&range),
-            r#"(("jobs"."priority" <= $1 AND ("jobs"."priority" < $2 OR ("jobs"."due" >= $3 AND ("jobs"."due" > $4 OR "jobs"."id" > $5)))) AND ("jobs"."priority" >= $6 AND ("jobs"."priority" > $7 OR ("jobs"."due" <= $8 AND ("jobs"."due" < $9 OR "jobs"."id" <= $10)))))"#
-        );
-        let composite = InRange {
-            column: Positioned::<Desc<jobs::priority>, _>::new(Row((jobs::id, jobs::priority))),
-            range: KeyRange::after(Some(Position {
-                values: vec![OrderValue::Integer(5)],
-                key: (1, 2),
-            })),
-        };
-        assert_eq!(
-            sql::<diesel::mysql::Mysql>(&composite),
-            "((`jobs`.`priority` <= ? AND (`jobs`.`priority` < ? OR (`jobs`.`id` >= ? AND \
-             (`jobs`.`id` > ? OR `jobs`.`priority` > ?)))))"
-        );
-    }
-
-    /// A position read in key order has no values: one taken for an order
-    /// with terms is a bug, reported rather than rendered wrong.
-    #[test]
-    fn a_position_without_its_order_values_is_an_error() {
-        let range = InRange {
-            column: Positioned::<Desc<jobs::priority>, _>::new(One(jobs::id)),
-            range: KeyRange::after(Some(Position::of_key(1))),
-        };
-        assert!(crate::sql::rendered::render::<diesel::pg::Pg>(&range).is_err());
-    }
-}
+mod tests;

@@ -55,10 +55,15 @@ pub fn run(
         options.orders
     ));
 
-    let progress = Progress::new(500, "emails sent", clock);
+    let progress = Progress::new(500, "emails sent so far, in all runs", clock);
+    let mut express_first = ExpressFirst::default();
+    clock.log(format_args!(
+        "the email job, on {} workers at once:",
+        options.workers
+    ));
     let runs_from = last_email(&mut conn)?;
     let (first, _) = send_emails_concurrently(pool, options, &progress, None)?;
-    check_express_first(&mut conn, runs_from, checks)?;
+    express_first.count(&mut conn, runs_from)?;
 
     // Nobody may have emailed an order that has not shipped yet.
     let early: i64 = outbox::table
@@ -75,33 +80,45 @@ pub fn run(
         ),
     );
 
-    let shipped_by_worker = run_the_warehouse(pool, options.orders, clock, checks)?;
+    let shipped_by_worker = run_the_warehouse(pool, options.orders, checks)?;
     clock.log(format_args!(
-        "a warehouse worker shipped the other {shipped_by_worker} orders as they came, then stopped"
+        "a warehouse worker shipped the other {shipped_by_worker} orders as they came, \
+         {LATE_ORDERS} of them placed while it worked; then it was stopped"
     ));
     // Customers of the partner shop are told first: the same job, with a
     // filter chosen at run time.
+    clock.log(format_args!(
+        "the email job for {PARTNER_DOMAIN} customers first, on {} workers:",
+        options.workers
+    ));
     let runs_from = last_email(&mut conn)?;
     let (partners, _) = send_emails_concurrently(pool, options, &progress, Some(PARTNER_DOMAIN))?;
+    express_first.count(&mut conn, runs_from)?;
     clock.log(format_args!(
-        "{partners} emails to {PARTNER_DOMAIN} customers first"
+        "{partners} emails to {PARTNER_DOMAIN} customers"
     ));
-    check_express_first(&mut conn, runs_from, checks)?;
     // The job runs again while orders fail: each run tries a failing order
     // once per worker, until its attempts reach the limit.
+    clock.log(format_args!(
+        "the email job for everyone, run again until no email fails (an order is a dead \
+         letter after {MAX_EMAIL_ATTEMPTS} failed attempts):"
+    ));
     let runs_from = last_email(&mut conn)?;
     let (mut second, mut runs) = (0, 0);
     loop {
+        runs += 1;
+        println!("          run {runs}:");
         let (sent, failed) = send_emails_concurrently(pool, options, &progress, None)?;
-        (second, runs) = (second + sent, runs + 1);
+        second += sent;
         if failed == 0 {
             break;
         }
     }
     clock.log(format_args!(
-        "{runs} more runs, until the failing orders are dead letters"
+        "{runs} runs, until the failing orders were dead letters"
     ));
-    check_express_first(&mut conn, runs_from, checks)?;
+    express_first.count(&mut conn, runs_from)?;
+    express_first.check(checks);
 
     check_emails(&mut conn, first + partners + second, checks)?;
     check_dead_letters(&mut conn, options.orders + LATE_ORDERS, checks)?;
@@ -212,12 +229,13 @@ fn send_emails_concurrently(
             conn, worker, progress, domain,
         )?)
     })?;
-    // Candidates another worker got to first: already emailed when this worker
-    // came to lock them (`gone`), or locked by it at the time (`locked`); and
-    // orders whose email failed (`failed`), left pending.
+    // Candidates another worker got to first are `gone` (emailed, or a dead
+    // letter, when this worker came to lock them) or `locked` (by it, at the
+    // time); orders whose email failed are `failed`, their attempt counted.
     for (worker, report) in reports.iter().enumerate() {
         println!(
-            "          worker {worker}: processed {:>5}, gone {:>5}, locked {:>3}, failed {:>2}",
+            "          email worker {worker}: {:>4} emailed, {:>4} gone (another worker got to them \
+             first), {:>3} locked (another worker held them), {:>2} failed (attempt counted)",
             report.processed, report.gone, report.locked, report.failed
         );
     }
@@ -230,12 +248,7 @@ fn send_emails_concurrently(
 /// polling elsewhere), while late orders come in; once all are shipped it is
 /// told to stop, finishes the batch in hand and reports. Returns the orders it
 /// shipped.
-fn run_the_warehouse(
-    pool: &Pool,
-    placed: u32,
-    clock: Clock,
-    checks: &mut Checks,
-) -> Result<u64, BoxError> {
+fn run_the_warehouse(pool: &Pool, placed: u32, checks: &mut Checks) -> Result<u64, BoxError> {
     let unshipped = || orders::table.filter(orders::shipped_at.is_null());
     let mut conn = pool.get()?;
     let waiting: i64 = unshipped().count().get_result(&mut conn)?;
@@ -289,9 +302,6 @@ fn run_the_warehouse(
             report.processed
         ),
     );
-    clock.log(format_args!(
-        "{LATE_ORDERS} late orders placed while the warehouse worked"
-    ));
     Ok(report.processed)
 }
 
@@ -349,33 +359,45 @@ fn last_email(conn: &mut Conn) -> QueryResult<i32> {
         .map(Option::unwrap_or_default)
 }
 
-/// Each worker claims in the query's order: in the run whose emails follow
-/// the outbox row `after`, every worker emailed its express orders before any
-/// other.
-fn check_express_first(conn: &mut Conn, after: i32, checks: &mut Checks) -> QueryResult<()> {
-    let sent: Vec<(i32, i32)> = outbox::table
-        .inner_join(orders::table)
-        .filter(outbox::id.gt(after))
-        .order(outbox::id)
-        .select((outbox::worker, orders::priority))
-        .load(conn)?;
-    let mut last_priority = std::collections::HashMap::new();
-    let out_of_order = sent
-        .iter()
-        .filter(|(worker, priority)| {
-            let last = last_priority.insert(*worker, *priority);
-            last.is_some_and(|last| last < *priority)
-        })
-        .count();
-    checks.check(
-        "each worker emails express orders first",
-        out_of_order == 0,
-        format!(
-            "{} emails, {out_of_order} after a lower priority's",
-            sent.len()
-        ),
-    );
-    Ok(())
+/// Each worker claims in the query's order: in every run of the email job,
+/// each worker emailed its express orders before any other.
+#[derive(Debug, Default)]
+struct ExpressFirst {
+    emails: usize,
+    out_of_order: usize,
+}
+
+impl ExpressFirst {
+    /// Counts the emails of the runs that followed the outbox row `after`.
+    fn count(&mut self, conn: &mut Conn, after: i32) -> QueryResult<()> {
+        let sent: Vec<(i32, i32)> = outbox::table
+            .inner_join(orders::table)
+            .filter(outbox::id.gt(after))
+            .order(outbox::id)
+            .select((outbox::worker, orders::priority))
+            .load(conn)?;
+        let mut last_priority = std::collections::HashMap::new();
+        self.out_of_order += sent
+            .iter()
+            .filter(|(worker, priority)| {
+                let last = last_priority.insert(*worker, *priority);
+                last.is_some_and(|last| last < *priority)
+            })
+            .count();
+        self.emails += sent.len();
+        Ok(())
+    }
+
+    fn check(&self, checks: &mut Checks) {
+        checks.check(
+            "each worker emails express orders first",
+            self.out_of_order == 0,
+            format!(
+                "{} emails in all runs, {} after a lower priority's",
+                self.emails, self.out_of_order
+            ),
+        );
+    }
 }
 
 /// Every order with an undeliverable address ends as a dead letter: tried

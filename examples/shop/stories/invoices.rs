@@ -72,9 +72,13 @@ pub fn run(
     let count: i64 = invoices::table.count().get_result(&mut conn)?;
 
     let late_write = stall_past_the_stamp(pool)?;
-    clock.log(format_args!(
-        "a worker that stalled past its stamp was overtaken; its late write: {late_write:?}"
-    ));
+    match &late_write {
+        Err(error) => clock.log(format_args!(
+            "a worker that stalled past its stamp was overtaken; its late write was refused: \
+             {error}"
+        )),
+        Ok(()) => clock.log("a worker that stalled past its stamp wrote late, unrefused"),
+    }
 
     let abandoned = die_holding_a_batch(&mut conn)?;
     let died = Instant::now();

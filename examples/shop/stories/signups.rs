@@ -74,7 +74,7 @@ pub fn run(
     ));
     for (name, outcome) in &outcomes {
         if let SignUp::Created { user_id, token } = outcome {
-            println!("          {name:<5} -> user #{user_id}, lease token {token}");
+            println!("          {name:<5} created: user #{user_id}, under lease token {token}");
         }
     }
 

@@ -154,7 +154,8 @@ async fn send_emails_concurrently(
     // the time, or already emailed when this task came to lock them.
     for (worker, report) in reports.iter().enumerate() {
         println!(
-            "          task {worker}: processed {:>5}, skipped {:>5}",
+            "          email task {worker}: {:>5} emailed, {:>5} skipped (another task got to \
+             them first)",
             report.processed, report.skipped
         );
     }
