@@ -98,7 +98,7 @@ publish = false
 [dependencies]
 diesel = {{ version = "2.3", default-features = false, features = ["postgres", "sqlite"] }}
 diesel-async = {{ version = "0.9.2", features = ["postgres", "sqlite"] }}
-diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async"] }}
+diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async", "migrations"] }}
 
 [workspace]
 "#

@@ -174,6 +174,7 @@ mod query;
 mod retries;
 mod timed;
 mod transaction;
+mod unwind;
 mod versioned;
 mod worker;
 
