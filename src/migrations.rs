@@ -8,9 +8,9 @@
 //!
 //! To keep the lease table in your own migrations instead, copy the backend's
 //! `up.sql` and `down.sql` ([`migrations/<backend>/…_diesel_claim_leases/`](https://github.com/diesel-claim/diesel-claim/tree/main/migrations))
-//! into a migration of yours, do not call [`run_migrations`], and turn the
-//! default feature `migrations` off (`default-features = false`): then
-//! neither this module nor diesel_migrations is built. The constants below
+//! into a migration of yours, do not call [`run_migrations`], and leave the
+//! feature `migrations` off: then neither this module nor diesel_migrations
+//! is built. The constants below
 //! serve a harness of your own; it records them where it records yours.
 
 use crate::backend::strategy::Strategy;

@@ -126,7 +126,7 @@ publish = false
 diesel = {{ version = "2.3", default-features = false, features = ["postgres", "sqlite"] }}
 # The pools' features, without diesel-claim's: for the refusals that name them.
 diesel-async = {{ version = "0.9.2", features = ["postgres", "sqlite", "bb8", "deadpool"] }}
-diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async"] }}
+diesel-claim = {{ path = {crate_dir:?}, features = ["postgres", "sqlite", "async", "migrations"] }}
 
 [workspace]
 "#

@@ -2,7 +2,6 @@
 //! runs through, as futures, on the blocking claim's engine and statements.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use diesel::query_builder::Query;
@@ -15,6 +14,7 @@ use super::drive::Driver;
 use super::kind::{FailureHook, Takes};
 use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
+use super::unwind::catch_unwind;
 use super::Async;
 use crate::claim::run::{panicked, ran_late};
 use crate::claim::worker::{LeftOut, PassedOver};
@@ -359,8 +359,7 @@ pub(super) async fn call<E: From<Error>>(
     if !catch_panics {
         return f.await;
     }
-    AssertUnwindSafe(f)
-        .catch_unwind()
+    catch_unwind(f)
         .await
         .unwrap_or_else(|payload| Err(panicked(&*payload)))
 }

@@ -1,18 +1,17 @@
 //! Named leases on a diesel-async connection.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use diesel_async::AsyncConnection;
 use futures_util::future::{self, BoxFuture, Either};
-use futures_util::FutureExt;
 use tokio::sync::watch;
 
 use super::backend::AsyncBackend;
 use super::closure::AsyncFnOnce2;
 use super::transaction::transaction_depth;
+use super::unwind::catch_unwind;
 use crate::lease::{lease_outcome, lease_span, Patience};
 use crate::trace::{self, Instrument};
 use crate::{Error, KeptLease};
@@ -135,7 +134,7 @@ where
         // Boxed where its `Send` is known: the future borrows the lease too,
         // and the compiler cannot carry that bound through the `async` block.
         let work: BoxFuture<'_, _> = Box::pin(f(&mut *conn, &lease));
-        let outcome = AssertUnwindSafe(work).catch_unwind().await;
+        let outcome = catch_unwind(work).await;
         let released = lease.release(conn).await;
         lease_outcome(outcome, released, &span)
     }
@@ -203,7 +202,7 @@ where
         let (stop, stopped) = watch::channel(false);
         let work = async {
             let work: BoxFuture<'_, _> = Box::pin(f(&mut *conn, &kept));
-            let outcome = AssertUnwindSafe(work).catch_unwind().await;
+            let outcome = catch_unwind(work).await;
             stop.send_replace(true);
             outcome
         };

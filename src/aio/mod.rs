@@ -173,6 +173,7 @@ mod query;
 mod retries;
 mod timed;
 mod transaction;
+mod unwind;
 mod versioned;
 mod worker;
 

@@ -1,7 +1,7 @@
 //! The transaction a claim, a row lock or a lease step runs in, on a
 //! diesel-async connection: the async twin of `crate::transaction`.
 
-use std::panic::{self, AssertUnwindSafe};
+use std::panic;
 
 use std::num::NonZeroU32;
 use std::time::Instant;
@@ -12,6 +12,7 @@ use futures_util::FutureExt;
 use scoped_futures::ScopedBoxFuture;
 
 use super::backend::AsyncBackend;
+use super::unwind::catch_unwind;
 use crate::claim::Options;
 use crate::locking::IdleBound;
 use crate::{trace, Error};
@@ -71,7 +72,7 @@ where
         return Err(error.into());
     }
     let began = Instant::now();
-    let outcome = AssertUnwindSafe(body(open.conn())).catch_unwind().await;
+    let outcome = catch_unwind(body(open.conn())).await;
     let ended = match outcome {
         Ok(Ok(value)) => match C::TransactionManager::commit_transaction(open.conn()).await {
             Ok(()) => Ok(value),

@@ -145,10 +145,11 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
         cargo(servers, args, &["--", "-D", "warnings"].map(String::from))?;
     }
     async_only_dependencies()?;
+    shared_features()?;
     sqlite_example_dependencies()?;
     job_service_dependencies()?;
-    // The crate without its default `migrations`, which the tests'
-    // dev-dependencies turn on in every build above.
+    // The crate without `migrations`, which the tests' dev-dependencies turn
+    // on in every build above.
     cargo(
         servers,
         [
@@ -219,11 +220,11 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
 }
 
 /// The feature sets a registry user's build of the packaged crate is
-/// checked with: backends with the default `migrations`, the defaults
-/// alone, and an async-only service that keeps the lease table in its own
-/// migrations (no diesel_migrations).
+/// checked with: backends with `migrations`, the defaults alone (none), and
+/// an async-only service that keeps the lease table in its own migrations
+/// (no diesel_migrations).
 const PACKAGED_FEATURE_SETS: [&str; 3] = [
-    "diesel-claim/default,diesel-claim/postgres,diesel-claim/sqlite,diesel-claim/async",
+    "diesel-claim/migrations,diesel-claim/postgres,diesel-claim/sqlite,diesel-claim/async",
     "diesel-claim/default",
     "diesel-claim/postgres_backend,diesel-claim/async",
 ];
@@ -380,6 +381,63 @@ fn async_only_dependencies() -> Result<(), Error> {
     let edges = ["--edges", "normal", "--features", ASYNC_ONLY];
     let tree = dependencies("diesel-claim", &edges)?;
     lacks(&tree, "diesel-async", &BLOCKING_ONLY, ASYNC_ONLY)
+}
+
+/// Features of dependencies an application shares that the crate must not
+/// turn on, for its code needs none of them: each would rebuild that
+/// dependency, and every crate of the application above it, when the crate is
+/// added. `(dependency, feature, why not)`.
+const SHARED_FEATURES_LEFT_OFF: [(&str, &str, &str); 3] = [
+    ("futures-util", "std", "catch_unwind is aio/unwind.rs"),
+    ("bb8", "parking_lot", "turns on tokio's"),
+    (
+        "diesel-async",
+        "async-connection-wrapper",
+        "only aio::run_migrations uses it, with `migrations`",
+    ),
+];
+
+/// Fails if the crate, with every feature an async PostgreSQL service may
+/// pick but `migrations`, turns on any of [`SHARED_FEATURES_LEFT_OFF`]. Not
+/// with `mysql_backend`: diesel-async's MySQL client turns on futures-util's
+/// `std` itself.
+fn shared_features() -> Result<(), Error> {
+    let features = "async,postgres_backend,bb8,deadpool,tracing,metrics,anyhow";
+    let mut command = Command::new(cargo_program());
+    command.args(["tree", "--package", "diesel-claim", "--no-default-features"]);
+    command.args(["--edges", "normal", "--features", features]);
+    command.args(["--prefix", "none", "--format", "{p} [{f}]"]);
+    println!("\n==> {}", shown(&command));
+    let output = command.output()?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!("{} failed ({}):\n{stderr}", shown(&command), output.status).into());
+    }
+    let listed = String::from_utf8_lossy(&output.stdout);
+    for (dependency, feature, why) in SHARED_FEATURES_LEFT_OFF {
+        // Each line is `name vX.Y.Z [feature,…]`, maybe followed by `(*)`.
+        let mut lines = listed
+            .lines()
+            .filter(|line| line.split(' ').next() == Some(dependency))
+            .peekable();
+        if lines.peek().is_none() {
+            return Err(format!("the tree with {features} lists no {dependency}").into());
+        }
+        for line in lines {
+            let on = line
+                .split_once('[')
+                .and_then(|(_, on)| on.split_once(']'))
+                .map_or("", |(on, _)| on);
+            if on.split(',').any(|listed| listed == feature) {
+                return Err(format!(
+                    "with {features}, the crate turns on {dependency}'s `{feature}` ({why}): {line}"
+                )
+                .into());
+            }
+        }
+    }
+    println!("none of {SHARED_FEATURES_LEFT_OFF:?} with {features}");
+    Ok(())
 }
 
 /// What a C database client library links; the worked example on SQLite
