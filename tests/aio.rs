@@ -1834,8 +1834,10 @@ async fn a_kept_lease_call_returns_while_a_renewal_is_stuck() {
         told_after <= ttl + Duration::from_millis(100),
         "told {told_after:?} after"
     );
+    // The grace and the release, with room for a loaded machine: the stuck
+    // renewal alone would hold the call 2 s.
     assert!(
-        returned_after <= ttl / 3 + Duration::from_millis(150),
+        returned_after <= ttl / 3 + Duration::from_millis(400),
         "returned {returned_after:?} after"
     );
     let next = Lease::acquire(&mut *other, "report", Duration::from_secs(5))
