@@ -24,6 +24,7 @@ on_every_backend! {
             last_error -> Nullable<Text>,
             runs -> Integer,
             done -> Bool,
+            claimed_until -> Nullable<ClaimStamp>,
         }
     }
 
@@ -45,7 +46,8 @@ on_every_backend! {
         pool.get().unwrap().batch_execute(&format!(
             "CREATE TABLE slow_jobs (id INTEGER PRIMARY KEY, attempts INTEGER NOT NULL DEFAULT 0, \
                  run_at {CLAIM_STAMP_COLUMN} NOT NULL DEFAULT {now}, last_error TEXT, \
-                 runs INTEGER NOT NULL DEFAULT 0, done BOOLEAN NOT NULL DEFAULT FALSE);
+                 runs INTEGER NOT NULL DEFAULT 0, done BOOLEAN NOT NULL DEFAULT FALSE, \
+                 claimed_until {CLAIM_STAMP_COLUMN});
              INSERT INTO slow_jobs (id) VALUES {};",
             rows.join(", ")
         ))
@@ -99,6 +101,35 @@ on_every_backend! {
             slow_figures(&mut pool.get().unwrap()),
             [(1, Some(late), 0, false), (0, None, 1, true)]
         );
+    }
+
+    /// A job past its timeout whose failure hook fails ends the call, and
+    /// is counted neither as failed nor as timed out: the report's timed-out
+    /// rows are always among its failed ones. Under the row's lock and with a
+    /// claim committed before the job.
+    #[test]
+    fn a_timed_out_job_whose_hook_fails_is_not_counted() {
+        let (_db, pool) = slow_jobs_db(1);
+        let conn = &mut pool.get().unwrap();
+        let timeout = Duration::from_millis(50);
+        let slow = |_: &mut Conn, _: SlowJob| {
+            std::thread::sleep(timeout * 2);
+            Ok::<_, Error>(())
+        };
+        let hook = |_: &mut Conn, _: SlowJob, _: &Error| Err(Error::InvalidArgument("no room".into()));
+        let claim = || slow_jobs::table.select(SlowJob::as_select()).build_claim().timeout(timeout);
+        let locked = claim().on_failure(hook).each_outcome(&mut **conn, slow);
+        let committed = claim()
+            .visibility_timeout(slow_jobs::claimed_until, Duration::from_secs(60))
+            .on_failure(hook)
+            .each_outcome(&mut **conn, |conn, job: diesel_claim::Claimed<SlowJob, _>| slow(conn, job.into_row()));
+        for outcome in [locked.report, committed.report] {
+            assert_eq!((outcome.failed, outcome.timed_out), (0, 0), "{outcome:?}");
+        }
+        for stopped in [locked.stopped, committed.stopped] {
+            let stopped = stopped.expect("the hook's failure ends the call");
+            assert!(matches!(stopped.error, Error::InvalidArgument(ref m) if m == "no room"), "{stopped:?}");
+        }
     }
 
     /// Without a failure hook or `keep_going`, a job past its timeout ends

@@ -332,15 +332,12 @@ where
             let keys: Vec<K> = items.iter().map(T::item_key).collect();
             let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
             let timeout = self.options.timeout;
-            let error = match within(timeout, call(f.call(conn, items), catch)).await {
+            let (error, late) = match within(timeout, call(f.call(conn, items), catch)).await {
                 Ok(()) => {
                     processed += keys.len();
                     continue;
                 }
-                Err((error, late)) if catch => {
-                    self.claim.timed_out(usize::from(late) * keys.len());
-                    error
-                }
+                Err(failed) if catch => failed,
                 Err((error, _)) => {
                     ended = Err(RowFailure::new(keys, error));
                     break;
@@ -372,6 +369,9 @@ where
             } else {
                 error
             };
+            // Counted with the failure it is part of: a hook that fails ends
+            // the call with neither.
+            self.claim.timed_out(usize::from(late) * keys.len());
             let failure = RowFailure::new(keys, error);
             self.failed.add(self.claim, T::table_name, failure);
         }

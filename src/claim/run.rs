@@ -487,15 +487,12 @@ where
                 let keys: Vec<K> = items.iter().map(T::item_key).collect();
                 let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
                 let timeout = self.options.timeout;
-                let error = match within(timeout, || call(|| f.call(conn, items), catch)) {
+                let (error, late) = match within(timeout, || call(|| f.call(conn, items), catch)) {
                     Ok(()) => {
                         processed += keys.len();
                         continue;
                     }
-                    Err((error, late)) if catch => {
-                        self.claim.timed_out(usize::from(late) * keys.len());
-                        error
-                    }
+                    Err(failed) if catch => failed,
                     Err((error, _)) => return Err(RowFailure::new(keys, error)),
                 };
                 backed_off(self.backoff, &keys);
@@ -511,6 +508,9 @@ where
                     });
                     hooked.map_err(|hook_error| RowFailure::new(keys.clone(), hook_error))?;
                 }
+                // Counted with the failure it is part of: a hook that fails
+                // ends the call with neither.
+                self.claim.timed_out(usize::from(late) * keys.len());
                 let failure = RowFailure::new(keys, error);
                 self.failed.add(self.claim, T::table_name, failure);
             }

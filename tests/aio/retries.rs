@@ -132,6 +132,7 @@ on_async_backends! {
             run_at -> ClaimStamp,
             last_error -> Nullable<Text>,
             finished -> Integer,
+            claimed_until -> Nullable<ClaimStamp>,
         }
     }
 
@@ -159,7 +160,7 @@ on_async_backends! {
             .batch_execute(&format!(
                 "CREATE TABLE long_jobs (id INTEGER PRIMARY KEY, attempts INTEGER NOT NULL DEFAULT 0, \
                      run_at {CLAIM_STAMP_COLUMN} NOT NULL DEFAULT {now}, last_error TEXT, \
-                     finished INTEGER NOT NULL DEFAULT 0);
+                     finished INTEGER NOT NULL DEFAULT 0, claimed_until {CLAIM_STAMP_COLUMN});
                  CREATE TABLE long_job_starts (id {serial} PRIMARY KEY, job_id INTEGER NOT NULL);
                  INSERT INTO long_jobs (id) VALUES {};",
                 rows.join(", ")
@@ -347,6 +348,41 @@ on_async_backends! {
         let (attempts, error, _, finished) = long_figures(&url).remove(0);
         assert_eq!((attempts, finished), (1, 0));
         assert!(error.as_deref().unwrap().contains("idle bound"), "{error:?}");
+    }
+
+    /// A job past its timeout whose failure hook fails ends the call, and
+    /// is counted neither as failed nor as timed out: the report's timed-out
+    /// rows are always among its failed ones. Under the row's lock and with a
+    /// claim committed before the job.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timed_out_job_whose_hook_fails_is_not_counted() {
+        let (_db, url) = long_jobs_db(1);
+        let conn = &mut Conn::establish(&url).await.unwrap();
+        let timeout = Duration::from_millis(50);
+        let claim = || long_jobs::table.select(LongJob::as_select()).build_claim().timeout(timeout);
+        let hook = async |_: &mut Conn, _: LongJob, _: &Error| Err(Error::InvalidArgument("no room".into()));
+        let locked = claim()
+            .on_failure(hook)
+            .each_outcome(conn, async |_: &mut Conn, _: LongJob| {
+                tokio::time::sleep(timeout * 2).await;
+                Ok::<_, Error>(())
+            })
+            .await;
+        let committed = claim()
+            .visibility_timeout(long_jobs::claimed_until, Duration::from_secs(60))
+            .on_failure(hook)
+            .each_outcome(conn, async |_: &mut Conn, _: diesel_claim::Claimed<LongJob, _, diesel_claim::aio::Async>| {
+                tokio::time::sleep(timeout * 2).await;
+                Ok::<_, Error>(())
+            })
+            .await;
+        for outcome in [locked.report, committed.report] {
+            assert_eq!((outcome.failed, outcome.timed_out), (0, 0), "{outcome:?}");
+        }
+        for stopped in [locked.stopped, committed.stopped] {
+            let stopped = stopped.expect("the hook's failure ends the call");
+            assert!(matches!(stopped.error, Error::InvalidArgument(ref m) if m == "no room"), "{stopped:?}");
+        }
     }
 
     /// The bound fires under the second of three jobs taken in one batch:
