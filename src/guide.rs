@@ -388,13 +388,18 @@
 //!   workers draining a table partitioned by time (one index per partition)
 //!   saw 15 deadlocks in 4 × 10^5 calls
 //!   ([RELIABILITY.md](https://github.com/diesel-claim/diesel-claim/blob/main/RELIABILITY.md), scenario 22).
-//! - **Locking reads are prepared afresh each time.** A locking read can fail
-//!   after sending some of its rows (a lock wait timeout, a deadlock), and
-//!   MariaDB Connector/C (what Debian installs as `libmysqlclient`) hangs when
-//!   the same prepared statement runs again. The crate's locking reads are
-//!   therefore never put in Diesel's statement cache on MySQL. Diesel does
-//!   cache your own (`.for_update()`): after such an error, drop the
-//!   connection rather than run the same locking read on it again.
+//! - **Statements closed after a failed transaction.** A locking read can
+//!   fail after sending some of its rows (a lock wait timeout, a deadlock),
+//!   and MariaDB Connector/C (what Debian installs as `libmysqlclient`) then
+//!   hangs when the same prepared statement runs again. So when a claim's or
+//!   a lock's transaction fails on a blocking connection, the crate closes
+//!   every statement Diesel has cached on that connection (and leaves the
+//!   cache on, even where you had turned it off); the next take prepares its
+//!   statement again. Until then the crate's locking reads are cached like
+//!   any other, a prepare saved per take. A locking read of your own that
+//!   fails so outside the crate's transactions: drop the connection rather
+//!   than run that read on it again. diesel-async's MySQL client has no such
+//!   trouble.
 //! - **A plain read of several rows can see a transfer half applied.** On
 //!   MariaDB 10.11, one `SELECT` of every balance, run beside clients that
 //!   move money between two rows under `FOR UPDATE`, now and then saw one

@@ -4,7 +4,7 @@
 use std::panic::{self, AssertUnwindSafe};
 
 use diesel::connection::{
-    Connection, LoadConnection, TransactionManager, TransactionManagerStatus,
+    CacheSize, Connection, LoadConnection, TransactionManager, TransactionManagerStatus,
 };
 use diesel::QueryResult;
 
@@ -99,14 +99,33 @@ where
             // (a broken connection, say) leaves the transaction manager in its
             // error state, which the next use of the connection reports.
             roll_back_to(conn, depth);
+            drop_stranded_statements(conn);
             Err(error)
         }
         Err(payload) => {
             // Nothing can be reported past a panic; a pool discards a connection
             // whose rollback failed, as it is still in a transaction.
             roll_back_to(conn, depth);
+            drop_stranded_statements(conn);
             panic::resume_unwind(payload)
         }
+    }
+}
+
+/// After a locking transaction failed, on a backend whose client cannot run
+/// a statement again once a read of it failed partway (MySQL, MariaDB):
+/// empties the connection's statement cache, closing every statement in it,
+/// so that the next take prepares its statement afresh. Which statement
+/// failed is not known here (the crate's locking read, or one of the
+/// closure's); a failed transaction is rare beside the takes the cache
+/// saves a prepare on. The cache is left on, whatever it was before.
+fn drop_stranded_statements<C: Connection>(conn: &mut C)
+where
+    C::Backend: ClaimBackend,
+{
+    if C::Backend::FAILED_READS_STRAND_STATEMENTS {
+        conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+        conn.set_prepared_statement_cache_size(CacheSize::Unbounded);
     }
 }
 

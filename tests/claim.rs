@@ -2175,11 +2175,52 @@ mod mysql_only {
         }
     }
 
+    /// A claim's statements are ones Diesel caches: twenty claims of a row
+    /// each, on one connection, prepare the locking read and the final
+    /// update once, not twenty times (a round trip and a parse saved each).
+    #[test]
+    fn the_locking_read_is_prepared_once_per_connection() {
+        #[derive(QueryableByName)]
+        struct Status {
+            #[diesel(sql_type = diesel::sql_types::Text, column_name = "Value")]
+            value: String,
+        }
+        fn prepared(conn: &mut Conn) -> u64 {
+            let status: Status = diesel::sql_query("SHOW SESSION STATUS LIKE 'Com_stmt_prepare'")
+                .get_result(conn)
+                .unwrap();
+            status.value.parse().unwrap()
+        }
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, 20);
+        // Once round, so that the statements every call sends are cached.
+        let claim_one = |conn: &mut Conn| {
+            pending()
+                .build_claim()
+                .max_rows(1)
+                .then_update(orders::email_sent.eq(true))
+                .each(conn, |_, _: Order| Ok::<_, Error>(()))
+                .unwrap()
+                .processed
+        };
+        assert_eq!(claim_one(&mut conn), 1);
+        let before = prepared(&mut conn);
+        let processed: u64 = (0..19).map(|_| claim_one(&mut conn)).sum();
+        assert_eq!(processed, 19);
+        // The status query itself is prepared each time it runs.
+        let prepares = prepared(&mut conn) - before - 1;
+        eprintln!("19 claims prepared {prepares} statements");
+        assert!(prepares < 5, "19 claims prepared {prepares} statements");
+        assert_eq!(pending().count().get_result::<i64>(&mut conn).unwrap(), 0);
+    }
+
     /// A locking read that fails after sending some of its rows (here a lock
     /// wait timeout at the third row) must leave the connection able to claim
     /// again. MariaDB Connector/C re-executing the same prepared statement
     /// then waits for the rest of a result set that ended with the error, for
-    /// ever: the crate must not reuse such a statement.
+    /// ever: the crate closes the statements the connection cached once the
+    /// claim's transaction failed.
     #[test]
     fn a_locking_read_that_fails_midway_leaves_the_connection_usable() {
         let (_db, pool) = test_db(2);

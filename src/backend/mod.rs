@@ -55,6 +55,12 @@ pub(crate) mod strategy {
         /// The same for a key of several columns, `(a, b)<open>subquery<close>`.
         const ROW_KEYS_IN_SUBQUERY: (&'static str, &'static str);
 
+        /// Whether a prepared statement whose read failed partway cannot be
+        /// run again on a blocking connection, so that the statements a
+        /// connection caches are dropped after a locking transaction fails
+        /// (`transaction::drop_stranded_statements`).
+        const FAILED_READS_STRAND_STATEMENTS: bool = false;
+
         /// The crate's embedded migrations for this backend.
         #[cfg(feature = "migrations")]
         const MIGRATIONS: diesel_migrations::EmbeddedMigrations;

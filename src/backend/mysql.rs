@@ -37,13 +37,15 @@ impl Strategy for Mysql {
     const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
         diesel_migrations::embed_migrations!("migrations/mysql");
 
+    // A locking read can fail after sending some of its rows (a lock wait
+    // timeout, a deadlock). MariaDB Connector/C then re-executes that
+    // prepared statement only after reading the rest of a result set the
+    // error ended: it waits for ever. The statement is closed instead, with
+    // every statement the connection caches, once its transaction has
+    // failed; until then it is cached, which saves a prepare per take.
+    const FAILED_READS_STRAND_STATEMENTS: bool = true;
+
     fn walk_lock_clause(clause: &LockClause, mut out: AstPass<'_, '_, Mysql>) -> QueryResult<()> {
-        // A locking read can fail after sending some of its rows (a lock
-        // wait timeout, a deadlock). MariaDB Connector/C then re-executes
-        // the same prepared statement only after waiting for the rest of a
-        // result set that the error ended: it hangs for ever. So locking
-        // reads are prepared afresh each time, never cached.
-        out.unsafe_to_cache_prepared();
         // InnoDB has no `NO KEY UPDATE` (a foreign-key check takes a shared
         // lock, which `FOR UPDATE` blocks) and, on MariaDB, no `FOR SHARE`.
         out.push_sql(match clause.strength {

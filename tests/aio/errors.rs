@@ -71,6 +71,49 @@ on_async_backends! {
         .unwrap();
         assert_eq!(pending, 1, "the ended session's write was committed");
     }
+
+    /// A locking read that fails after sending some of its rows (a lock wait
+    /// timeout at the third row) leaves the connection able to claim again,
+    /// with the same statement: the async client reads the error as the end
+    /// of the result set (the blocking MySQL client does not: see the
+    /// blocking test of the same name).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_locking_read_that_fails_midway_leaves_the_connection_usable() {
+        let (db, pool) = test_db(1).await;
+        let mut conn = pool.get().await.unwrap();
+        let orders: Vec<_> = (0..4).map(|_| orders::shipped.eq(true)).collect();
+        diesel::insert_into(orders::table).values(orders).execute(&mut *conn).await.unwrap();
+        diesel::sql_query(SHORT_LOCK_WAIT).execute(&mut *conn).await.unwrap();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let url = db.url.clone();
+        let holder = std::thread::spawn(move || {
+            let mut other = blocking(&url);
+            other.batch_execute("BEGIN; SELECT * FROM orders WHERE id = 3 FOR UPDATE").unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+            other.batch_execute("COMMIT").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        async fn claim(conn: &mut Conn) -> Result<u64, Error> {
+            let report = unsent()
+                .build_claim()
+                .wait()
+                .batch(10)
+                .each(conn, async |conn: &mut Conn, order: Order| {
+                    diesel::update(&order).set(orders::email_sent.eq(true)).execute(conn).await?;
+                    Ok::<_, Error>(())
+                })
+                .await?;
+            Ok(report.processed)
+        }
+        let failed = claim(&mut conn).await;
+        assert!(matches!(failed, Err(Error::LockNotAvailable)), "{failed:?}");
+        drop(release_tx);
+        holder.join().unwrap();
+        let again = tokio::time::timeout(Duration::from_secs(20), claim(&mut conn)).await;
+        assert_eq!(again.expect("the second claim on the connection hung").unwrap(), 4);
+    }
 }
 
 /// A URL no server answers on: loopback port 1.
