@@ -1,7 +1,8 @@
 //! Errors as the crate names them, from async code: a session the server
 //! ends under a claim is `Error::BrokenConnection` on PostgreSQL and
 //! MariaDB, and a bb8 or deadpool pool that gives no connection is
-//! `Error::Checkout`, which `?` converts its error into.
+//! `Error::Checkout`, which `?` converts its error into; a locking read that
+//! fails partway leaves its connection able to claim again.
 
 use std::time::Duration;
 
