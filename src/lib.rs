@@ -28,6 +28,8 @@ pub mod migrations;
 pub mod named_lock;
 mod retry;
 mod reusable;
+#[cfg(feature = "postgres_backend")]
+pub mod ring;
 mod sql;
 mod trace;
 mod transaction;

@@ -33,6 +33,9 @@ mod migrations;
 mod partitions;
 mod pooled;
 mod retries;
+// Queues kept as a ring of partitions: PostgreSQL.
+#[cfg(feature = "postgres")]
+mod ring;
 // Candidates read on a streaming replica the test starts.
 #[cfg(feature = "postgres")]
 mod replica;
