@@ -94,14 +94,15 @@
 //!   the current slot (`UPDATE … SET slot = DEFAULT`) in the transaction that
 //!   truncates the slot: they keep their key's other columns and everything
 //!   else. Keep dead letters few, or move them to a table of their own.
-//! - **A truncation waits for the transactions that read the queue.** It
-//!   needs the slot's partition to itself (`ACCESS EXCLUSIVE`), and a take
-//!   from the queue reads every partition, so it waits until the
+//! - **A rotation waits for the transactions that read the queue.** It
+//!   needs the drained slots' partitions to itself (`ACCESS EXCLUSIVE`), and
+//!   a take from the queue reads every partition, so it waits until the
 //!   transactions in flight end, and the takes that start meanwhile wait
-//!   behind it: at most [`lock_timeout`](Ring::lock_timeout) (20 ms by
-//!   default), after which the rotation gives up until its next call
-//!   ([`Rotation::busy`]). Jobs that run for long in their row's lock (the
-//!   default claim) hold the ring back for as long: give long jobs a
+//!   behind it: once per call, for all the slots it truncates, at most
+//!   [`lock_timeout`](Ring::lock_timeout) (100 ms by default), after which
+//!   it gives up until its next call ([`Rotation::busy`]). Jobs that run
+//!   for long in their row's lock (the default claim) hold the ring back
+//!   for as long: give long jobs a
 //!   [visibility timeout](crate::ClaimBuilder::visibility_timeout), whose
 //!   claims commit before the job runs.
 //! - **`TRUNCATE` is not MVCC-safe**: a transaction that took its snapshot
@@ -117,7 +118,7 @@ use std::time::Duration;
 
 use diesel::connection::LoadConnection;
 use diesel::pg::Pg;
-use diesel::sql_types::{BigInt, Bool, Text};
+use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryableByName, RunQueryDsl};
 
 use crate::lease::advisory;
@@ -156,9 +157,9 @@ pub struct Rotation {
     /// Slots holding more than [`Ring::max_moved`] jobs still to do, left
     /// as they are.
     pub full: u32,
-    /// Whether the rotation stopped at a slot it could not have to itself
+    /// Whether the rotation could not have the drained slots to itself
     /// within [`Ring::lock_timeout`] (or another rotation of the same ring
-    /// was under way): it goes on at the next call.
+    /// was under way): the next call tries again.
     pub busy: bool,
 }
 
@@ -172,7 +173,7 @@ impl Ring {
             slots: 8,
             slot_size: 2_000,
             max_moved: 100,
-            lock_timeout: Duration::from_millis(20),
+            lock_timeout: Duration::from_millis(100),
         }
     }
 
@@ -206,8 +207,8 @@ impl Ring {
         self
     }
 
-    /// How long a rotation waits to have a slot to itself (20 ms by
-    /// default), while the takes that start meanwhile wait behind it.
+    /// How long a rotation waits to have the drained slots to itself (100 ms
+    /// by default), while the takes that start meanwhile wait behind it.
     pub fn lock_timeout(mut self, timeout: Duration) -> Ring {
         self.lock_timeout = timeout;
         self
@@ -256,16 +257,18 @@ impl Ring {
         })
     }
 
-    /// Truncates the slots whose jobs are done, oldest first, each in a
-    /// transaction of its own: it takes the slot's partition to itself
-    /// (waiting at most [`lock_timeout`](Self::lock_timeout)), checks under
-    /// that lock that it holds at most [`max_moved`](Self::max_moved) jobs
-    /// and is not the slot new jobs go to, moves those jobs to the current
-    /// slot, and truncates it. A slot with nothing to reclaim is passed
-    /// over without a lock.
+    /// Truncates the slots whose jobs are done, all in one transaction: it
+    /// takes their partitions to itself (waiting at most
+    /// [`lock_timeout`](Self::lock_timeout)), checks under that lock that
+    /// each holds at most [`max_moved`](Self::max_moved) jobs and is not the
+    /// slot new jobs go to, moves those jobs to the current slot, and
+    /// truncates the slots. Slots with nothing to reclaim are passed over
+    /// without a lock.
     ///
     /// Call it every second or so, on a connection of its own (a pool's):
-    /// one rotation of a ring runs at a time, across processes, and another
+    /// each call holds the queue's takes back while it waits for the
+    /// transactions in flight to end, once for all the slots it truncates.
+    /// One rotation of a ring runs at a time, across processes; another
     /// called meanwhile returns at once ([`Rotation::busy`]).
     /// [`Error::InvalidArgument`] inside a transaction, which would keep
     /// the partitions locked until it ends.
@@ -281,45 +284,39 @@ impl Ring {
         }
         let mut rotation = Rotation::default();
         let current = self.current_slot(conn)?;
-        for step in 1..self.slots {
-            let slot = (current + step) % self.slots;
-            let partition = quoted(&self.partition(slot));
+        let mut drained = Vec::new();
+        for slot in (0..self.slots).filter(|&slot| slot != current) {
             let state = diesel::sql_query(format!(
-                "SELECT pg_relation_size({}::regclass) AS bytes, \
-                 (SELECT count(*) FROM (SELECT FROM {partition} LIMIT {}) AS kept) AS jobs",
-                literal(&partition),
-                u64::from(self.max_moved) + 1,
+                "SELECT pg_relation_size({}::regclass) AS bytes, {} AS jobs",
+                literal(&quoted(&self.partition(slot))),
+                self.count_jobs(slot),
             ))
             .get_result::<SlotState>(conn)?;
-            if state.bytes == 0 {
-                continue;
-            }
             if state.jobs > i64::from(self.max_moved) {
                 rotation.full += 1;
-                continue;
+            } else if state.bytes > 0 {
+                drained.push(slot);
             }
-            match conn.transaction(|conn| self.truncate(conn, slot)) {
-                Ok(Truncation::Done { moved }) => {
-                    rotation.truncated += 1;
-                    rotation.moved += moved;
-                }
-                Ok(Truncation::Full) => rotation.full += 1,
-                Ok(Truncation::Current) => {}
-                Ok(Truncation::Busy) | Err(Error::LockNotAvailable) => {
-                    // Whatever holds this slot (a long transaction reading
-                    // the queue) most likely holds the others too: waiting
-                    // for each would hold the takes back once per slot.
-                    rotation.busy = true;
-                    break;
-                }
-                Err(error) => return Err(error),
-            }
+        }
+        if drained.is_empty() {
+            return Ok(rotation);
+        }
+        match conn.transaction(|conn| self.truncate(conn, &drained, &mut rotation)) {
+            Ok(()) => {}
+            Err(Error::LockNotAvailable) => rotation.busy = true,
+            Err(error) => return Err(error),
         }
         Ok(rotation)
     }
 
-    /// Truncates `slot`, in the transaction `conn` is in.
-    fn truncate<C>(&self, conn: &mut C, slot: u16) -> Result<Truncation, Error>
+    /// Truncates the `drained` slots that still are under their lock, in
+    /// the transaction `conn` is in, and counts what it did in `rotation`.
+    fn truncate<C>(
+        &self,
+        conn: &mut C,
+        drained: &[u16],
+        rotation: &mut Rotation,
+    ) -> Result<(), Error>
     where
         C: LoadConnection<Backend = Pg>,
     {
@@ -328,51 +325,83 @@ impl Ring {
         let wait = self.lock_timeout.as_millis().clamp(1, u128::from(u32::MAX));
         diesel::sql_query(format!("SET LOCAL lock_timeout = {wait}")).execute(conn)?;
         if !advisory::try_lock(conn, &format!("diesel_claim ring {}", self.table))? {
-            return Ok(Truncation::Busy);
+            rotation.busy = true;
+            return Ok(());
         }
-        let partition = quoted(&self.partition(slot));
-        diesel::sql_query(format!("LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE"))
-            .execute(conn)?;
-        // Under the lock no job can be inserted into the slot, taken from
-        // it or committed to it: what is counted now is what would be lost.
-        if self.current_slot(conn)? == slot {
-            return Ok(Truncation::Current);
-        }
-        let jobs = diesel::sql_query(format!(
-            "SELECT count(*) AS jobs FROM (SELECT FROM {partition} LIMIT {}) AS kept",
-            u64::from(self.max_moved) + 1,
+        let partitions = |slots: &[u16]| {
+            slots
+                .iter()
+                .map(|&slot| quoted(&self.partition(slot)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        diesel::sql_query(format!(
+            "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            partitions(drained)
         ))
-        .get_result::<Jobs>(conn)?
-        .jobs;
-        if jobs > i64::from(self.max_moved) {
-            return Ok(Truncation::Full);
+        .execute(conn)?;
+        // Under the lock no job can be inserted into these slots, taken from
+        // them or committed to them: what is counted now is what would be
+        // lost.
+        let current = self.current_slot(conn)?;
+        let mut truncated = Vec::new();
+        let mut jobs = 0;
+        for &slot in drained.iter().filter(|&&slot| slot != current) {
+            let left = diesel::sql_query(format!("SELECT {} AS jobs", self.count_jobs(slot)))
+                .get_result::<Jobs>(conn)?
+                .jobs;
+            if left > i64::from(self.max_moved) {
+                rotation.full += 1;
+            } else {
+                truncated.push(slot);
+                jobs += left;
+            }
         }
-        let moved = if jobs > 0 {
-            let moved = diesel::sql_query(format!(
-                "UPDATE {} SET {column} = DEFAULT WHERE {column} = {slot}",
+        if truncated.is_empty() {
+            return Ok(());
+        }
+        let slots = truncated
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if jobs > 0 {
+            rotation.moved = diesel::sql_query(format!(
+                "UPDATE {} SET {column} = DEFAULT WHERE {column} IN ({slots})",
                 quoted(&self.table),
                 column = quoted(&self.slot_column),
             ))
-            .execute(conn)?;
+            .execute(conn)? as u64;
             // The default is the slot of the next insertion: had the ring
-            // come round to this slot meanwhile, the jobs would be back in
-            // it, and truncated with it.
-            let left = diesel::sql_query(format!(
-                "SELECT EXISTS (SELECT FROM {partition}) AS left_behind"
+            // come round to one of these slots meanwhile, jobs would be back
+            // in it, and truncated with it.
+            let back = diesel::sql_query(format!(
+                "SELECT count(*) AS jobs FROM {} WHERE {} IN ({slots})",
+                quoted(&self.table),
+                quoted(&self.slot_column),
             ))
-            .get_result::<LeftBehind>(conn)?;
-            if left.left_behind {
+            .get_result::<Jobs>(conn)?
+            .jobs;
+            if back > 0 {
                 return Err(Error::UnexpectedOutcome(format!(
-                    "jobs moved out of slot {slot} of the ring of {} came back to it",
+                    "jobs moved out of the drained slots of the ring of {} came back to them",
                     self.table
                 )));
             }
-            moved as u64
-        } else {
-            0
-        };
-        diesel::sql_query(format!("TRUNCATE {partition}")).execute(conn)?;
-        Ok(Truncation::Done { moved })
+        }
+        diesel::sql_query(format!("TRUNCATE {}", partitions(&truncated))).execute(conn)?;
+        rotation.truncated = truncated.len() as u32;
+        Ok(())
+    }
+
+    /// An expression counting the jobs in `slot`, up to one more than
+    /// [`max_moved`](Self::max_moved).
+    fn count_jobs(&self, slot: u16) -> String {
+        format!(
+            "(SELECT count(*) FROM (SELECT FROM {} LIMIT {}) AS kept)",
+            quoted(&self.partition(slot)),
+            u64::from(self.max_moved) + 1,
+        )
     }
 
     /// The slot the last job inserted went to.
@@ -472,14 +501,6 @@ impl Ring {
     }
 }
 
-/// What truncating one slot came to.
-enum Truncation {
-    Done { moved: u64 },
-    Full,
-    Current,
-    Busy,
-}
-
 /// `name` as a PostgreSQL identifier, whatever it holds.
 fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -502,12 +523,6 @@ struct SlotState {
 struct Jobs {
     #[diesel(sql_type = BigInt)]
     jobs: i64,
-}
-
-#[derive(QueryableByName)]
-struct LeftBehind {
-    #[diesel(sql_type = Bool)]
-    left_behind: bool,
 }
 
 #[derive(QueryableByName)]

@@ -8,6 +8,7 @@ use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::PgConnection;
 use diesel_claim::prelude::*;
+use diesel_claim::ring::Ring;
 use diesel_claim::{ClaimReport, StopHandle};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
@@ -15,8 +16,9 @@ use crate::samples::Stats;
 use crate::settings::Settings;
 
 diesel::table! {
-    diesel_claim_jobs (id) {
+    diesel_claim_jobs (id, slot) {
         id -> BigInt,
+        slot -> SmallInt,
         enqueued_at_us -> BigInt,
         payload -> Text,
     }
@@ -26,7 +28,7 @@ diesel::table! {
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
 /// The name of the newest migration, reported as the schema's version.
-pub const SCHEMA_VERSION: &str = "2026-11-27-000000_jobs";
+pub const SCHEMA_VERSION: &str = "2026-12-07-000000_jobs";
 
 /// The channel the producer notifies in each enqueueing transaction, and the
 /// worker listens on.
@@ -34,9 +36,10 @@ const CHANNEL: &str = "diesel_claim_jobs";
 
 /// A job as a worker loads it.
 #[derive(Debug, Clone, Queryable, Selectable, Identifiable)]
-#[diesel(table_name = diesel_claim_jobs)]
+#[diesel(table_name = diesel_claim_jobs, primary_key(id, slot))]
 pub struct Job {
     pub id: i64,
+    pub slot: i16,
     pub enqueued_at_us: i64,
     pub payload: String,
 }
@@ -75,9 +78,48 @@ pub fn migrate(conn: &mut PgConnection) -> Result<(), String> {
             .execute(conn)?;
         conn.run_pending_migrations(MIGRATIONS)
             .map(drop)
-            .map_err(diesel::result::Error::QueryBuilderError)
+            .map_err(diesel::result::Error::QueryBuilderError)?;
+        ring().create(conn)
     })
-    .map_err(|error: diesel::result::Error| format!("cannot migrate: {error}"))
+    .map_err(|error: diesel_claim::Error| format!("cannot migrate: {error}"))
+}
+
+/// The queue's ring: 8 slots of 2,000 jobs, the crate's default, which hold
+/// the depth target's 4,000 jobs in two or three slots.
+pub fn ring() -> Ring {
+    Ring::new("diesel_claim_jobs").slots(RING_SLOTS)
+}
+
+/// The tables the harness samples: the ring's partitions (the table itself
+/// holds no rows of its own).
+pub fn partitions() -> Vec<String> {
+    (0..RING_SLOTS)
+        .map(|slot| format!("public.diesel_claim_jobs_slot_{slot}"))
+        .collect()
+}
+
+/// The number of slots of [`ring`].
+const RING_SLOTS: u16 = 8;
+
+/// Truncates the ring's drained slots until `stop`, twice a second (each
+/// rotation holds the takes back while the transactions in flight end; a
+/// slot of 2,000 jobs fills in a fifth of a second at the full queue's
+/// rate), on a connection of its own, connecting again after a failure.
+pub fn rotate(url: &str, stop: &StopHandle) {
+    let ring = ring();
+    let mut conn = None;
+    while !stop.is_stopped() {
+        if conn.is_none() {
+            conn = PgConnection::establish(url).ok();
+        }
+        if let Some(connected) = conn.as_mut() {
+            if let Err(error) = ring.rotate(connected) {
+                eprintln!("[diesel-claim] the ring's rotation failed: {error}");
+                conn = None;
+            }
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The workers' pool: a connection per claim loop and one for the listener.

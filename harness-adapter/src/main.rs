@@ -8,8 +8,9 @@
 //! It runs the queue as a service written on the crate's public API would:
 //!
 //! - **The queue** is a table of its own, `diesel_claim_jobs` (`id BIGSERIAL`
-//!   key, the enqueue time, a payload of `JOB_PAYLOAD_BYTES`), created by
-//!   the adapter's embedded Diesel migrations at start.
+//!   and its slot in the ring as the key, the enqueue time, a payload of
+//!   `JOB_PAYLOAD_BYTES`), created by the adapter's embedded Diesel
+//!   migrations at start.
 //! - **The worker** is the crate's head-of-queue worker on an r2d2 pool,
 //!   blocking: [`run_pooled`](diesel_claim::ClaimWorker::run_pooled) with
 //!   `WORKER_COUNT` claim loops (threads), each taking up to
@@ -22,9 +23,12 @@
 //!   own job-runner benchmark and crash scenarios measure: a thread per loop
 //!   is what a worker process of this size runs, and the async twin on
 //!   diesel-async would add its own driver to what is measured.
-//! - **Done jobs are deleted**, as a job runner on a plain table does: the
-//!   harness's dead-tuple figures then count the deletes that vacuum must
-//!   reclaim, as they count pg-boss's and procrastinate's updates.
+//! - **Done jobs are deleted**, as a job runner on a plain table does, from
+//!   a table kept as a [ring of partitions](diesel_claim::ring): eight
+//!   slots of 2,000 jobs in order of insertion, a thread of the adapter
+//!   truncating the slots whose jobs are done twice a second. The
+//!   harness samples the ring's partitions: their dead tuples are the
+//!   deletes not yet truncated away (or vacuumed).
 //! - **The producer** enqueues with bulk inserts (`COPY … FROM STDIN`) of
 //!   up to `PRODUCER_BATCH_MAX` rows, each in a transaction that notifies the
 //!   workers (up to eight inserts per transaction when it fills the queue to
@@ -102,6 +106,7 @@ fn run(settings: &Settings) -> Result<(), String> {
     let worked = thread::scope(|scope| {
         scope.spawn(|| producer::produce(settings, &stats, &stop, tokens));
         scope.spawn(|| samples::sample(settings, &stats, &stop));
+        scope.spawn(|| jobs::rotate(&settings.database_url, &stop));
         let worked = jobs::work(&pool, settings, &stop, &stats);
         // The worker ends when stopped, or on an error no connection
         // mends: either way the producer and the sampler end with it.
