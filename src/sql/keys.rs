@@ -17,6 +17,68 @@ use std::sync::Arc;
 use super::order::RangeColumns;
 use crate::backend::{strategy::Strategy, ClaimBackend};
 
+/// How a key, or a claim order's position, is compared with a value: the
+/// comparison's side of the value in the order of the compared column (a
+/// descending column is compared [`reversed`](Self::reversed)).
+#[derive(Debug, Clone, Copy)]
+pub enum Comparison {
+    /// Strictly before the value: `<`.
+    Before,
+    /// Up to the value, the value included: `<=`.
+    Through,
+    /// The value itself: `=`.
+    Equal,
+    /// From the value on, the value included: `>=`.
+    From,
+    /// Strictly after the value: `>`.
+    After,
+}
+
+impl Comparison {
+    /// The operator, with a space either side.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Comparison::Before => " < ",
+            Comparison::Through => " <= ",
+            Comparison::Equal => " = ",
+            Comparison::From => " >= ",
+            Comparison::After => " > ",
+        }
+    }
+
+    /// The same side of the value in the reverse order.
+    pub fn reversed(self) -> Self {
+        match self {
+            Comparison::Before => Comparison::After,
+            Comparison::Through => Comparison::From,
+            Comparison::Equal => Comparison::Equal,
+            Comparison::From => Comparison::Through,
+            Comparison::After => Comparison::Before,
+        }
+    }
+
+    /// On a leading column of several compared in turn, what bounds the
+    /// column itself: the value included, on the comparison's side.
+    pub fn inclusive(self) -> Self {
+        match self {
+            Comparison::Before | Comparison::Through => Comparison::Through,
+            Comparison::Equal => Comparison::Equal,
+            Comparison::From | Comparison::After => Comparison::From,
+        }
+    }
+
+    /// On a leading column of several compared in turn, what settles the
+    /// comparison without the later columns: the value excluded, on the
+    /// comparison's side (none for equality, which every column must meet).
+    pub fn strict(self) -> Option<Self> {
+        match self {
+            Comparison::Before | Comparison::Through => Some(Comparison::Before),
+            Comparison::Equal => None,
+            Comparison::From | Comparison::After => Some(Comparison::After),
+        }
+    }
+}
+
 /// A table's primary key as the key predicates compare and bind it, with `K`
 /// its value: [`One`] column, or a [`Row`] of two or three.
 pub trait KeyColumns<K, DB: Backend>: Copy {
@@ -29,16 +91,16 @@ pub trait KeyColumns<K, DB: Backend>: Copy {
     /// `$1`, or `($1, $2)`.
     fn walk_value<'b>(value: &'b K, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
 
-    /// The key compared with `value` by `operator` (` > `, ` >= `, ` <= ` or
-    /// ` = `), in the order of the key's columns.
+    /// The key compared with `value` by `comparison`, in the order of the
+    /// key's columns.
     fn walk_compare<'b>(
         &'b self,
-        operator: &'static str,
+        comparison: Comparison,
         value: &'b K,
         mut out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
         self.walk_columns(out.reborrow())?;
-        out.push_sql(operator);
+        out.push_sql(comparison.sql());
         Self::walk_value(value, out)
     }
 }
@@ -48,13 +110,12 @@ type Part<'p, 'b, DB> = &'p dyn Fn(AstPass<'_, 'b, DB>) -> QueryResult<()>;
 
 /// A key of several columns compared column by column, for a backend that
 /// reads a row-value comparison without its index (MySQL, MariaDB): `(a, b) >
-/// (x, y)` is written `(a >= x AND (a > x OR b > y))`, whose first condition
-/// bounds an index range on the leading column.
+/// (x, y)` is written `(a >= x AND (a > x OR b > y))`.
 fn walk_expanded<'b, DB: Backend>(
-    operator: &'static str,
+    comparison: Comparison,
     columns: &[Part<'_, 'b, DB>],
     values: &[Part<'_, 'b, DB>],
-    mut out: AstPass<'_, 'b, DB>,
+    out: AstPass<'_, 'b, DB>,
 ) -> QueryResult<()> {
     let [column, later_columns @ ..] = columns else {
         return Ok(());
@@ -62,28 +123,39 @@ fn walk_expanded<'b, DB: Backend>(
     let [value, later_values @ ..] = values else {
         return Ok(());
     };
-    let compare = |operator: &'static str, mut out: AstPass<'_, 'b, DB>| {
+    let compare = |comparison: Comparison, mut out: AstPass<'_, 'b, DB>| {
         column(out.reborrow())?;
-        out.push_sql(operator);
+        out.push_sql(comparison.sql());
         value(out)
     };
     if later_columns.is_empty() {
-        return compare(operator, out);
+        return compare(comparison, out);
     }
-    let (inclusive, strict) = match operator {
-        " = " => (" = ", None),
-        " <= " => (" <= ", Some(" < ")),
-        _ => (" >= ", Some(" > ")),
-    };
+    let later =
+        |out: AstPass<'_, 'b, DB>| walk_expanded(comparison, later_columns, later_values, out);
+    walk_in_turn(comparison, compare, later, out)
+}
+
+/// A leading column compared by `comparison`, the later ones (`later`) where
+/// it is tied: `(c >= v AND (c > v OR later))`, whose first condition bounds
+/// an index range on the column, or `(c = v AND later)`. `compare` renders
+/// the column compared with its value.
+pub(super) fn walk_in_turn<'b, DB: Backend>(
+    comparison: Comparison,
+    compare: impl Fn(Comparison, AstPass<'_, 'b, DB>) -> QueryResult<()>,
+    later: impl FnOnce(AstPass<'_, 'b, DB>) -> QueryResult<()>,
+    mut out: AstPass<'_, 'b, DB>,
+) -> QueryResult<()> {
+    let strict = comparison.strict();
     out.push_sql("(");
-    compare(inclusive, out.reborrow())?;
+    compare(comparison.inclusive(), out.reborrow())?;
     out.push_sql(" AND ");
     if let Some(strict) = strict {
         out.push_sql("(");
         compare(strict, out.reborrow())?;
         out.push_sql(" OR ");
     }
-    walk_expanded(operator, later_columns, later_values, out.reborrow())?;
+    later(out.reborrow())?;
     if strict.is_some() {
         out.push_sql(")");
     }
@@ -156,20 +228,20 @@ macro_rules! row_key {
 
             fn walk_compare<'b>(
                 &'b self,
-                operator: &'static str,
+                comparison: Comparison,
                 value: &'b ($($value,)+),
                 mut out: AstPass<'_, 'b, DB>,
             ) -> QueryResult<()> {
                 if <DB as Strategy>::ROW_VALUE_INDEXES {
                     <Self as KeyColumns<($($value,)+), DB>>::walk_columns(self, out.reborrow())?;
-                    out.push_sql(operator);
+                    out.push_sql(comparison.sql());
                     return <Self as KeyColumns<($($value,)+), DB>>::walk_value(value, out);
                 }
                 let columns: &[Part<'_, 'b, DB>] = &[$(&|out| self.0.$index.walk_ast(out)),+];
                 let values: &[Part<'_, 'b, DB>] = &[$(
                     &|mut out| out.push_bind_param::<$column::SqlType, $value>(&value.$index)
                 ),+];
-                walk_expanded(operator, columns, values, out)
+                walk_expanded(comparison, columns, values, out)
             }
         }
     };
@@ -437,10 +509,10 @@ where
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         let lower = match &self.range.lower {
             Lower::Unbounded => None,
-            Lower::After(key) => Some((" > ", key)),
-            Lower::From(key) => Some((" >= ", key)),
+            Lower::After(key) => Some((Comparison::After, key)),
+            Lower::From(key) => Some((Comparison::From, key)),
         };
-        let through = self.range.through.as_ref().map(|key| (" <= ", key));
+        let through = (self.range.through.as_ref()).map(|key| (Comparison::Through, key));
         let bounds = [lower, through];
         let mut bounds = bounds.iter().flatten().peekable();
         let excluded = &self.range.excluded;
@@ -458,9 +530,9 @@ where
         }
         out.push_sql("(");
         let mut first = true;
-        while let Some((operator, key)) = bounds.next() {
+        while let Some(&(comparison, key)) = bounds.next() {
             first = false;
-            self.column.walk_compare(operator, key, out.reborrow())?;
+            self.column.walk_compare(comparison, key, out.reborrow())?;
             if bounds.peek().is_some() {
                 out.push_sql(" AND ");
             }
@@ -560,7 +632,7 @@ where
             if index > 0 {
                 out.push_sql(" OR ");
             }
-            column.walk_compare(" = ", key, out.reborrow())?;
+            column.walk_compare(Comparison::Equal, key, out.reborrow())?;
         }
     } else {
         column.walk_columns(out.reborrow())?;

@@ -14,7 +14,9 @@ pub(crate) mod retry;
 pub mod stamp;
 mod statements;
 
-pub use keys::{IdShape, InList, InRange, KeyColumns, KeyRange, KeyShape, KeysIn, Lower};
+pub use keys::{
+    Comparison, IdShape, InList, InRange, KeyColumns, KeyRange, KeyShape, KeysIn, Lower,
+};
 pub use order::{ClaimOrder, OrderTerms, Position, Positioned, QueryOrder};
 pub use ranged::{BuildOn, Ordered, Ranged, Selected};
 pub use statements::{Delete, Returning, SelectWhere, Update, VersionProbe};

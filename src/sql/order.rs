@@ -22,7 +22,7 @@ use diesel::sql_types::is_nullable::NotNull;
 use diesel::sql_types::{self, HasSqlType, SqlType};
 use diesel::{Column, Expression, ExpressionMethods, QueryResult};
 
-use super::keys::{KeyColumns, KeyOn, WrappedKey};
+use super::keys::{walk_in_turn, Comparison, KeyColumns, KeyOn, WrappedKey};
 use super::order_by::{KeyAmongTerms, ThenKey};
 use crate::backend::OrderValue;
 
@@ -543,11 +543,11 @@ impl<T: OrderTerms, Key: KeyOn<QS>, QS> KeyOn<QS> for Positioned<T, Key> {}
 
 /// Columns a range of positions compares, in the claim order.
 pub trait RangeColumns<P, DB: Backend> {
-    /// The columns compared with `value` by `operator` (` > `, ` >= ` or
-    /// ` <= `), in the claim order.
+    /// The columns compared with `value` by `comparison`, in the claim
+    /// order.
     fn walk_compare<'b>(
         &'b self,
-        operator: &'static str,
+        comparison: Comparison,
         value: &'b P,
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()>;
@@ -564,11 +564,11 @@ where
 {
     fn walk_compare<'b>(
         &'b self,
-        operator: &'static str,
+        comparison: Comparison,
         value: &'b Position<K>,
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
-        self.walk_from(0, operator, value, out)
+        self.walk_from(0, comparison, value, out)
     }
 
     fn walk_among<'b>(
@@ -591,9 +591,9 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
     fn walk_from<'b, K, DB>(
         &'b self,
         index: usize,
-        operator: &'static str,
+        comparison: Comparison,
         position: &'b Position<K>,
-        mut out: AstPass<'_, 'b, DB>,
+        out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()>
     where
         DB: Backend,
@@ -601,36 +601,28 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
         Key: KeyColumns<K, DB>,
     {
         if index == T::LEN {
-            return self.key.walk_compare(operator, &position.key, out);
+            return self.key.walk_compare(comparison, &position.key, out);
         }
         let Some(value) = position.values.get(index) else {
             return Err(diesel::result::Error::QueryBuilderError(
                 "a claim's position lacks a value of its order".into(),
             ));
         };
-        let upwards = (operator == " <= ") == T::descending(index);
-        let (inclusive, strict) = if upwards {
-            (" >= ", " > ")
+        let on_term = if T::descending(index) {
+            comparison.reversed()
         } else {
-            (" <= ", " < ")
+            comparison
         };
-        let compare = |operator: &'static str, mut out: AstPass<'_, 'b, DB>| {
+        let compare = |on_term: Comparison, mut out: AstPass<'_, 'b, DB>| {
             T::walk_column(&self.terms, index, out.reborrow())?;
-            out.push_sql(operator);
+            out.push_sql(on_term.sql());
             T::walk_value(index, value, out)
         };
         if index + 1 == T::LEN && self.terms_hold_the_key {
-            let taken_in = operator != " > ";
-            return compare(if taken_in { inclusive } else { strict }, out);
+            return compare(on_term, out);
         }
-        out.push_sql("(");
-        compare(inclusive, out.reborrow())?;
-        out.push_sql(" AND (");
-        compare(strict, out.reborrow())?;
-        out.push_sql(" OR ");
-        self.walk_from(index + 1, operator, position, out.reborrow())?;
-        out.push_sql("))");
-        Ok(())
+        let later = |out: AstPass<'_, 'b, DB>| self.walk_from(index + 1, comparison, position, out);
+        walk_in_turn(on_term, compare, later, out)
     }
 }
 
