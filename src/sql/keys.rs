@@ -14,76 +14,17 @@ use diesel::{Column, Identifiable, QueryResult, Table};
 
 use std::sync::Arc;
 
+use super::comparison::{untied, walk_expanded, walk_parts, Comparison, Part};
 use super::order::RangeColumns;
 use crate::backend::{strategy::Strategy, ClaimBackend};
-
-/// How a key, or a claim order's position, is compared with a value: the
-/// comparison's side of the value in the order of the compared column (a
-/// descending column is compared [`reversed`](Self::reversed)).
-#[derive(Debug, Clone, Copy)]
-pub enum Comparison {
-    /// Strictly before the value: `<`.
-    Before,
-    /// Up to the value, the value included: `<=`.
-    Through,
-    /// The value itself: `=`.
-    Equal,
-    /// From the value on, the value included: `>=`.
-    From,
-    /// Strictly after the value: `>`.
-    After,
-}
-
-impl Comparison {
-    /// The operator, with a space either side.
-    pub fn sql(self) -> &'static str {
-        match self {
-            Comparison::Before => " < ",
-            Comparison::Through => " <= ",
-            Comparison::Equal => " = ",
-            Comparison::From => " >= ",
-            Comparison::After => " > ",
-        }
-    }
-
-    /// The same side of the value in the reverse order.
-    pub fn reversed(self) -> Self {
-        match self {
-            Comparison::Before => Comparison::After,
-            Comparison::Through => Comparison::From,
-            Comparison::Equal => Comparison::Equal,
-            Comparison::From => Comparison::Through,
-            Comparison::After => Comparison::Before,
-        }
-    }
-
-    /// On a leading column of several compared in turn, what bounds the
-    /// column itself: the value included, on the comparison's side.
-    pub fn inclusive(self) -> Self {
-        match self {
-            Comparison::Before | Comparison::Through => Comparison::Through,
-            Comparison::Equal => Comparison::Equal,
-            Comparison::From | Comparison::After => Comparison::From,
-        }
-    }
-
-    /// On a leading column of several compared in turn, what settles the
-    /// comparison without the later columns: the value excluded, on the
-    /// comparison's side (none for equality, which every column must meet).
-    pub fn strict(self) -> Option<Self> {
-        match self {
-            Comparison::Before | Comparison::Through => Some(Comparison::Before),
-            Comparison::Equal => None,
-            Comparison::From | Comparison::After => Some(Comparison::After),
-        }
-    }
-}
 
 /// A table's primary key as the key predicates compare and bind it, with `K`
 /// its value: [`One`] column, or a [`Row`] of two or three.
 pub trait KeyColumns<K, DB: Backend>: Copy {
+    /// The number of columns.
+    const COLUMNS: usize;
     /// Whether the key has several columns, compared as a row value.
-    const ROW: bool;
+    const ROW: bool = Self::COLUMNS > 1;
 
     /// `"t"."id"`, or `("t"."a", "t"."b")`.
     fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
@@ -97,70 +38,23 @@ pub trait KeyColumns<K, DB: Backend>: Copy {
         &'b self,
         comparison: Comparison,
         value: &'b K,
-        mut out: AstPass<'_, 'b, DB>,
+        out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
-        self.walk_columns(out.reborrow())?;
-        out.push_sql(comparison.sql());
-        Self::walk_value(value, out)
+        self.walk_compare_untied(comparison, value, [false; 3], out)
     }
-}
 
-/// Renders one column, or one value, of a key of several.
-type Part<'p, 'b, DB> = &'p dyn Fn(AstPass<'_, 'b, DB>) -> QueryResult<()>;
-
-/// A key of several columns compared column by column, for a backend that
-/// reads a row-value comparison without its index (MySQL, MariaDB): `(a, b) >
-/// (x, y)` is written `(a >= x AND (a > x OR b > y))`.
-fn walk_expanded<'b, DB: Backend>(
-    comparison: Comparison,
-    columns: &[Part<'_, 'b, DB>],
-    values: &[Part<'_, 'b, DB>],
-    out: AstPass<'_, 'b, DB>,
-) -> QueryResult<()> {
-    let [column, later_columns @ ..] = columns else {
-        return Ok(());
-    };
-    let [value, later_values @ ..] = values else {
-        return Ok(());
-    };
-    let compare = |comparison: Comparison, mut out: AstPass<'_, 'b, DB>| {
-        column(out.reborrow())?;
-        out.push_sql(comparison.sql());
-        value(out)
-    };
-    if later_columns.is_empty() {
-        return compare(comparison, out);
-    }
-    let later =
-        |out: AstPass<'_, 'b, DB>| walk_expanded(comparison, later_columns, later_values, out);
-    walk_in_turn(comparison, compare, later, out)
-}
-
-/// A leading column compared by `comparison`, the later ones (`later`) where
-/// it is tied: `(c >= v AND (c > v OR later))`, whose first condition bounds
-/// an index range on the column, or `(c = v AND later)`. `compare` renders
-/// the column compared with its value.
-pub(super) fn walk_in_turn<'b, DB: Backend>(
-    comparison: Comparison,
-    compare: impl Fn(Comparison, AstPass<'_, 'b, DB>) -> QueryResult<()>,
-    later: impl FnOnce(AstPass<'_, 'b, DB>) -> QueryResult<()>,
-    mut out: AstPass<'_, 'b, DB>,
-) -> QueryResult<()> {
-    let strict = comparison.strict();
-    out.push_sql("(");
-    compare(comparison.inclusive(), out.reborrow())?;
-    out.push_sql(" AND ");
-    if let Some(strict) = strict {
-        out.push_sql("(");
-        compare(strict, out.reborrow())?;
-        out.push_sql(" OR ");
-    }
-    later(out.reborrow())?;
-    if strict.is_some() {
-        out.push_sql(")");
-    }
-    out.push_sql(")");
-    Ok(())
+    /// The key compared with `value` by `comparison`, less the columns that
+    /// `tied` marks (in the key's order): where the key is compared, they
+    /// are known to equal their values (they are order terms, compared
+    /// before it), and comparing them again would only repeat it. A key
+    /// with every column tied is compared whole.
+    fn walk_compare_untied<'b>(
+        &'b self,
+        comparison: Comparison,
+        value: &'b K,
+        tied: [bool; 3],
+        out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()>;
 }
 
 /// A primary key of one column.
@@ -178,7 +72,7 @@ where
     C::SqlType: SqlType,
     K: ToSql<C::SqlType, DB>,
 {
-    const ROW: bool = false;
+    const COLUMNS: usize = 1;
 
     fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.0.walk_ast(out)
@@ -186,6 +80,20 @@ where
 
     fn walk_value<'b>(value: &'b K, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_bind_param::<C::SqlType, K>(value)
+    }
+
+    /// Its one column tied, the key is compared whole (an order that holds
+    /// the key is compared without it: [`Positioned`](super::Positioned)).
+    fn walk_compare_untied<'b>(
+        &'b self,
+        comparison: Comparison,
+        value: &'b K,
+        _: [bool; 3],
+        mut out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(comparison.sql());
+        Self::walk_value(value, out)
     }
 }
 
@@ -200,48 +108,36 @@ macro_rules! row_key {
                 $value: ToSql<$column::SqlType, DB>,
             )+
         {
-            const ROW: bool = true;
+            const COLUMNS: usize = [$($index),+].len();
 
-            fn walk_columns<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-                let mut separator = "(";
-                $(
-                    out.push_sql(separator);
-                    self.0.$index.walk_ast(out.reborrow())?;
-                    separator = ", ";
-                )+
-                let _ = separator;
-                out.push_sql(")");
-                Ok(())
+            fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                walk_parts(&[$(&|out| self.0.$index.walk_ast(out)),+], out)
             }
 
-            fn walk_value<'b>(value: &'b ($($value,)+), mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-                let mut separator = "(";
-                $(
-                    out.push_sql(separator);
-                    out.push_bind_param::<$column::SqlType, $value>(&value.$index)?;
-                    separator = ", ";
-                )+
-                let _ = separator;
-                out.push_sql(")");
-                Ok(())
+            fn walk_value<'b>(value: &'b ($($value,)+), out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                walk_parts(&[$(
+                    &|mut out| out.push_bind_param::<$column::SqlType, $value>(&value.$index)
+                ),+], out)
             }
 
-            fn walk_compare<'b>(
+            fn walk_compare_untied<'b>(
                 &'b self,
                 comparison: Comparison,
                 value: &'b ($($value,)+),
+                tied: [bool; 3],
                 mut out: AstPass<'_, 'b, DB>,
             ) -> QueryResult<()> {
-                if <DB as Strategy>::ROW_VALUE_INDEXES {
-                    <Self as KeyColumns<($($value,)+), DB>>::walk_columns(self, out.reborrow())?;
-                    out.push_sql(comparison.sql());
-                    return <Self as KeyColumns<($($value,)+), DB>>::walk_value(value, out);
-                }
                 let columns: &[Part<'_, 'b, DB>] = &[$(&|out| self.0.$index.walk_ast(out)),+];
                 let values: &[Part<'_, 'b, DB>] = &[$(
                     &|mut out| out.push_bind_param::<$column::SqlType, $value>(&value.$index)
                 ),+];
-                walk_expanded(comparison, columns, values, out)
+                let (columns, values) = (untied(columns, tied), untied(values, tied));
+                if <DB as Strategy>::ROW_VALUE_INDEXES {
+                    walk_parts(&columns, out.reborrow())?;
+                    out.push_sql(comparison.sql());
+                    return walk_parts(&values, out);
+                }
+                walk_expanded(comparison, &columns, &values, out)
             }
         }
     };
@@ -668,7 +564,10 @@ mod tests {
     #[test]
     fn keys_of_two_columns_compare_as_row_values_or_column_by_column() {
         let range = InRange {
-            column: Positioned::<KeyOrder, _>::new(Row((lines::order_id, lines::line_no)), false),
+            column: Positioned::<KeyOrder, _>::new(
+                Row((lines::order_id, lines::line_no)),
+                [false; 3],
+            ),
             range: KeyRange::between(Some(Position::of_key((1, 2))), Position::of_key((5, 6))),
         };
         assert_eq!(
@@ -700,7 +599,7 @@ mod tests {
 
     #[test]
     fn a_range_leaves_its_excluded_keys_out_and_holds_among_alone() {
-        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id), false);
+        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id), [false; 3]);
         let whole = |among: Option<Arc<[Position<i32>]>>| InRange {
             column: column(),
             range: KeyRange::whole()

@@ -22,7 +22,8 @@ use diesel::sql_types::is_nullable::NotNull;
 use diesel::sql_types::{self, HasSqlType, SqlType};
 use diesel::{Column, Expression, ExpressionMethods, QueryResult};
 
-use super::keys::{walk_in_turn, Comparison, KeyColumns, KeyOn, WrappedKey};
+use super::comparison::{walk_in_turn, Comparison};
+use super::keys::{KeyColumns, KeyOn, WrappedKey};
 use super::order_by::{KeyAmongTerms, ThenKey};
 use crate::backend::OrderValue;
 
@@ -429,10 +430,11 @@ pub trait ClaimOrder<W: WrappedKey, K>: OrderTerms {
     fn ordering(key: W) -> Self::Ordering;
     #[doc(hidden)]
     fn position(loaded: Self::Loaded) -> Position<K>;
-    /// Whether the terms hold every column of the key, so that no two rows
-    /// are tied on all of them.
+    /// Whether each of the key's columns, in order, is a term: compared
+    /// after the terms, the key need not compare it again, and when every
+    /// one is, no two rows are tied on all of the terms.
     #[doc(hidden)]
-    fn terms_hold_the_key() -> bool;
+    fn key_among_terms() -> [bool; 3];
 }
 
 impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
@@ -452,8 +454,8 @@ impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
         Position::of_key(key)
     }
 
-    fn terms_hold_the_key() -> bool {
-        false
+    fn key_among_terms() -> [bool; 3] {
+        [false; 3]
     }
 }
 
@@ -487,8 +489,8 @@ macro_rules! claim_order {
                 position
             }
 
-            fn terms_hold_the_key() -> bool {
-                W::wholly_among::<Self>()
+            fn key_among_terms() -> [bool; 3] {
+                W::among::<Self>()
             }
         }
     )+};
@@ -511,8 +513,8 @@ claim_order! {
 pub struct Positioned<T: OrderTerms, Key> {
     pub terms: T::Columns,
     pub key: Key,
-    /// The terms hold every column of the key ([`ClaimOrder::terms_hold_the_key`]).
-    terms_hold_the_key: bool,
+    /// Which of the key's columns are terms ([`ClaimOrder::key_among_terms`]).
+    key_among_terms: [bool; 3],
     order: PhantomData<T>,
 }
 
@@ -525,13 +527,13 @@ impl<T: OrderTerms, Key: Copy> Clone for Positioned<T, Key> {
 impl<T: OrderTerms, Key: Copy> Copy for Positioned<T, Key> {}
 
 impl<T: OrderTerms, Key> Positioned<T, Key> {
-    /// The columns of the order `T` and the key `key`, which the terms hold
-    /// wholly if `terms_hold_the_key`.
-    pub fn new(key: Key, terms_hold_the_key: bool) -> Self {
+    /// The columns of the order `T` and the key `key`, whose columns are
+    /// terms where `key_among_terms` says so.
+    pub fn new(key: Key, key_among_terms: [bool; 3]) -> Self {
         Positioned {
             terms: T::columns(),
             key,
-            terms_hold_the_key,
+            key_among_terms,
             order: PhantomData,
         }
     }
@@ -584,10 +586,12 @@ where
 impl<T: OrderTerms, Key> Positioned<T, Key> {
     /// The comparison from term `index` on, as `(t >= v AND (t > v OR …))` (a
     /// descending term the other way), whose first condition bounds an index
-    /// range on the term; after the last term, the key's own comparison. When
-    /// the terms hold the key, rows tied on every term are one row, the
-    /// position's own, and the last term is compared alone (`t > v`, or `t >=
-    /// v` to take the position's row in): the key's comparison would repeat it.
+    /// range on the term; after the last term, the key's own comparison, of
+    /// the key's columns that are not terms (there, a term equals its value:
+    /// comparing it again would repeat it). When the terms hold the whole
+    /// key, rows tied on every term are one row, the position's own, and the
+    /// last term is compared alone (`t > v`, or `t >= v` to take the
+    /// position's row in).
     fn walk_from<'b, K, DB>(
         &'b self,
         index: usize,
@@ -601,7 +605,10 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
         Key: KeyColumns<K, DB>,
     {
         if index == T::LEN {
-            return self.key.walk_compare(comparison, &position.key, out);
+            let tied = self.key_among_terms;
+            return self
+                .key
+                .walk_compare_untied(comparison, &position.key, tied, out);
         }
         let Some(value) = position.values.get(index) else {
             return Err(diesel::result::Error::QueryBuilderError(
@@ -618,7 +625,10 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
             out.push_sql(on_term.sql());
             T::walk_value(index, value, out)
         };
-        if index + 1 == T::LEN && self.terms_hold_the_key {
+        let terms_hold_the_key = self.key_among_terms[..Key::COLUMNS]
+            .iter()
+            .all(|&among| among);
+        if index + 1 == T::LEN && terms_hold_the_key {
             return compare(on_term, out);
         }
         let later = |out: AstPass<'_, 'b, DB>| self.walk_from(index + 1, comparison, position, out);
