@@ -460,9 +460,13 @@ on_every_backend! {
             insert_jobs(conn, 3);
             let _ = reads_since(&log);
         };
+        // Tied on either key column across a page of two: ordered by one of
+        // them, the second page finds its row by the other.
         let lines_left = |conn: &mut Conn| {
             diesel::delete(order_lines::table).execute(conn).unwrap();
-            let rows: Vec<_> = (1..=3).map(|line| (order_lines::order_id.eq(1), order_lines::line_no.eq(line))).collect();
+            let rows: Vec<_> = [(1, 1), (1, 2), (2, 1)]
+                .map(|(order, line)| (order_lines::order_id.eq(order), order_lines::line_no.eq(line)))
+                .to_vec();
             diesel::insert_into(order_lines::table).values(&rows).execute(conn).unwrap();
             let _ = reads_since(&log);
         };
@@ -477,7 +481,8 @@ on_every_backend! {
                 // In pages of two: the first page, its two takes, then the
                 // second page, past the first.
                 $reset(conn);
-                $queue.build_claim().page_size(2).each(conn, $work).unwrap();
+                let report = $queue.build_claim().page_size(2).each(conn, $work).unwrap();
+                assert_eq!(report.processed, 3);
                 later_pages.push(reads_since(&log).remove(3));
             }};
         }
@@ -488,6 +493,7 @@ on_every_backend! {
         statements!(jobs_left, pending().order((jobs::priority.desc(), jobs::id.desc())), work);
         statements!(lines_left, unpacked(), pack);
         statements!(lines_left, unpacked().order(order_lines::order_id.desc()), pack);
+        statements!(lines_left, unpacked().order(order_lines::line_no), pack);
         statements!(lines_left, unpacked().order((order_lines::line_no, order_lines::order_id)), pack);
         let table_of = |order: &str| if order.contains("order_lines") { "order_lines" } else { "jobs" };
         let filter_of = |table: &str| {
@@ -516,12 +522,15 @@ on_every_backend! {
             take(r#""jobs"."priority" DESC, "jobs"."id" DESC"#),
             take(r#""order_lines"."order_id", "order_lines"."line_no""#),
             take(r#""order_lines"."order_id" DESC, "order_lines"."line_no""#),
+            take(r#""order_lines"."line_no" ASC, "order_lines"."order_id""#),
             take(r#""order_lines"."line_no" ASC, "order_lines"."order_id" ASC"#),
         ];
         assert_eq!(first_takes, expected);
         // The key compared once: where the order holds it, its last term is
-        // compared alone. A composite key after a position is a row value,
-        // which MySQL reads without its index, so it gets it column by column.
+        // compared alone; where it holds some of its columns, the key
+        // compares the others alone, whichever the term's direction. A
+        // composite key after a position is a row value, which MySQL reads
+        // without its index, so it gets it column by column.
         let lines_after = |first: usize| {
             let (order_id, line_no) = (r#""order_lines"."order_id""#, r#""order_lines"."line_no""#);
             let (second, third) = (first + 1, first + 2);
@@ -545,10 +554,11 @@ on_every_backend! {
             page(r#""order_lines"."order_id", "order_lines"."line_no""#, &lines_after(2)),
             page(
                 r#""order_lines"."order_id" DESC, "order_lines"."line_no""#,
-                &format!(
-                    r#"("order_lines"."order_id" <= $2 AND ("order_lines"."order_id" < $3 OR {}))"#,
-                    lines_after(4)
-                ),
+                r#"("order_lines"."order_id" <= $2 AND ("order_lines"."order_id" < $3 OR "order_lines"."line_no" > $4))"#,
+            ),
+            page(
+                r#""order_lines"."line_no" ASC, "order_lines"."order_id""#,
+                r#"("order_lines"."line_no" >= $2 AND ("order_lines"."line_no" > $3 OR "order_lines"."order_id" > $4))"#,
             ),
             page(
                 r#""order_lines"."line_no" ASC, "order_lines"."order_id" ASC"#,

@@ -176,6 +176,20 @@ on_every_backend! {
         Ok(())
     }
 
+    /// Runs `worker` under the recording subscriber, on a connection to a
+    /// database of its own holding `orders` pending orders, with a stop
+    /// handle for it: what it returns, and what it left.
+    fn traced_worker<T>(
+        orders: usize,
+        worker: impl FnOnce(&mut Conn, &diesel_claim::StopHandle) -> T,
+    ) -> (T, Seen) {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        insert_pending(&mut conn, orders);
+        let stop = diesel_claim::StopHandle::new();
+        traced(|| worker(&mut conn, &stop))
+    }
+
     #[test]
     fn a_claim_is_one_span_with_its_table_options_and_report() {
         let (_db, pool) = test_db(1);
@@ -417,16 +431,12 @@ on_every_backend! {
     /// are spans inside it, at trace level.
     #[test]
     fn a_worker_is_an_info_span_around_trace_claims() {
-        let (_db, pool) = test_db(1);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 3);
-        let stop = diesel_claim::StopHandle::new();
-        let (report, seen) = traced(|| {
+        let (report, seen) = traced_worker(3, |conn, stop| {
             pending()
                 .build_claim()
-                .worker(&stop)
+                .worker(stop)
                 .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
-                .run(&mut conn, |conn, order: Order| {
+                .run(conn, |conn, order: Order| {
                     mark_sent(conn, &order)?;
                     if order.id == 3 {
                         stop.stop();
@@ -456,12 +466,8 @@ on_every_backend! {
     /// `progress_interval`, each event with the worker's name.
     #[test]
     fn a_worker_reports_its_failures_with_their_errors_and_its_progress() {
-        let (_db, pool) = test_db(1);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 3);
-        let stop = diesel_claim::StopHandle::new();
-        let stopper = stop.clone();
-        let (report, seen) = traced(|| {
+        let (report, seen) = traced_worker(3, |conn, stop| {
+            let stopper = stop.clone();
             std::thread::scope(|scope| {
                 scope.spawn(move || {
                     std::thread::sleep(Duration::from_millis(300));
@@ -470,11 +476,11 @@ on_every_backend! {
                 pending()
                     .build_claim()
                     .keep_going()
-                    .worker(&stop)
+                    .worker(stop)
                     .name("mailer")
                     .poll_interval(Duration::from_millis(1), Duration::from_millis(5))
                     .progress_interval(Duration::from_millis(40))
-                    .run(&mut conn, |conn, order: Order| {
+                    .run(conn, |conn, order: Order| {
                         if order.id == 2 {
                             return Err(Error::InvalidArgument("order 2 is bad".to_owned()));
                         }
@@ -542,18 +548,14 @@ on_every_backend! {
     /// after batch until none is left.
     #[test]
     fn a_worker_warns_of_a_failed_row_before_the_next_rows_work() {
-        let (_db, pool) = test_db(1);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 3);
-        let stop = diesel_claim::StopHandle::new();
-        let (report, seen) = traced(|| {
+        let (report, seen) = traced_worker(3, |conn, stop| {
             pending()
                 .build_claim()
                 .batch(1)
                 .keep_going()
-                .worker(&stop)
+                .worker(stop)
                 .stop_when_empty()
-                .run(&mut conn, |conn, order: Order| {
+                .run(conn, |conn, order: Order| {
                     if order.id == 1 {
                         return Err(Error::InvalidArgument("order 1 is bad".to_owned()));
                     }
@@ -614,15 +616,11 @@ on_every_backend! {
     /// why: the table, the row's key, the error.
     #[test]
     fn a_worker_stopped_by_an_error_says_so() {
-        let (_db, pool) = test_db(1);
-        let mut conn = pool.get().unwrap();
-        insert_pending(&mut conn, 1);
-        let stop = diesel_claim::StopHandle::new();
-        let (ended, seen) = traced(|| {
+        let (ended, seen) = traced_worker(1, |conn, stop| {
             pending()
                 .build_claim()
-                .worker(&stop)
-                .run(&mut conn, |_, _: Order| Err(Error::InvalidArgument("no mail server".to_owned())))
+                .worker(stop)
+                .run(conn, |_, _: Order| Err(Error::InvalidArgument("no mail server".to_owned())))
         });
         assert!(matches!(ended, Err(Error::InvalidArgument(_))), "{ended:?}");
         let stopped = seen.saying("a worker stops on an error");
@@ -638,11 +636,8 @@ on_every_backend! {
     /// and its start and stop, are all a debug subscriber sees.
     #[test]
     fn an_idle_worker_is_silent_at_debug() {
-        let (_db, pool) = test_db(1);
-        let mut conn = pool.get().unwrap();
-        let stop = diesel_claim::StopHandle::new();
-        let stopper = stop.clone();
-        let (report, seen) = traced(|| {
+        let (report, seen) = traced_worker(0, |conn, stop| {
+            let stopper = stop.clone();
             std::thread::scope(|scope| {
                 scope.spawn(move || {
                     std::thread::sleep(Duration::from_millis(100));
@@ -650,9 +645,9 @@ on_every_backend! {
                 });
                 pending()
                     .build_claim()
-                    .worker(&stop)
+                    .worker(stop)
                     .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
-                    .run(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, &order)?))
+                    .run(conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, &order)?))
                     .unwrap()
             })
         });

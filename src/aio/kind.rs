@@ -568,6 +568,12 @@ impl<Q, T> ClaimBuilder<Q, Async, T, NoHook> {
     /// Records a failing row under its lock, as the blocking
     /// [`on_failure`](ClaimBuilder::on_failure) does, with an `async`
     /// closure: `async |conn, job: Job, error: &MyError| { … }`.
+    ///
+    /// The row, and the error if the hook uses it, need their types named,
+    /// as there: the hook is checked where it is given, before the claim's
+    /// closure fixes the row type, and the compiler, unable to infer the
+    /// row's, asks for the method's type parameters instead ("type
+    /// annotations needed").
     pub fn on_failure<C, R, E, F>(self, hook: F) -> ClaimBuilder<Q, Async, T, OnFailure<F>>
     where
         for<'c, 'e> F: AsyncFnMut(&'c mut C, R, &'e E) -> Result<(), E>

@@ -580,7 +580,10 @@ impl<Q, T> ClaimBuilder<Q, Blocking, T, NoHook> {
     ///
     /// If the hook fails, the batch's transaction rolls back and the call
     /// ends with the hook's error. The rows must be `Clone` (the hook gets
-    /// the row as the closure got it). With a
+    /// the row as the closure got it), and the hook's row, and its error if
+    /// it uses it, need their types named, as below: the hook is checked
+    /// where it is given, before the claim's closure fixes the row type, so
+    /// the compiler cannot infer them ("type annotations needed"). With a
     /// [visibility timeout](Self::visibility_timeout), the hook runs in a
     /// transaction that clears the row's stamp if the row still carries it
     /// (if not, another worker has the row, and the hook does not run); with

@@ -357,7 +357,7 @@ trait InPositions<R, O>: Reusable {
             return Ranged::Whole(self.query());
         }
         let in_range = InRange {
-            column: Positioned::new(Shape::<R>::columns(), O::terms_hold_the_key()),
+            column: Positioned::new(Shape::<R>::columns(), O::key_among_terms()),
             range,
         };
         Ranged::Within(FilterDsl::filter(self.query(), in_range))

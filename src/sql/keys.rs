@@ -14,14 +14,17 @@ use diesel::{Column, Identifiable, QueryResult, Table};
 
 use std::sync::Arc;
 
+use super::comparison::{untied, walk_expanded, walk_parts, Comparison, Part};
 use super::order::RangeColumns;
 use crate::backend::{strategy::Strategy, ClaimBackend};
 
 /// A table's primary key as the key predicates compare and bind it, with `K`
 /// its value: [`One`] column, or a [`Row`] of two or three.
 pub trait KeyColumns<K, DB: Backend>: Copy {
+    /// The number of columns.
+    const COLUMNS: usize;
     /// Whether the key has several columns, compared as a row value.
-    const ROW: bool;
+    const ROW: bool = Self::COLUMNS > 1;
 
     /// `"t"."id"`, or `("t"."a", "t"."b")`.
     fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
@@ -29,66 +32,29 @@ pub trait KeyColumns<K, DB: Backend>: Copy {
     /// `$1`, or `($1, $2)`.
     fn walk_value<'b>(value: &'b K, out: AstPass<'_, 'b, DB>) -> QueryResult<()>;
 
-    /// The key compared with `value` by `operator` (` > `, ` >= `, ` <= ` or
-    /// ` = `), in the order of the key's columns.
+    /// The key compared with `value` by `comparison`, in the order of the
+    /// key's columns.
     fn walk_compare<'b>(
         &'b self,
-        operator: &'static str,
+        comparison: Comparison,
         value: &'b K,
-        mut out: AstPass<'_, 'b, DB>,
+        out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
-        self.walk_columns(out.reborrow())?;
-        out.push_sql(operator);
-        Self::walk_value(value, out)
+        self.walk_compare_untied(comparison, value, [false; 3], out)
     }
-}
 
-/// Renders one column, or one value, of a key of several.
-type Part<'p, 'b, DB> = &'p dyn Fn(AstPass<'_, 'b, DB>) -> QueryResult<()>;
-
-/// A key of several columns compared column by column, for a backend that
-/// reads a row-value comparison without its index (MySQL, MariaDB): `(a, b) >
-/// (x, y)` is written `(a >= x AND (a > x OR b > y))`, whose first condition
-/// bounds an index range on the leading column.
-fn walk_expanded<'b, DB: Backend>(
-    operator: &'static str,
-    columns: &[Part<'_, 'b, DB>],
-    values: &[Part<'_, 'b, DB>],
-    mut out: AstPass<'_, 'b, DB>,
-) -> QueryResult<()> {
-    let [column, later_columns @ ..] = columns else {
-        return Ok(());
-    };
-    let [value, later_values @ ..] = values else {
-        return Ok(());
-    };
-    let compare = |operator: &'static str, mut out: AstPass<'_, 'b, DB>| {
-        column(out.reborrow())?;
-        out.push_sql(operator);
-        value(out)
-    };
-    if later_columns.is_empty() {
-        return compare(operator, out);
-    }
-    let (inclusive, strict) = match operator {
-        " = " => (" = ", None),
-        " <= " => (" <= ", Some(" < ")),
-        _ => (" >= ", Some(" > ")),
-    };
-    out.push_sql("(");
-    compare(inclusive, out.reborrow())?;
-    out.push_sql(" AND ");
-    if let Some(strict) = strict {
-        out.push_sql("(");
-        compare(strict, out.reborrow())?;
-        out.push_sql(" OR ");
-    }
-    walk_expanded(operator, later_columns, later_values, out.reborrow())?;
-    if strict.is_some() {
-        out.push_sql(")");
-    }
-    out.push_sql(")");
-    Ok(())
+    /// The key compared with `value` by `comparison`, less the columns that
+    /// `tied` marks (in the key's order): where the key is compared, they
+    /// are known to equal their values (they are order terms, compared
+    /// before it), and comparing them again would only repeat it. A key
+    /// with every column tied is compared whole.
+    fn walk_compare_untied<'b>(
+        &'b self,
+        comparison: Comparison,
+        value: &'b K,
+        tied: [bool; 3],
+        out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()>;
 }
 
 /// A primary key of one column.
@@ -106,7 +72,7 @@ where
     C::SqlType: SqlType,
     K: ToSql<C::SqlType, DB>,
 {
-    const ROW: bool = false;
+    const COLUMNS: usize = 1;
 
     fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.0.walk_ast(out)
@@ -114,6 +80,20 @@ where
 
     fn walk_value<'b>(value: &'b K, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_bind_param::<C::SqlType, K>(value)
+    }
+
+    /// Its one column tied, the key is compared whole (an order that holds
+    /// the key is compared without it: [`Positioned`](super::Positioned)).
+    fn walk_compare_untied<'b>(
+        &'b self,
+        comparison: Comparison,
+        value: &'b K,
+        _: [bool; 3],
+        mut out: AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(comparison.sql());
+        Self::walk_value(value, out)
     }
 }
 
@@ -128,48 +108,36 @@ macro_rules! row_key {
                 $value: ToSql<$column::SqlType, DB>,
             )+
         {
-            const ROW: bool = true;
+            const COLUMNS: usize = [$($index),+].len();
 
-            fn walk_columns<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-                let mut separator = "(";
-                $(
-                    out.push_sql(separator);
-                    self.0.$index.walk_ast(out.reborrow())?;
-                    separator = ", ";
-                )+
-                let _ = separator;
-                out.push_sql(")");
-                Ok(())
+            fn walk_columns<'b>(&'b self, out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                walk_parts(&[$(&|out| self.0.$index.walk_ast(out)),+], out)
             }
 
-            fn walk_value<'b>(value: &'b ($($value,)+), mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-                let mut separator = "(";
-                $(
-                    out.push_sql(separator);
-                    out.push_bind_param::<$column::SqlType, $value>(&value.$index)?;
-                    separator = ", ";
-                )+
-                let _ = separator;
-                out.push_sql(")");
-                Ok(())
+            fn walk_value<'b>(value: &'b ($($value,)+), out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+                walk_parts(&[$(
+                    &|mut out| out.push_bind_param::<$column::SqlType, $value>(&value.$index)
+                ),+], out)
             }
 
-            fn walk_compare<'b>(
+            fn walk_compare_untied<'b>(
                 &'b self,
-                operator: &'static str,
+                comparison: Comparison,
                 value: &'b ($($value,)+),
+                tied: [bool; 3],
                 mut out: AstPass<'_, 'b, DB>,
             ) -> QueryResult<()> {
-                if <DB as Strategy>::ROW_VALUE_INDEXES {
-                    <Self as KeyColumns<($($value,)+), DB>>::walk_columns(self, out.reborrow())?;
-                    out.push_sql(operator);
-                    return <Self as KeyColumns<($($value,)+), DB>>::walk_value(value, out);
-                }
                 let columns: &[Part<'_, 'b, DB>] = &[$(&|out| self.0.$index.walk_ast(out)),+];
                 let values: &[Part<'_, 'b, DB>] = &[$(
                     &|mut out| out.push_bind_param::<$column::SqlType, $value>(&value.$index)
                 ),+];
-                walk_expanded(operator, columns, values, out)
+                let (columns, values) = (untied(columns, tied), untied(values, tied));
+                if <DB as Strategy>::ROW_VALUE_INDEXES {
+                    walk_parts(&columns, out.reborrow())?;
+                    out.push_sql(comparison.sql());
+                    return walk_parts(&values, out);
+                }
+                walk_expanded(comparison, &columns, &values, out)
             }
         }
     };
@@ -437,10 +405,10 @@ where
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         let lower = match &self.range.lower {
             Lower::Unbounded => None,
-            Lower::After(key) => Some((" > ", key)),
-            Lower::From(key) => Some((" >= ", key)),
+            Lower::After(key) => Some((Comparison::After, key)),
+            Lower::From(key) => Some((Comparison::From, key)),
         };
-        let through = self.range.through.as_ref().map(|key| (" <= ", key));
+        let through = (self.range.through.as_ref()).map(|key| (Comparison::Through, key));
         let bounds = [lower, through];
         let mut bounds = bounds.iter().flatten().peekable();
         let excluded = &self.range.excluded;
@@ -458,9 +426,9 @@ where
         }
         out.push_sql("(");
         let mut first = true;
-        while let Some((operator, key)) = bounds.next() {
+        while let Some(&(comparison, key)) = bounds.next() {
             first = false;
-            self.column.walk_compare(operator, key, out.reborrow())?;
+            self.column.walk_compare(comparison, key, out.reborrow())?;
             if bounds.peek().is_some() {
                 out.push_sql(" AND ");
             }
@@ -560,7 +528,7 @@ where
             if index > 0 {
                 out.push_sql(" OR ");
             }
-            column.walk_compare(" = ", key, out.reborrow())?;
+            column.walk_compare(Comparison::Equal, key, out.reborrow())?;
         }
     } else {
         column.walk_columns(out.reborrow())?;
@@ -596,7 +564,10 @@ mod tests {
     #[test]
     fn keys_of_two_columns_compare_as_row_values_or_column_by_column() {
         let range = InRange {
-            column: Positioned::<KeyOrder, _>::new(Row((lines::order_id, lines::line_no)), false),
+            column: Positioned::<KeyOrder, _>::new(
+                Row((lines::order_id, lines::line_no)),
+                [false; 3],
+            ),
             range: KeyRange::between(Some(Position::of_key((1, 2))), Position::of_key((5, 6))),
         };
         assert_eq!(
@@ -628,7 +599,7 @@ mod tests {
 
     #[test]
     fn a_range_leaves_its_excluded_keys_out_and_holds_among_alone() {
-        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id), false);
+        let column = || Positioned::<KeyOrder, _>::new(One(lines::order_id), [false; 3]);
         let whole = |among: Option<Arc<[Position<i32>]>>| InRange {
             column: column(),
             range: KeyRange::whole()

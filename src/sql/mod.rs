@@ -5,6 +5,7 @@
 //! are private) and boxed queries cannot be locked at all, so [`Locked`] appends the
 //! clause itself, to any query, rendered by the backend.
 
+mod comparison;
 mod keys;
 pub(crate) mod order;
 mod order_by;
@@ -14,6 +15,7 @@ pub(crate) mod retry;
 pub mod stamp;
 mod statements;
 
+pub use comparison::Comparison;
 pub use keys::{IdShape, InList, InRange, KeyColumns, KeyRange, KeyShape, KeysIn, Lower};
 pub use order::{ClaimOrder, OrderTerms, Position, Positioned, QueryOrder};
 pub use ranged::{BuildOn, Ordered, Ranged, Selected};

@@ -22,6 +22,7 @@ use diesel::sql_types::is_nullable::NotNull;
 use diesel::sql_types::{self, HasSqlType, SqlType};
 use diesel::{Column, Expression, ExpressionMethods, QueryResult};
 
+use super::comparison::{walk_in_turn, Comparison};
 use super::keys::{KeyColumns, KeyOn, WrappedKey};
 use super::order_by::{KeyAmongTerms, ThenKey};
 use crate::backend::OrderValue;
@@ -429,10 +430,11 @@ pub trait ClaimOrder<W: WrappedKey, K>: OrderTerms {
     fn ordering(key: W) -> Self::Ordering;
     #[doc(hidden)]
     fn position(loaded: Self::Loaded) -> Position<K>;
-    /// Whether the terms hold every column of the key, so that no two rows
-    /// are tied on all of them.
+    /// Whether each of the key's columns, in order, is a term: compared
+    /// after the terms, the key need not compare it again, and when every
+    /// one is, no two rows are tied on all of the terms.
     #[doc(hidden)]
-    fn terms_hold_the_key() -> bool;
+    fn key_among_terms() -> [bool; 3];
 }
 
 impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
@@ -452,8 +454,8 @@ impl<W: WrappedKey, K> ClaimOrder<W, K> for KeyOrder {
         Position::of_key(key)
     }
 
-    fn terms_hold_the_key() -> bool {
-        false
+    fn key_among_terms() -> [bool; 3] {
+        [false; 3]
     }
 }
 
@@ -487,8 +489,8 @@ macro_rules! claim_order {
                 position
             }
 
-            fn terms_hold_the_key() -> bool {
-                W::wholly_among::<Self>()
+            fn key_among_terms() -> [bool; 3] {
+                W::among::<Self>()
             }
         }
     )+};
@@ -511,8 +513,8 @@ claim_order! {
 pub struct Positioned<T: OrderTerms, Key> {
     pub terms: T::Columns,
     pub key: Key,
-    /// The terms hold every column of the key ([`ClaimOrder::terms_hold_the_key`]).
-    terms_hold_the_key: bool,
+    /// Which of the key's columns are terms ([`ClaimOrder::key_among_terms`]).
+    key_among_terms: [bool; 3],
     order: PhantomData<T>,
 }
 
@@ -525,13 +527,13 @@ impl<T: OrderTerms, Key: Copy> Clone for Positioned<T, Key> {
 impl<T: OrderTerms, Key: Copy> Copy for Positioned<T, Key> {}
 
 impl<T: OrderTerms, Key> Positioned<T, Key> {
-    /// The columns of the order `T` and the key `key`, which the terms hold
-    /// wholly if `terms_hold_the_key`.
-    pub fn new(key: Key, terms_hold_the_key: bool) -> Self {
+    /// The columns of the order `T` and the key `key`, whose columns are
+    /// terms where `key_among_terms` says so.
+    pub fn new(key: Key, key_among_terms: [bool; 3]) -> Self {
         Positioned {
             terms: T::columns(),
             key,
-            terms_hold_the_key,
+            key_among_terms,
             order: PhantomData,
         }
     }
@@ -543,11 +545,11 @@ impl<T: OrderTerms, Key: KeyOn<QS>, QS> KeyOn<QS> for Positioned<T, Key> {}
 
 /// Columns a range of positions compares, in the claim order.
 pub trait RangeColumns<P, DB: Backend> {
-    /// The columns compared with `value` by `operator` (` > `, ` >= ` or
-    /// ` <= `), in the claim order.
+    /// The columns compared with `value` by `comparison`, in the claim
+    /// order.
     fn walk_compare<'b>(
         &'b self,
-        operator: &'static str,
+        comparison: Comparison,
         value: &'b P,
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()>;
@@ -564,11 +566,11 @@ where
 {
     fn walk_compare<'b>(
         &'b self,
-        operator: &'static str,
+        comparison: Comparison,
         value: &'b Position<K>,
         out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
-        self.walk_from(0, operator, value, out)
+        self.walk_from(0, comparison, value, out)
     }
 
     fn walk_among<'b>(
@@ -584,16 +586,18 @@ where
 impl<T: OrderTerms, Key> Positioned<T, Key> {
     /// The comparison from term `index` on, as `(t >= v AND (t > v OR …))` (a
     /// descending term the other way), whose first condition bounds an index
-    /// range on the term; after the last term, the key's own comparison. When
-    /// the terms hold the key, rows tied on every term are one row, the
-    /// position's own, and the last term is compared alone (`t > v`, or `t >=
-    /// v` to take the position's row in): the key's comparison would repeat it.
+    /// range on the term; after the last term, the key's own comparison, of
+    /// the key's columns that are not terms (there, a term equals its value:
+    /// comparing it again would repeat it). When the terms hold the whole
+    /// key, rows tied on every term are one row, the position's own, and the
+    /// last term is compared alone (`t > v`, or `t >= v` to take the
+    /// position's row in).
     fn walk_from<'b, K, DB>(
         &'b self,
         index: usize,
-        operator: &'static str,
+        comparison: Comparison,
         position: &'b Position<K>,
-        mut out: AstPass<'_, 'b, DB>,
+        out: AstPass<'_, 'b, DB>,
     ) -> QueryResult<()>
     where
         DB: Backend,
@@ -601,36 +605,34 @@ impl<T: OrderTerms, Key> Positioned<T, Key> {
         Key: KeyColumns<K, DB>,
     {
         if index == T::LEN {
-            return self.key.walk_compare(operator, &position.key, out);
+            let tied = self.key_among_terms;
+            return self
+                .key
+                .walk_compare_untied(comparison, &position.key, tied, out);
         }
         let Some(value) = position.values.get(index) else {
             return Err(diesel::result::Error::QueryBuilderError(
                 "a claim's position lacks a value of its order".into(),
             ));
         };
-        let upwards = (operator == " <= ") == T::descending(index);
-        let (inclusive, strict) = if upwards {
-            (" >= ", " > ")
+        let on_term = if T::descending(index) {
+            comparison.reversed()
         } else {
-            (" <= ", " < ")
+            comparison
         };
-        let compare = |operator: &'static str, mut out: AstPass<'_, 'b, DB>| {
+        let compare = |on_term: Comparison, mut out: AstPass<'_, 'b, DB>| {
             T::walk_column(&self.terms, index, out.reborrow())?;
-            out.push_sql(operator);
+            out.push_sql(on_term.sql());
             T::walk_value(index, value, out)
         };
-        if index + 1 == T::LEN && self.terms_hold_the_key {
-            let taken_in = operator != " > ";
-            return compare(if taken_in { inclusive } else { strict }, out);
+        let terms_hold_the_key = self.key_among_terms[..Key::COLUMNS]
+            .iter()
+            .all(|&among| among);
+        if index + 1 == T::LEN && terms_hold_the_key {
+            return compare(on_term, out);
         }
-        out.push_sql("(");
-        compare(inclusive, out.reborrow())?;
-        out.push_sql(" AND (");
-        compare(strict, out.reborrow())?;
-        out.push_sql(" OR ");
-        self.walk_from(index + 1, operator, position, out.reborrow())?;
-        out.push_sql("))");
-        Ok(())
+        let later = |out: AstPass<'_, 'b, DB>| self.walk_from(index + 1, comparison, position, out);
+        walk_in_turn(on_term, compare, later, out)
     }
 }
 

@@ -40,40 +40,23 @@ impl<T: OrderTerms, W: KeyAmongTerms> ThenKey<T, W> {
 
 /// Which columns of a key ([`One`], [`Row`]) are terms of an order.
 pub trait KeyAmongTerms {
-    /// The key's columns.
-    const COLUMNS: usize;
-
     /// Whether each of the key's columns, in order, is a term of `T`.
     fn among<T: OrderTerms>() -> [bool; 3];
-
-    /// Whether every column of the key is a term of `T`: rows tied on all
-    /// of `T`'s terms are then one row.
-    fn wholly_among<T: OrderTerms>() -> bool {
-        Self::among::<T>()[..Self::COLUMNS]
-            .iter()
-            .all(|&among| among)
-    }
 }
 
 impl<C: 'static> KeyAmongTerms for One<C> {
-    const COLUMNS: usize = 1;
-
     fn among<T: OrderTerms>() -> [bool; 3] {
         [T::holds::<C>(), false, false]
     }
 }
 
 impl<C0: 'static, C1: 'static> KeyAmongTerms for Row<(C0, C1)> {
-    const COLUMNS: usize = 2;
-
     fn among<T: OrderTerms>() -> [bool; 3] {
         [T::holds::<C0>(), T::holds::<C1>(), false]
     }
 }
 
 impl<C0: 'static, C1: 'static, C2: 'static> KeyAmongTerms for Row<(C0, C1, C2)> {
-    const COLUMNS: usize = 3;
-
     fn among<T: OrderTerms>() -> [bool; 3] {
         [T::holds::<C0>(), T::holds::<C1>(), T::holds::<C2>()]
     }

@@ -588,7 +588,7 @@ where
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.key_columns
-            .walk_compare(" = ", &self.key, out.reborrow())?;
+            .walk_compare(super::Comparison::Equal, &self.key, out.reborrow())?;
         out.push_sql(" AND ");
         Col::SqlType::walk_micros(&self.column, out.reborrow())?;
         out.push_sql(" = ");
