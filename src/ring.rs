@@ -217,7 +217,8 @@ impl Ring {
     /// Creates what the ring needs beside your table: its sequence, the
     /// slot column's default, and a partition for each slot. Does nothing
     /// that is already there, so it can run at every start; a slot size
-    /// changed since applies to the jobs inserted from then on.
+    /// changed since applies to the jobs inserted from then on. Processes
+    /// that create one ring at once take turns.
     ///
     /// [`Error::InvalidArgument`] if the table is not partitioned by
     /// `LIST` on the slot column alone, has partitions other than the
@@ -229,6 +230,9 @@ impl Ring {
     {
         self.check()?;
         conn.transaction(|conn| {
+            // Replicas of a service starting together create the ring one
+            // after the other: the others find it there.
+            advisory::lock(conn, &self.lock_name())?;
             self.check_table(conn)?;
             let sequence = self.sequence();
             diesel::sql_query(format!(
@@ -324,7 +328,7 @@ impl Ring {
         // would mean waiting for ever.
         let wait = self.lock_timeout.as_millis().clamp(1, u128::from(u32::MAX));
         diesel::sql_query(format!("SET LOCAL lock_timeout = {wait}")).execute(conn)?;
-        if !advisory::try_lock(conn, &format!("diesel_claim ring {}", self.table))? {
+        if !advisory::try_lock(conn, &self.lock_name())? {
             rotation.busy = true;
             return Ok(());
         }
@@ -490,6 +494,11 @@ impl Ring {
             )));
         }
         Ok(())
+    }
+
+    /// The advisory lock a ring's creation and rotations take.
+    fn lock_name(&self) -> String {
+        format!("diesel_claim ring {}", self.table)
     }
 
     fn partition(&self, slot: u16) -> String {

@@ -94,6 +94,32 @@ fn create_adds_a_partition_per_slot_and_does_nothing_the_second_time() {
     assert_eq!(partitions, 4);
 }
 
+/// Replicas of a service that start together each create the ring: they
+/// take turns, and all of them find it made. Creating it at once without
+/// turns fails in some of them (`CREATE … IF NOT EXISTS` is not safe
+/// against another session creating the same name).
+#[test]
+fn replicas_creating_one_ring_at_once_take_turns() {
+    let (db, _conn) = queue();
+    let start = std::sync::Barrier::new(6);
+    thread::scope(|scope| {
+        for _ in 0..6 {
+            scope.spawn(|| {
+                let mut conn = PgConnection::establish(&db.url).unwrap();
+                start.wait();
+                Ring::new("jobs").slots(16).create(&mut conn).unwrap();
+            });
+        }
+    });
+    let mut conn = PgConnection::establish(&db.url).unwrap();
+    let partitions: i64 = diesel::select(diesel::dsl::sql::<BigInt>(
+        "(SELECT count(*) FROM pg_inherits WHERE inhparent = 'jobs'::regclass)",
+    ))
+    .get_result(&mut conn)
+    .unwrap();
+    assert_eq!(partitions, 16);
+}
+
 #[test]
 fn tables_and_settings_a_ring_cannot_use_are_refused() {
     let (_db, mut conn) = queue();
