@@ -66,5 +66,7 @@ pub use versioned::{Version, VersionedDelete, VersionedDsl, VersionedUpdate};
 pub mod prelude {
     pub use crate::claim::ClaimDsl;
     pub use crate::lock::{LockDsl, LockModelDsl};
+    #[cfg(feature = "postgres_backend")]
+    pub use crate::ring::RingDsl;
     pub use crate::versioned::VersionedDsl;
 }

@@ -11,7 +11,7 @@
 //! queue. The table is partitioned by a slot column into a ring of
 //! partitions; each new job goes to the slot of its place in the order of
 //! insertion (a sequence's value, [`slot_size`](Ring::slot_size) jobs a
-//! slot); once the jobs of a slot are done, [`Ring::rotate`] truncates it.
+//! slot); once the jobs of a slot are done, [`rotate`](RingDsl::rotate) truncates it.
 //! Its dead rows, however many, go with it.
 //!
 //! ```sql
@@ -78,6 +78,10 @@
 //! # }
 //! ```
 //!
+//! On a diesel-async connection, the same calls are awaited: with
+//! [`aio::prelude`](crate::aio::prelude) in scope, `ring.rotate(&mut conn).await`
+//! ([`aio::RingDsl`](crate::aio::RingDsl)).
+//!
 //! What a ring asks of its queue, and the caveats:
 //!
 //! - **Jobs are deleted when done** ([`then_delete`](crate::ClaimBuilder::then_delete),
@@ -118,19 +122,20 @@ use std::time::Duration;
 
 use diesel::connection::LoadConnection;
 use diesel::pg::Pg;
-use diesel::sql_types::{BigInt, Text};
+use diesel::query_builder::SqlQuery;
+use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::{QueryableByName, RunQueryDsl};
 
 use crate::lease::advisory;
 use crate::transaction::transaction_depth;
-use crate::Error;
+use crate::{BlockingConnection, Error};
 
 /// The longest name PostgreSQL keeps: longer ones are cut, and two
 /// partitions' names could then be one.
 const MAX_IDENTIFIER_LEN: usize = 63;
 
 /// A queue table partitioned into a ring of slots by insertion order, whose
-/// drained slots [`rotate`](Self::rotate) truncates: see the
+/// drained slots [`rotate`](RingDsl::rotate) truncates: see the
 /// [module](self).
 ///
 /// The partitions are `<table>_slot_0` to `<table>_slot_<n - 1>`, the
@@ -146,7 +151,7 @@ pub struct Ring {
     lock_timeout: Duration,
 }
 
-/// What one [`Ring::rotate`] did.
+/// What one [`rotate`](RingDsl::rotate) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Rotation {
@@ -159,8 +164,89 @@ pub struct Rotation {
     pub full: u32,
     /// Whether the rotation could not have the drained slots to itself
     /// within [`Ring::lock_timeout`] (or another rotation of the same ring
-    /// was under way): the next call tries again.
+    /// held them that long): the next call tries again.
     pub busy: bool,
+}
+
+/// A ring's creation and rotation on a blocking connection, in the
+/// [prelude](crate::prelude). (On a diesel-async connection, the trait of the
+/// same name in [`aio::prelude`](crate::aio::prelude) awaits them.)
+pub trait RingDsl {
+    /// Creates what the ring needs beside your table: its sequence, the
+    /// slot column's default, and a partition for each slot. Does nothing
+    /// that is already there, so it can run at every start; a slot size
+    /// changed since applies to the jobs inserted from then on. Processes
+    /// that create one ring at once take turns.
+    ///
+    /// [`Error::InvalidArgument`] if the table is not partitioned by
+    /// `LIST` on the slot column alone, has partitions other than the
+    /// ring's (a ring of another number of slots among them), or if the
+    /// ring's names would be longer than PostgreSQL keeps.
+    fn create<C, I>(&self, conn: &mut C) -> Result<(), Error>
+    where
+        C: BlockingConnection<I> + LoadConnection<Backend = Pg>;
+
+    /// Truncates the slots whose jobs are done, all in one transaction: it
+    /// takes their partitions to itself (waiting at most
+    /// [`lock_timeout`](Ring::lock_timeout)), checks under that lock that
+    /// each holds at most [`max_moved`](Ring::max_moved) jobs and is not the
+    /// slot new jobs go to, moves those jobs to the current slot, and
+    /// truncates the slots. Slots with nothing to reclaim are passed over
+    /// without a lock: a rotation with nothing to do is one query.
+    ///
+    /// Call it every second or so, on a connection of its own (a pool's):
+    /// each call holds the queue's takes back while it waits for the
+    /// transactions in flight to end, once for all the slots it truncates.
+    /// Rotations of one ring take turns across processes: one called while
+    /// another holds the ring waits for it as long as for the partitions.
+    /// [`Error::InvalidArgument`] inside a transaction, which would keep
+    /// the partitions locked until it ends.
+    fn rotate<C, I>(&self, conn: &mut C) -> Result<Rotation, Error>
+    where
+        C: BlockingConnection<I> + LoadConnection<Backend = Pg>;
+}
+
+impl RingDsl for Ring {
+    fn create<C, I>(&self, conn: &mut C) -> Result<(), Error>
+    where
+        C: BlockingConnection<I> + LoadConnection<Backend = Pg>,
+    {
+        self.check()?;
+        conn.transaction(|conn| {
+            conn.batch_execute(&self.taking_turns())?;
+            self.check_partitioning(self.partitioning().load(conn)?)?;
+            conn.batch_execute(&self.creation())?;
+            Ok(())
+        })
+    }
+
+    fn rotate<C, I>(&self, conn: &mut C) -> Result<Rotation, Error>
+    where
+        C: BlockingConnection<I> + LoadConnection<Backend = Pg>,
+    {
+        self.check_rotation(transaction_depth(conn)?)?;
+        let found = self.survey(self.surveying(self.all_slots()).load(conn)?);
+        if found.drained.is_empty() {
+            return Ok(found.rotation());
+        }
+        let locked = conn.transaction(|conn| {
+            conn.batch_execute(&self.locking(&found.drained))?;
+            let under_lock = self.survey(self.surveying(found.drained.iter().copied()).load(conn)?);
+            let moved = if under_lock.jobs > 0 {
+                self.moved(
+                    self.moving(&under_lock.drained).load(conn)?,
+                    &under_lock.drained,
+                )?
+            } else {
+                0
+            };
+            if !under_lock.drained.is_empty() {
+                conn.batch_execute(&self.truncating(&under_lock.drained))?;
+            }
+            Ok(under_lock.truncated(moved))
+        });
+        found.rotated(locked)
+    }
 }
 
 impl Ring {
@@ -214,233 +300,60 @@ impl Ring {
         self
     }
 
-    /// Creates what the ring needs beside your table: its sequence, the
-    /// slot column's default, and a partition for each slot. Does nothing
-    /// that is already there, so it can run at every start; a slot size
-    /// changed since applies to the jobs inserted from then on. Processes
-    /// that create one ring at once take turns.
-    ///
-    /// [`Error::InvalidArgument`] if the table is not partitioned by
-    /// `LIST` on the slot column alone, has partitions other than the
-    /// ring's (a ring of another number of slots among them), or if the
-    /// ring's names would be longer than PostgreSQL keeps.
-    pub fn create<C>(&self, conn: &mut C) -> Result<(), Error>
-    where
-        C: LoadConnection<Backend = Pg>,
-    {
-        self.check()?;
-        conn.transaction(|conn| {
-            // Replicas of a service starting together create the ring one
-            // after the other: the others find it there.
-            advisory::lock(conn, &self.lock_name())?;
-            self.check_table(conn)?;
-            let sequence = self.sequence();
-            diesel::sql_query(format!(
-                "CREATE SEQUENCE IF NOT EXISTS {}",
-                quoted(&sequence)
-            ))
-            .execute(conn)?;
-            diesel::sql_query(format!(
-                "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT ((nextval({}::regclass) / {}) % {})",
-                quoted(&self.table),
-                quoted(&self.slot_column),
-                literal(&quoted(&sequence)),
-                self.slot_size,
-                self.slots,
-            ))
-            .execute(conn)?;
-            for slot in 0..self.slots {
-                diesel::sql_query(format!(
-                    "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES IN ({slot})",
-                    quoted(&self.partition(slot)),
-                    quoted(&self.table),
-                ))
-                .execute(conn)?;
-            }
-            Ok(())
-        })
-    }
+    // What follows is the SQL of a creation and a rotation, and what is
+    // decided between its statements, for both the blocking and the async
+    // `RingDsl`: each sends these in the same order.
 
-    /// Truncates the slots whose jobs are done, all in one transaction: it
-    /// takes their partitions to itself (waiting at most
-    /// [`lock_timeout`](Self::lock_timeout)), checks under that lock that
-    /// each holds at most [`max_moved`](Self::max_moved) jobs and is not the
-    /// slot new jobs go to, moves those jobs to the current slot, and
-    /// truncates the slots. Slots with nothing to reclaim are passed over
-    /// without a lock.
-    ///
-    /// Call it every second or so, on a connection of its own (a pool's):
-    /// each call holds the queue's takes back while it waits for the
-    /// transactions in flight to end, once for all the slots it truncates.
-    /// One rotation of a ring runs at a time, across processes; another
-    /// called meanwhile returns at once ([`Rotation::busy`]).
-    /// [`Error::InvalidArgument`] inside a transaction, which would keep
-    /// the partitions locked until it ends.
-    pub fn rotate<C>(&self, conn: &mut C) -> Result<Rotation, Error>
-    where
-        C: LoadConnection<Backend = Pg>,
-    {
-        self.check()?;
-        if transaction_depth(conn)? > 0 {
-            return Err(Error::InvalidArgument(
-                "a ring's rotation runs in transactions of its own, not inside one".to_owned(),
-            ));
-        }
-        let mut rotation = Rotation::default();
-        let current = self.current_slot(conn)?;
-        let mut drained = Vec::new();
-        for slot in (0..self.slots).filter(|&slot| slot != current) {
-            let state = diesel::sql_query(format!(
-                "SELECT pg_relation_size({}::regclass) AS bytes, {} AS jobs",
-                literal(&quoted(&self.partition(slot))),
-                self.count_jobs(slot),
-            ))
-            .get_result::<SlotState>(conn)?;
-            if state.jobs > i64::from(self.max_moved) {
-                rotation.full += 1;
-            } else if state.bytes > 0 {
-                drained.push(slot);
-            }
-        }
-        if drained.is_empty() {
-            return Ok(rotation);
-        }
-        match conn.transaction(|conn| self.truncate(conn, &drained, &mut rotation)) {
-            Ok(()) => {}
-            Err(Error::LockNotAvailable) => rotation.busy = true,
-            Err(error) => return Err(error),
-        }
-        Ok(rotation)
-    }
-
-    /// Truncates the `drained` slots that still are under their lock, in
-    /// the transaction `conn` is in, and counts what it did in `rotation`.
-    fn truncate<C>(
-        &self,
-        conn: &mut C,
-        drained: &[u16],
-        rotation: &mut Rotation,
-    ) -> Result<(), Error>
-    where
-        C: LoadConnection<Backend = Pg>,
-    {
-        // Milliseconds, as the setting counts them; at least one, since 0
-        // would mean waiting for ever.
-        let wait = self.lock_timeout.as_millis().clamp(1, u128::from(u32::MAX));
-        diesel::sql_query(format!("SET LOCAL lock_timeout = {wait}")).execute(conn)?;
-        if !advisory::try_lock(conn, &self.lock_name())? {
-            rotation.busy = true;
-            return Ok(());
-        }
-        let partitions = |slots: &[u16]| {
-            slots
-                .iter()
-                .map(|&slot| quoted(&self.partition(slot)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        diesel::sql_query(format!(
-            "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-            partitions(drained)
-        ))
-        .execute(conn)?;
-        // Under the lock no job can be inserted into these slots, taken from
-        // them or committed to them: what is counted now is what would be
-        // lost.
-        let current = self.current_slot(conn)?;
-        let mut truncated = Vec::new();
-        let mut jobs = 0;
-        for &slot in drained.iter().filter(|&&slot| slot != current) {
-            let left = diesel::sql_query(format!("SELECT {} AS jobs", self.count_jobs(slot)))
-                .get_result::<Jobs>(conn)?
-                .jobs;
-            if left > i64::from(self.max_moved) {
-                rotation.full += 1;
-            } else {
-                truncated.push(slot);
-                jobs += left;
-            }
-        }
-        if truncated.is_empty() {
-            return Ok(());
-        }
-        let slots = truncated
-            .iter()
-            .map(u16::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        if jobs > 0 {
-            rotation.moved = diesel::sql_query(format!(
-                "UPDATE {} SET {column} = DEFAULT WHERE {column} IN ({slots})",
-                quoted(&self.table),
-                column = quoted(&self.slot_column),
-            ))
-            .execute(conn)? as u64;
-            // The default is the slot of the next insertion: had the ring
-            // come round to one of these slots meanwhile, jobs would be back
-            // in it, and truncated with it.
-            let back = diesel::sql_query(format!(
-                "SELECT count(*) AS jobs FROM {} WHERE {} IN ({slots})",
-                quoted(&self.table),
-                quoted(&self.slot_column),
-            ))
-            .get_result::<Jobs>(conn)?
-            .jobs;
-            if back > 0 {
-                return Err(Error::UnexpectedOutcome(format!(
-                    "jobs moved out of the drained slots of the ring of {} came back to them",
-                    self.table
-                )));
-            }
-        }
-        diesel::sql_query(format!("TRUNCATE {}", partitions(&truncated))).execute(conn)?;
-        rotation.truncated = truncated.len() as u32;
-        Ok(())
-    }
-
-    /// An expression counting the jobs in `slot`, up to one more than
-    /// [`max_moved`](Self::max_moved).
-    fn count_jobs(&self, slot: u16) -> String {
+    /// The statement with which a creation or a rotation takes the ring to
+    /// itself, for the rest of its transaction.
+    pub(crate) fn taking_turns(&self) -> String {
         format!(
-            "(SELECT count(*) FROM (SELECT FROM {} LIMIT {}) AS kept)",
-            quoted(&self.partition(slot)),
-            u64::from(self.max_moved) + 1,
+            "SELECT pg_advisory_xact_lock({})",
+            advisory::key(&self.lock_name())
         )
     }
 
-    /// The slot the last job inserted went to.
-    fn current_slot<C>(&self, conn: &mut C) -> Result<u16, Error>
-    where
-        C: LoadConnection<Backend = Pg>,
-    {
-        let last = diesel::sql_query(format!(
-            "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS last \
-             FROM {}",
-            quoted(&self.sequence())
-        ))
-        .get_result::<Last>(conn)?
-        .last;
-        let slot = last.max(0) / i64::from(self.slot_size) % i64::from(self.slots);
-        Ok(slot as u16)
+    /// The statements creating the ring's sequence, default and partitions.
+    pub(crate) fn creation(&self) -> String {
+        let sequence = quoted(&self.sequence());
+        let mut statements = vec![
+            format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"),
+            format!(
+                "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT ((nextval({}::regclass) / {}) % {})",
+                quoted(&self.table),
+                quoted(&self.slot_column),
+                literal(&sequence),
+                self.slot_size,
+                self.slots,
+            ),
+        ];
+        statements.extend((0..self.slots).map(|slot| {
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES IN ({slot})",
+                quoted(&self.partition(slot)),
+                quoted(&self.table),
+            )
+        }));
+        statements.join(";\n")
     }
 
-    /// Checks the table is partitioned as a ring needs, and has no
-    /// partitions but the ring's.
-    fn check_table<C>(&self, conn: &mut C) -> Result<(), Error>
-    where
-        C: LoadConnection<Backend = Pg>,
-    {
-        let partitioned = diesel::sql_query(
+    /// How the table is partitioned: one row if it is.
+    pub(crate) fn partitioning(&self) -> SqlQuery {
+        diesel::sql_query(format!(
             "SELECT p.partstrat::text AS strategy, \
              array_to_string(ARRAY(SELECT a.attname::text FROM unnest(p.partattrs::int2[]) \
              AS k(attnum) LEFT JOIN pg_attribute a ON a.attrelid = p.partrelid \
              AND a.attnum = k.attnum), ',') AS columns, \
              ARRAY(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c \
              ON c.oid = i.inhrelid WHERE i.inhparent = p.partrelid ORDER BY 1) AS partitions \
-             FROM pg_partitioned_table p WHERE p.partrelid = to_regclass($1)",
-        )
-        .bind::<Text, _>(quoted(&self.table))
-        .get_results::<Partitioned>(conn)?;
+             FROM pg_partitioned_table p WHERE p.partrelid = to_regclass({})",
+            literal(&quoted(&self.table))
+        ))
+    }
+
+    /// Checks the table is partitioned as a ring needs, and has no
+    /// partitions but the ring's.
+    pub(crate) fn check_partitioning(&self, partitioned: Vec<Partitioned>) -> Result<(), Error> {
         let Some(partitioned) = partitioned.into_iter().next() else {
             return Err(Error::InvalidArgument(format!(
                 "a ring needs a table partitioned by LIST ({}), and {} is not a partitioned table",
@@ -470,8 +383,125 @@ impl Ring {
         Ok(())
     }
 
+    /// Refuses a rotation that cannot work, at a connection `depth`
+    /// transactions deep, before any SQL is sent.
+    pub(crate) fn check_rotation(&self, depth: u32) -> Result<(), Error> {
+        self.check()?;
+        if depth > 0 {
+            return Err(Error::InvalidArgument(
+                "a ring's rotation runs in transactions of its own, not inside one".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn all_slots(&self) -> std::ops::Range<u16> {
+        0..self.slots
+    }
+
+    /// A query of the `slots`' sizes and jobs (up to one more than
+    /// [`max_moved`](Self::max_moved)), with the last insertion's place.
+    pub(crate) fn surveying(&self, slots: impl Iterator<Item = u16>) -> SqlQuery {
+        let rows = slots
+            .map(|slot| {
+                let partition = quoted(&self.partition(slot));
+                format!(
+                    "SELECT {slot}::int4 AS slot, pg_relation_size({}::regclass) AS bytes, \
+                     (SELECT count(*) FROM (SELECT FROM {partition} LIMIT {}) AS kept) AS jobs",
+                    literal(&partition),
+                    u64::from(self.max_moved) + 1,
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        diesel::sql_query(format!(
+            "SELECT slots.*, (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END \
+             FROM {}) AS last FROM ({rows}) AS slots",
+            quoted(&self.sequence())
+        ))
+    }
+
+    /// Which of the surveyed slots can be truncated: those with bytes to
+    /// reclaim, few jobs left, and no new jobs coming (not the current
+    /// slot).
+    pub(crate) fn survey(&self, slots: Vec<SlotState>) -> Survey {
+        let mut survey = Survey::default();
+        for slot in slots {
+            let current = slot.last.max(0) / i64::from(self.slot_size) % i64::from(self.slots);
+            if i64::from(slot.slot) == current {
+                continue;
+            }
+            if slot.jobs > i64::from(self.max_moved) {
+                survey.full += 1;
+            } else if slot.bytes > 0 {
+                survey.drained.push(slot.slot as u16);
+                survey.jobs += slot.jobs;
+            }
+        }
+        survey
+    }
+
+    /// The statements that take the `drained` slots to the rotation's
+    /// transaction, waiting at most the lock timeout for each lock.
+    pub(crate) fn locking(&self, drained: &[u16]) -> String {
+        // Milliseconds, as the setting counts them; at least one, since 0
+        // would mean waiting for ever.
+        let wait = self.lock_timeout.as_millis().clamp(1, u128::from(u32::MAX));
+        format!(
+            "SET LOCAL lock_timeout = {wait}; {}; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            self.taking_turns(),
+            self.partitions(drained),
+        )
+    }
+
+    /// The statement moving the jobs left in the `drained` slots to the
+    /// current one, returning the slots they went to.
+    pub(crate) fn moving(&self, drained: &[u16]) -> SqlQuery {
+        diesel::sql_query(format!(
+            "UPDATE {} SET {column} = DEFAULT WHERE {column} IN ({}) RETURNING {column}::int4 AS slot",
+            quoted(&self.table),
+            drained
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            column = quoted(&self.slot_column),
+        ))
+    }
+
+    /// How many jobs were moved, or the error if one went to a slot about
+    /// to be truncated.
+    pub(crate) fn moved(&self, moved_to: Vec<Slot>, drained: &[u16]) -> Result<u64, Error> {
+        // The default is the slot of the next insertion: had the ring come
+        // round to one of these slots meanwhile, jobs would be back in it,
+        // and truncated with it.
+        if moved_to
+            .iter()
+            .any(|moved| drained.iter().any(|&slot| moved.slot == i32::from(slot)))
+        {
+            return Err(Error::UnexpectedOutcome(format!(
+                "jobs moved out of the drained slots of the ring of {} came back to them",
+                self.table
+            )));
+        }
+        Ok(moved_to.len() as u64)
+    }
+
+    pub(crate) fn truncating(&self, drained: &[u16]) -> String {
+        format!("TRUNCATE {}", self.partitions(drained))
+    }
+
+    /// The slots' partitions, as a list of names.
+    fn partitions(&self, slots: &[u16]) -> String {
+        slots
+            .iter()
+            .map(|&slot| quoted(&self.partition(slot)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Refuses a ring that cannot work before any SQL is sent.
-    fn check(&self) -> Result<(), Error> {
+    pub(crate) fn check(&self) -> Result<(), Error> {
         if self.slots < 3 {
             return Err(Error::InvalidArgument(format!(
                 "a ring needs at least 3 slots, not {}",
@@ -510,6 +540,55 @@ impl Ring {
     }
 }
 
+/// The slots a survey found to truncate, and those it passed over.
+#[derive(Debug, Default)]
+pub(crate) struct Survey {
+    /// Slots to truncate.
+    pub(crate) drained: Vec<u16>,
+    /// Jobs left in them, to move.
+    pub(crate) jobs: i64,
+    /// Slots with too many jobs left.
+    full: u32,
+}
+
+impl Survey {
+    /// A rotation that found nothing to truncate.
+    pub(crate) fn rotation(&self) -> Rotation {
+        Rotation {
+            full: self.full,
+            ..Rotation::default()
+        }
+    }
+
+    /// What the survey, under the lock, let the rotation do, `moved` jobs
+    /// moved.
+    pub(crate) fn truncated(&self, moved: u64) -> Rotation {
+        Rotation {
+            truncated: self.drained.len() as u32,
+            moved,
+            full: self.full,
+            busy: false,
+        }
+    }
+
+    /// The rotation, from this survey (before the lock) and the outcome of
+    /// the locked transaction.
+    pub(crate) fn rotated(&self, locked: Result<Rotation, Error>) -> Result<Rotation, Error> {
+        let locked = match locked {
+            Ok(locked) => locked,
+            Err(Error::LockNotAvailable) => Rotation {
+                busy: true,
+                ..Rotation::default()
+            },
+            Err(error) => return Err(error),
+        };
+        Ok(Rotation {
+            full: self.full + locked.full,
+            ..locked
+        })
+    }
+}
+
 /// `name` as a PostgreSQL identifier, whatever it holds.
 fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -520,28 +599,29 @@ fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
+/// A slot's size and jobs, as [`Ring::surveying`] reads them.
 #[derive(QueryableByName)]
-struct SlotState {
+pub(crate) struct SlotState {
+    #[diesel(sql_type = Integer)]
+    slot: i32,
     #[diesel(sql_type = BigInt)]
     bytes: i64,
     #[diesel(sql_type = BigInt)]
     jobs: i64,
-}
-
-#[derive(QueryableByName)]
-struct Jobs {
-    #[diesel(sql_type = BigInt)]
-    jobs: i64,
-}
-
-#[derive(QueryableByName)]
-struct Last {
+    /// The sequence's last value: the last insertion's place.
     #[diesel(sql_type = BigInt)]
     last: i64,
 }
 
+/// The slot a job was moved to.
 #[derive(QueryableByName)]
-struct Partitioned {
+pub(crate) struct Slot {
+    #[diesel(sql_type = Integer)]
+    slot: i32,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct Partitioned {
     #[diesel(sql_type = Text)]
     strategy: String,
     #[diesel(sql_type = Text)]

@@ -1762,6 +1762,9 @@ mod pooled;
 // Retries scheduled in the rows, on a pool of loops.
 #[cfg(all(feature = "bb8", feature = "deadpool"))]
 mod retries;
+// Queues kept as a ring of partitions: PostgreSQL.
+#[cfg(all(feature = "postgres", feature = "bb8"))]
+mod ring;
 // Visibility-timeout claims, on the backends above.
 mod timed;
 // Sessions the server ends under a claim, and pools that give no connection.

@@ -171,6 +171,8 @@ mod migrations;
 mod pooled;
 mod query;
 mod retries;
+#[cfg(feature = "postgres_backend")]
+mod ring;
 mod timed;
 mod transaction;
 mod unwind;
@@ -190,6 +192,8 @@ pub use migrations::run_migrations;
 pub use pooled::WorkerPool;
 pub use query::{ClaimQuery, MarkQuery, StampQuery};
 pub use retries::RetriedRow;
+#[cfg(feature = "postgres_backend")]
+pub use ring::RingDsl;
 pub use timed::StampedRow;
 pub use versioned::{retry, VersionedDsl};
 #[cfg(feature = "postgres_backend")]
@@ -221,6 +225,8 @@ pub enum Async {}
 
 /// The async extension traits, and the crate's other common names.
 pub mod prelude {
+    #[cfg(feature = "postgres_backend")]
+    pub use super::RingDsl;
     pub use super::{scoped, ClaimDsl, LockDsl, LockModelDsl, VersionedDsl};
     pub use crate::{ClaimReport, Error, LockStrength, OnLocked, RetryPolicy};
     pub use scoped_futures::ScopedFutureExt;

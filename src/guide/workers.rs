@@ -424,9 +424,10 @@
 //! passes, and vacuum cannot pass while any transaction on the database is
 //! older than the deletes. On PostgreSQL, a queue table kept as a
 //! [ring of partitions](crate::ring) has none to wait for:
-//! [`Ring::create`](crate::ring::Ring::create) partitions it into slots by
-//! order of insertion, and [`Ring::rotate`](crate::ring::Ring::rotate),
-//! called every second or so from a thread or task of the service,
+//! [`create`](crate::ring::RingDsl::create) partitions it into slots by
+//! order of insertion, and [`rotate`](crate::ring::RingDsl::rotate),
+//! called every second or so from a thread or task of the service
+//! (awaited on diesel-async, [`aio::RingDsl`](crate::aio::RingDsl)),
 //! truncates each slot whose jobs are all done, its dead rows with it. The
 //! worker is the same (its order, the retry schedule,
 //! [`then_delete`](crate::ClaimBuilder::then_delete), `LISTEN`); the
