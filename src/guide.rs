@@ -629,8 +629,8 @@
 //! worker's own claims and batches, most of them empty polls while it is
 //! idle, are at `trace`, and its progress line says what they did. The
 //! [worked example](https://github.com/diesel-claim/diesel-claim/tree/main/examples/shop) prints
-//! them: `RUST_LOG=diesel_claim=info cargo run --features sqlite,tracing
-//! --example shop`.
+//! them: `RUST_LOG=diesel_claim=info cargo run -p diesel-claim-shop
+//! --features tracing`.
 //!
 //! | span | level | fields |
 //! |---|---|---|

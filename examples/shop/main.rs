@@ -19,14 +19,14 @@
 //! It ends by printing the checks it made and exits with status 1 if any failed.
 //!
 //! ```text
-//! cargo run --release --features sqlite --example shop             # a temporary SQLite file
+//! cargo run --release -p diesel-claim-shop                       # a temporary SQLite file
 //! DATABASE_URL=postgres://user@host/db \
-//!     cargo run --release --features postgres --example shop       # PostgreSQL
+//!     cargo run --release -p diesel-claim-shop --features postgres # PostgreSQL
 //! DATABASE_URL=mysql://user@host/db \
-//!     cargo run --release --features mysql --example shop          # MySQL, MariaDB
-//! cargo run --release --features sqlite --example shop -- --help
+//!     cargo run --release -p diesel-claim-shop --features mysql    # MySQL, MariaDB
+//! cargo run --release -p diesel-claim-shop -- --help
 //! RUST_LOG=diesel_claim=info \
-//!     cargo run --release --features sqlite,tracing --example shop # with the crate's spans
+//!     cargo run --release -p diesel-claim-shop --features tracing  # with the crate's spans
 //! ```
 //!
 //! On PostgreSQL everything happens in a schema of its own (`shop_<pid>_…`), on
@@ -127,8 +127,8 @@ fn run_sqlite(options: &Options, clock: Clock) -> Result<Checks, BoxError> {
 #[cfg(not(feature = "sqlite"))]
 fn run_sqlite(_: &Options, _: Clock) -> Result<Checks, BoxError> {
     Err(
-        "this build has no SQLite support: run it with `--features sqlite` (or \
-         `--all-features`), or give a PostgreSQL URL with --database-url"
+        "this build has no SQLite support: run it with `--features sqlite` (the \
+         default), or give a PostgreSQL URL with --database-url"
             .into(),
     )
 }
@@ -140,11 +140,7 @@ fn run_postgres(url: &str, options: &Options, clock: Clock) -> Result<Checks, Bo
 
 #[cfg(not(feature = "postgres"))]
 fn run_postgres(_: &str, _: &Options, _: Clock) -> Result<Checks, BoxError> {
-    Err(
-        "this build has no PostgreSQL support: run it with `--features postgres` (or \
-         `--all-features`)"
-            .into(),
-    )
+    Err("this build has no PostgreSQL support: run it with `--features postgres`".into())
 }
 
 #[cfg(feature = "mysql")]
@@ -154,11 +150,7 @@ fn run_mysql(url: &str, options: &Options, clock: Clock) -> Result<Checks, BoxEr
 
 #[cfg(not(feature = "mysql"))]
 fn run_mysql(_: &str, _: &Options, _: Clock) -> Result<Checks, BoxError> {
-    Err(
-        "this build has no MySQL support: run it with `--features mysql` (or \
-         `--all-features`)"
-            .into(),
-    )
+    Err("this build has no MySQL support: run it with `--features mysql`".into())
 }
 
 /// A counter shared by workers that prints a line every `every` increments.

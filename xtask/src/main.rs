@@ -175,35 +175,24 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
         ["bench", "--package", "diesel-claim-bench"],
         &["--", "--quick", "--partitioned"].map(String::from),
     )?;
-    // The worked examples: the README's command on SQLite, then every server.
-    cargo(
+    // The worked examples: the README's command on SQLite, where no C
+    // database client library can be found, then every server.
+    step(
         servers,
-        [
-            "run",
-            "--release",
-            "--features",
-            "sqlite",
-            "--example",
-            "shop",
-        ],
-        &[],
+        &mut without_c_clients(&["run", "--release", "--package", SHOP]),
     )?;
     for url in [&servers.postgres, &servers.mysql] {
+        let shop = ["run", "--release", "--package", SHOP];
+        let shop_async = ["run", "--release", "--example", "shop_async"];
         for (example, features) in [
-            ("shop", "postgres,mysql"),
-            ("shop_async", "async,postgres,mysql"),
+            (&shop[..], "postgres,mysql"),
+            (&shop_async[..], "async,postgres,mysql"),
         ] {
             step(
                 servers,
                 Command::new(cargo_program())
-                    .args([
-                        "run",
-                        "--release",
-                        "--features",
-                        features,
-                        "--example",
-                        example,
-                    ])
+                    .args(example)
+                    .args(["--features", features])
                     .env("DATABASE_URL", url),
             )?;
         }
@@ -444,18 +433,79 @@ fn shared_features() -> Result<(), Error> {
 /// (the README's first command) must build where neither can be found.
 const C_CLIENT_LIBRARIES: [&str; 2] = ["pq-sys", "mysqlclient-sys"];
 
-/// Fails if what `--features sqlite` builds for the examples and tests (the
-/// crate's dependencies and dev-dependencies, with their build scripts')
-/// includes any of [`C_CLIENT_LIBRARIES`].
+/// The worked example's package.
+const SHOP: &str = "diesel-claim-shop";
+
+/// Fails if what the worked example builds with its default features (the
+/// README's first command) includes any of [`C_CLIENT_LIBRARIES`].
 fn sqlite_example_dependencies() -> Result<(), Error> {
-    let edges = ["--edges", "normal,build,dev", "--features", "sqlite"];
-    let tree = dependencies("diesel-claim", &edges)?;
+    let tree = dependencies(SHOP, &["--edges", "normal,build"])?;
     lacks(
         &tree,
         "libsqlite3-sys",
         &C_CLIENT_LIBRARIES,
-        "sqlite and the dev-dependencies",
+        "the worked example on SQLite",
     )
+}
+
+/// Hides the C database client libraries, their headers and their
+/// `*_config` programs (each directory holding them is overlaid with one in
+/// which they are deleted), checks that a C program can link none of them,
+/// then runs the given cargo command. Only this command, in a mount
+/// namespace of its own, sees them gone.
+const WITHOUT_C_CLIENTS: &str = r#"
+set -e
+scratch=$(mktemp -d)
+hide() {
+    dir=$1
+    shift
+    layer=$scratch/$(echo "$dir" | tr / _)
+    mkdir -p "$layer/upper" "$layer/work"
+    hidden=0
+    for pattern in "$@"; do
+        for entry in "$dir"/$pattern; do
+            whiteout=$layer/upper/${entry##*/}
+            if { [ -e "$entry" ] || [ -L "$entry" ]; } && [ ! -e "$whiteout" ]; then
+                mknod "$whiteout" c 0 0
+                hidden=$((hidden + 1))
+            fi
+        done
+    done
+    if [ "$hidden" -gt 0 ]; then
+        mount -t overlay overlay             -o "lowerdir=$dir,upperdir=$layer/upper,workdir=$layer/work" "$dir"
+        echo "hid $hidden of $dir"
+    fi
+}
+for dir in /usr/lib /usr/lib/*-linux-gnu; do
+    hide "$dir" 'libpq.*' 'libmysqlclient*' 'libmariadb*' 'libperconaserverclient*'
+done
+hide /usr/include postgresql mysql mariadb 'libpq-fe.h'
+hide /usr/bin pg_config mysql_config mariadb_config
+for library in pq mysqlclient mariadb; do
+    if echo 'int main(void) { return 0; }' | cc -x c - "-l$library" -o "$scratch/linked" 2>/dev/null; then
+        echo "lib$library can still be linked" >&2
+        exit 1
+    fi
+done
+echo "no C database client library can be found"
+exec "$@"
+"#;
+
+/// `cargo <args>` where no C database client library can be found, in a
+/// target directory of its own, so that everything is built (and linked)
+/// without them: as root in a mount namespace of its own, else in a user
+/// namespace too.
+fn without_c_clients(args: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    if !setup::is_root() {
+        command.arg("--map-root-user");
+    }
+    command
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .args([WITHOUT_C_CLIENTS, "sh", &cargo_program()])
+        .args(args)
+        .args(["--target-dir", "target/without-c-clients"]);
+    command
 }
 
 /// The job service example's package.
