@@ -92,7 +92,10 @@
 //!   their order of insertion. A slot still holding more than
 //!   [`max_moved`](Ring::max_moved) jobs is not truncated; when the queue
 //!   is deeper than the ring, no slot drains, and the queue's dead rows are
-//!   left to vacuum as in a table of one partition.
+//!   left to vacuum as in a table of one partition. A queue taken in order
+//!   of priority leaves its waiting low-priority jobs in older slots: each
+//!   is truncated once they are down to `max_moved`, and they move on to
+//!   the current slot. Set `max_moved` to about as many as wait per slot.
 //! - **Stragglers move on.** A slot's last few jobs (one waiting for its
 //!   retry, a dead letter, up to [`max_moved`](Ring::max_moved)) are moved to
 //!   the current slot (`UPDATE … SET slot = DEFAULT`) in the transaction that

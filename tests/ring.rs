@@ -367,6 +367,79 @@ fn no_job_is_lost_to_a_rotation() {
     assert!(truncated >= 5, "only {truncated} slots were truncated");
 }
 
+/// A queue taken in order of priority leaves its low-priority jobs behind
+/// in older slots while the high-priority ones keep coming: a slot is
+/// truncated once those are down to `max_moved`, which move on to the
+/// current slot, and every job still runs exactly once.
+#[test]
+fn a_queue_taken_by_priority_moves_its_waiting_jobs_on() {
+    const BATCHES: usize = 40;
+    let (db, mut conn) = queue();
+    let ring = Ring::new("jobs").slots(4).slot_size(40).max_moved(10);
+    ring.create(&mut conn).unwrap();
+    let pool = testkit::pg_pool(&db.url, 3);
+    let run = Mutex::new(Vec::new());
+    let stop = StopHandle::new();
+    let [truncated, moved] = [(); 2].map(|()| AtomicU64::new(0));
+
+    thread::scope(|scope| {
+        let producer = scope.spawn(|| {
+            let mut conn = PgConnection::establish(&db.url).unwrap();
+            for _ in 0..BATCHES {
+                // Nine urgent jobs ("a…") for one that can wait ("z…").
+                enqueue(&mut conn, 9, "a urgent");
+                enqueue(&mut conn, 1, "z can wait");
+                thread::sleep(Duration::from_millis(15));
+            }
+        });
+        scope.spawn(|| {
+            let mut conn = PgConnection::establish(&db.url).unwrap();
+            while !stop.is_stopped() {
+                let rotation = ring.rotate(&mut conn).unwrap();
+                truncated.fetch_add(u64::from(rotation.truncated), Ordering::Relaxed);
+                moved.fetch_add(rotation.moved, Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let worker = scope.spawn(|| {
+            jobs::table
+                .select(Job::as_select())
+                .order((jobs::payload, jobs::id))
+                .build_claim()
+                .then_delete()
+                .worker(&stop)
+                .concurrency(2)
+                .poll_interval(Duration::from_millis(5), Duration::from_millis(20))
+                .run_pooled(&pool, |_: &mut PgConnection, job: Job| {
+                    // Slow enough that the jobs that can wait do.
+                    thread::sleep(Duration::from_micros(500));
+                    run.lock().unwrap().push(job.id);
+                    Ok::<_, Error>(())
+                })
+                .unwrap()
+        });
+        producer.join().unwrap();
+        let all = BATCHES * 10;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while run.lock().unwrap().len() < all && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        thread::sleep(Duration::from_millis(100));
+        stop.stop();
+        worker.join().unwrap();
+    });
+
+    let all = BATCHES * 10;
+    let run = run.into_inner().unwrap();
+    let distinct: HashSet<i64> = run.iter().copied().collect();
+    assert_eq!(distinct.len(), run.len(), "a job ran twice");
+    assert_eq!(distinct, (1..=all as i64).collect(), "jobs were lost");
+    let (truncated, moved) = (truncated.into_inner(), moved.into_inner());
+    println!("{all} jobs, {truncated} slots truncated, {moved} jobs moved");
+    assert!(truncated >= 3, "only {truncated} slots were truncated");
+    assert!(moved > 0, "no job that could wait was moved on");
+}
+
 /// While a transaction holds vacuum back, 200,000 jobs enqueued and done
 /// leave the ring's partitions as small as a few slots of jobs: a table of
 /// one partition keeps every done job's row and index entry until the
