@@ -16,6 +16,7 @@ use diesel_claim::ring::Ring;
 use diesel_claim::{Error, StopHandle};
 
 diesel::table! {
+    /// The queue of these tests and of the async ones.
     jobs (id, slot) {
         id -> BigInt,
         slot -> SmallInt,
@@ -25,14 +26,14 @@ diesel::table! {
 
 #[derive(Debug, Clone, Queryable, Selectable, Identifiable)]
 #[diesel(primary_key(id, slot))]
-struct Job {
-    id: i64,
-    slot: i16,
-    payload: String,
+pub(crate) struct Job {
+    pub(crate) id: i64,
+    pub(crate) slot: i16,
+    pub(crate) payload: String,
 }
 
 /// The queue of these tests, partitioned as a ring needs.
-const QUEUE: &str = "CREATE TABLE jobs (id BIGSERIAL, slot SMALLINT NOT NULL, \
+pub(crate) const QUEUE: &str = "CREATE TABLE jobs (id BIGSERIAL, slot SMALLINT NOT NULL, \
                      payload TEXT NOT NULL, PRIMARY KEY (id, slot)) PARTITION BY LIST (slot)";
 
 fn queue() -> (testkit::PgTestDb, PgConnection) {
@@ -74,6 +75,30 @@ fn ring_bytes(conn: &mut PgConnection) -> i64 {
     .get_result::<Bytes>(conn)
     .unwrap()
     .bytes
+}
+
+/// What the rotations of a test did, added up.
+#[derive(Default)]
+struct Rotated {
+    truncated: AtomicU64,
+    moved: AtomicU64,
+    full: AtomicU64,
+    busy: AtomicU64,
+}
+
+/// Rotates `ring` on a connection of its own every 2 ms until `stop`,
+/// adding up what it did in `rotated`.
+fn keep_rotating(ring: &Ring, url: &str, stop: &StopHandle, rotated: &Rotated) {
+    let mut conn = PgConnection::establish(url).unwrap();
+    while !stop.is_stopped() {
+        let rotation = ring.rotate(&mut conn).unwrap();
+        let add = |total: &AtomicU64, count: u64| total.fetch_add(count, Ordering::Relaxed);
+        add(&rotated.truncated, u64::from(rotation.truncated));
+        add(&rotated.moved, rotation.moved);
+        add(&rotated.full, u64::from(rotation.full));
+        add(&rotated.busy, u64::from(rotation.busy));
+        thread::sleep(Duration::from_millis(2));
+    }
 }
 
 #[test]
@@ -290,7 +315,7 @@ fn no_job_is_lost_to_a_rotation() {
     let pool = testkit::pg_pool(&db.url, 5);
     let run = Mutex::new(Vec::new());
     let stop = StopHandle::new();
-    let [truncated, moved, full, busy] = [(); 4].map(|()| AtomicU64::new(0));
+    let rotated = Rotated::default();
 
     thread::scope(|scope| {
         let producers: Vec<_> = (0..PRODUCERS)
@@ -311,17 +336,7 @@ fn no_job_is_lost_to_a_rotation() {
                 })
             })
             .collect();
-        scope.spawn(|| {
-            let mut conn = PgConnection::establish(&db.url).unwrap();
-            while !stop.is_stopped() {
-                let rotation = ring.rotate(&mut conn).unwrap();
-                truncated.fetch_add(u64::from(rotation.truncated), Ordering::Relaxed);
-                moved.fetch_add(rotation.moved, Ordering::Relaxed);
-                full.fetch_add(u64::from(rotation.full), Ordering::Relaxed);
-                busy.fetch_add(u64::from(rotation.busy), Ordering::Relaxed);
-                thread::sleep(Duration::from_millis(2));
-            }
-        });
+        scope.spawn(|| keep_rotating(&ring, &db.url, &stop, &rotated));
         let worker = scope.spawn(|| {
             jobs::table
                 .select(Job::as_select())
@@ -356,13 +371,13 @@ fn no_job_is_lost_to_a_rotation() {
     assert_eq!(distinct.len(), run.len(), "a job ran twice");
     assert_eq!(run.len(), all, "jobs were lost: {} of {all} ran", run.len());
     assert_eq!(distinct, (1..=all as i64).collect());
-    let truncated = truncated.into_inner();
+    let truncated = rotated.truncated.into_inner();
     println!(
         "{all} jobs, {truncated} slots truncated, {} jobs moved; {} full slots passed over, \
          {} rotations busy",
-        moved.into_inner(),
-        full.into_inner(),
-        busy.into_inner()
+        rotated.moved.into_inner(),
+        rotated.full.into_inner(),
+        rotated.busy.into_inner()
     );
     assert!(truncated >= 5, "only {truncated} slots were truncated");
 }
@@ -380,7 +395,7 @@ fn a_queue_taken_by_priority_moves_its_waiting_jobs_on() {
     let pool = testkit::pg_pool(&db.url, 3);
     let run = Mutex::new(Vec::new());
     let stop = StopHandle::new();
-    let [truncated, moved] = [(); 2].map(|()| AtomicU64::new(0));
+    let rotated = Rotated::default();
 
     thread::scope(|scope| {
         let producer = scope.spawn(|| {
@@ -392,15 +407,7 @@ fn a_queue_taken_by_priority_moves_its_waiting_jobs_on() {
                 thread::sleep(Duration::from_millis(15));
             }
         });
-        scope.spawn(|| {
-            let mut conn = PgConnection::establish(&db.url).unwrap();
-            while !stop.is_stopped() {
-                let rotation = ring.rotate(&mut conn).unwrap();
-                truncated.fetch_add(u64::from(rotation.truncated), Ordering::Relaxed);
-                moved.fetch_add(rotation.moved, Ordering::Relaxed);
-                thread::sleep(Duration::from_millis(2));
-            }
-        });
+        scope.spawn(|| keep_rotating(&ring, &db.url, &stop, &rotated));
         let worker = scope.spawn(|| {
             jobs::table
                 .select(Job::as_select())
@@ -434,7 +441,7 @@ fn a_queue_taken_by_priority_moves_its_waiting_jobs_on() {
     let distinct: HashSet<i64> = run.iter().copied().collect();
     assert_eq!(distinct.len(), run.len(), "a job ran twice");
     assert_eq!(distinct, (1..=all as i64).collect(), "jobs were lost");
-    let (truncated, moved) = (truncated.into_inner(), moved.into_inner());
+    let (truncated, moved) = (rotated.truncated.into_inner(), rotated.moved.into_inner());
     println!("{all} jobs, {truncated} slots truncated, {moved} jobs moved");
     assert!(truncated >= 3, "only {truncated} slots were truncated");
     assert!(moved > 0, "no job that could wait was moved on");

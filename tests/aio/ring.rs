@@ -16,25 +16,7 @@ use diesel_claim::aio::prelude::*;
 use diesel_claim::ring::Ring;
 use diesel_claim::StopHandle;
 
-diesel::table! {
-    jobs (id, slot) {
-        id -> BigInt,
-        slot -> SmallInt,
-        payload -> Text,
-    }
-}
-
-#[derive(Debug, Clone, diesel::Queryable, diesel::Selectable, diesel::Identifiable)]
-#[diesel(primary_key(id, slot))]
-struct Job {
-    id: i64,
-    slot: i16,
-    payload: String,
-}
-
-/// The queue of these tests, partitioned as a ring needs.
-const QUEUE: &str = "CREATE TABLE jobs (id BIGSERIAL, slot SMALLINT NOT NULL, \
-                     payload TEXT NOT NULL, PRIMARY KEY (id, slot)) PARTITION BY LIST (slot)";
+use crate::ring::{jobs, Job, QUEUE};
 
 async fn queue() -> (testkit::PgTestDb, AsyncPgConnection) {
     let db = testkit::PgTestDb::new();
