@@ -40,7 +40,7 @@ pub(crate) mod strategy {
         const UPDATE_RETURNING: bool;
 
         /// Whether a contended claim's pages grow (see the claim engine's
-        /// `grow_pages`): larger pages spread many workers over more rows,
+        /// `Paging::grow`): larger pages spread many workers over more rows,
         /// at the cost of reading more keys per page.
         const GROW_CONTENDED_PAGES: bool;
 

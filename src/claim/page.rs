@@ -161,8 +161,8 @@ impl<K: Clone + Eq + Hash> Page<K> {
     }
 
     /// Records the rows a batch claimed (`limit` asked for) and moves the page
-    /// on. `ordered`: the rows tell their own positions (see
-    /// [`Claim::rows_tell_positions`]); `marked`: they were marked.
+    /// on. `ordered`: the rows tell their own positions (a locking select in
+    /// the key's order); `marked`: they were marked.
     pub(crate) fn record<R>(
         &mut self,
         mut rows: Vec<R>,

@@ -7,10 +7,10 @@ use crate::sql::Lower;
 use crate::LockStrength;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-/// A claim of rows that are their own keys, per row, pages of two keys,
-/// with row locks.
-fn claim(drain: bool) -> Claim<i64> {
-    Claim::new(Plan {
+/// The plan of a claim of rows that are their own keys, per row, pages of
+/// two keys, with row locks.
+fn plan(drain: bool) -> Plan {
+    Plan {
         clause: LockClause {
             strength: LockStrength::NoKeyUpdate,
             skip_locked: true,
@@ -31,7 +31,17 @@ fn claim(drain: bool) -> Claim<i64> {
         in_worker: false,
         from_head: false,
         failed_again: false,
-    })
+    }
+}
+
+/// A claim of [`plan`].
+fn claim(drain: bool) -> Claim<i64> {
+    Claim::new(plan(drain))
+}
+
+/// Other workers were seen claiming beside `claim`'s scan.
+fn contended(claim: &Claim<i64>) -> bool {
+    matches!(&claim.mode, Mode::Scan(scan) if scan.paging().contended)
 }
 
 /// Reads the page `keys` and claims every row offered until the page is done.
@@ -126,14 +136,10 @@ fn run(
 
 /// A claim by key, per row, with row locks and the default pages.
 fn default_claim(drain: bool) -> Claim<i64> {
-    let mut claim = claim(drain);
-    claim.page_size_given = false;
-    claim.page_size = if drain {
-        DEFAULT_PAGE_SIZE
-    } else {
-        MIN_OPEN_PAGE_SIZE
-    };
-    claim
+    Claim::new(Plan {
+        page_size: None,
+        ..plan(drain)
+    })
 }
 
 /// A drain retries the candidates it found locked as pages, each take
@@ -143,8 +149,11 @@ fn default_claim(drain: bool) -> Claim<i64> {
 /// again.
 #[test]
 fn a_drain_retries_the_rows_it_found_locked_page_by_page() {
-    let mut claim = default_claim(true);
-    claim.batch = 10;
+    let mut claim = Claim::new(Plan {
+        batch: 10,
+        page_size: None,
+        ..plan(true)
+    });
     let mut pending: BTreeSet<i64> = (1..=100).collect();
     // Held by other workers during the first pass.
     let held = |key: &i64| key % 2 == 0;
@@ -161,12 +170,12 @@ fn a_drain_retries_the_rows_it_found_locked_page_by_page() {
                 claim.still_matching(in_range(&pending, &range).collect());
             }
             Step::Batch(range, limit) => {
-                let first_pass = claim.report.passes == 1;
+                let first_pass = claim.report().passes == 1;
                 let rows: Vec<i64> = in_range(&pending, &range)
                     .filter(|key| !(first_pass && held(key)))
                     .take(limit as usize)
                     .collect();
-                *takes_in_pass.entry(claim.report.passes).or_default() += 1;
+                *takes_in_pass.entry(claim.report().passes).or_default() += 1;
                 let rows = claim.taken(rows, limit, |row| *row).unwrap();
                 for row in &rows {
                     *handed.entry(*row).or_default() += 1;
@@ -181,7 +190,7 @@ fn a_drain_retries_the_rows_it_found_locked_page_by_page() {
     }
     assert_eq!(handed.len(), 100, "every row handed over");
     assert!(handed.values().all(|times| *times == 1), "{handed:?}");
-    assert_eq!(claim.report.processed, 100);
+    assert_eq!(claim.report().processed, 100);
     // 50 rows retried in batches of 10: a few takes, not 50.
     let retry_takes = takes_in_pass[&2];
     assert!(retry_takes <= 10, "{retry_takes} takes retried 50 rows");
@@ -256,7 +265,7 @@ fn a_claim_alone_takes_rows_in_key_order() {
         let mut pending = (1..=3000).collect();
         let (_, takes) = run(&mut claim, &mut pending, &HashSet::new());
         assert!(pending.is_empty());
-        assert!(!claim.contended, "drain {drain}");
+        assert!(!contended(&claim), "drain {drain}");
         // Where each take could first find a row.
         let from: Vec<i64> = takes
             .iter()
@@ -284,7 +293,7 @@ fn run_among_others(claim: &mut Claim<i64>) -> (Vec<i64>, Vec<Lower<i64>>) {
         .collect();
     let mut pending: BTreeSet<i64> = (1..=40_000).collect();
     let (pages, takes) = run(claim, &mut pending, &held);
-    assert!(claim.contended);
+    assert!(contended(claim));
     assert!(
         pending.iter().all(|key| held.contains(key)),
         "a free row was left"
@@ -326,8 +335,11 @@ fn a_contended_claim_spreads_out_over_its_pages() {
 /// every row that matches and is not held.
 #[test]
 fn a_contended_claim_keeps_its_page_size_where_pages_do_not_grow() {
-    let mut claim = default_claim(false);
-    claim.grow_contended_pages = false;
+    let mut claim = Claim::new(Plan {
+        page_size: None,
+        grow_contended_pages: false,
+        ..plan(false)
+    });
     let (pages, _) = run_among_others(&mut claim);
     assert!(
         pages[1..].iter().all(|&page| page == DEFAULT_PAGE_SIZE),
@@ -337,10 +349,15 @@ fn a_contended_claim_keeps_its_page_size_where_pages_do_not_grow() {
 
 /// A claim from the head: per row, with row locks, no pages.
 fn head_claim(drain: bool) -> Claim<i64> {
-    let mut claim = claim(drain);
-    claim.from_head = true;
-    claim.state = State::Head;
-    claim
+    Claim::new(head_plan(drain))
+}
+
+/// The plan of a [`head_claim`].
+fn head_plan(drain: bool) -> Plan {
+    Plan {
+        from_head: true,
+        ..plan(drain)
+    }
 }
 
 /// Runs a claim from the head as a database would, over `pending` rows in
@@ -418,8 +435,10 @@ fn from_the_head_a_row_enqueued_ahead_is_taken_next() {
 #[test]
 fn from_the_head_a_failed_row_comes_back_only_when_allowed() {
     for failed_again in [false, true] {
-        let mut claim = head_claim(false);
-        claim.failed_again = failed_again;
+        let mut claim = Claim::new(Plan {
+            failed_again,
+            ..head_plan(false)
+        });
         let Step::Batch(_, limit) = claim.next() else {
             panic!("expected a take");
         };
@@ -458,9 +477,14 @@ fn from_the_head_a_call_ends_past_its_exclusions() {
 #[test]
 fn loops_on_a_pool_steer_around_each_others_batches() {
     let siblings = crate::claim::siblings::Siblings::new(2);
-    let (mut a, mut b) = (head_claim(false), head_claim(false));
+    let loop_claim = || {
+        Claim::new(Plan {
+            batch: 2,
+            ..head_plan(false)
+        })
+    };
+    let (mut a, mut b) = (loop_claim(), loop_claim());
     for (index, claim) in [&mut a, &mut b].into_iter().enumerate() {
-        claim.batch = 2;
         claim.beside(siblings.slot(index));
     }
     let take = |claim: &mut Claim<i64>| match claim.next() {
@@ -523,10 +547,13 @@ fn loops_on_a_pool_steer_around_each_others_batches() {
 fn only_takes_in_the_key_order_with_row_locks_steer() {
     let siblings = crate::claim::siblings::Siblings::new(2);
     siblings.slot(0).holds(1, 2, false);
-    let mut marking = head_claim(false);
-    marking.rows_tell_positions = false;
-    let mut waiting = head_claim(false);
-    waiting.clause.skip_locked = false;
+    let marking = Claim::new(Plan {
+        taking: Taking::Mark,
+        ..head_plan(false)
+    });
+    let mut waiting_plan = head_plan(false);
+    waiting_plan.clause.skip_locked = false;
+    let waiting = Claim::new(waiting_plan);
     for mut claim in [marking, waiting] {
         claim.beside(siblings.slot(1));
         let Step::Batch(range, _) = claim.next() else {
