@@ -686,9 +686,10 @@
 //! INFO worker{worker="mailer" table="orders" …}: diesel_claim::worker: a worker stops table="orders" worker="mailer" why="stopped" processed=90411 failed=17
 //! ```
 //!
-//! Counters and histograms of the same (rows processed, failed, gone and
-//! locked; claim, batch and pickup times, per table and worker) come with the
-//! `metrics` feature, through the `metrics` facade: see the `metrics` module.
+//! Counters and histograms of the same (rows processed, failed, timed out,
+//! gone and locked; claim, batch and pickup times, per table and worker)
+//! come with the `metrics` feature, through the `metrics` facade: see the
+//! `metrics` module.
 
 #![allow(unused_imports)]
 pub mod job_service;

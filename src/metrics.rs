@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `diesel_claim_rows_processed_total` | counter | rows whose closure succeeded and whose transaction committed ([`ClaimReport::processed`](crate::ClaimReport::processed)) |
 //! | `diesel_claim_rows_failed_total` | counter | rows whose closure failed and which the claim passed over ([`keep_going`](crate::ClaimBuilder::keep_going), a failure hook: [`ClaimReport::failed`](crate::ClaimReport::failed)) |
+//! | `diesel_claim_rows_timed_out_total` | counter | rows whose closure ran past the claim's [`timeout`](crate::ClaimBuilder::timeout), counted as failed too ([`ClaimReport::timed_out`](crate::ClaimReport::timed_out)) |
 //! | `diesel_claim_rows_gone_total` | counter | candidates no longer matching when the claim came to lock them ([`ClaimReport::gone`](crate::ClaimReport::gone)) |
 //! | `diesel_claim_rows_locked_total` | counter | candidates locked by someone else, left to them ([`ClaimReport::locked`](crate::ClaimReport::locked)) |
 //! | `diesel_claim_claim_duration_seconds` | histogram | a claim call, from its first statement to its end; a worker's claims that found no row (its polls) are left out |
@@ -206,5 +207,25 @@ impl ClaimMetrics {
         self.gone.increment(now.gone - before.gone);
         self.counted = now;
         now.processed + now.failed > before.processed + before.failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The table of the module's docs has a row for every metric the
+    /// module names (its `const`s).
+    #[test]
+    fn the_docs_list_every_metric() {
+        let source = include_str!("metrics.rs");
+        let names: Vec<&str> = source
+            .lines()
+            .filter(|line| line.starts_with("const "))
+            .filter_map(|line| line.split('"').nth(1))
+            .collect();
+        assert_eq!(names.len(), 8, "{names:?}");
+        for name in names {
+            let row = format!("//! | `{name}` |");
+            assert!(source.contains(&row), "the table has no row for {name}");
+        }
     }
 }

@@ -17,8 +17,8 @@
 //! is built for it alone. Nothing in it links a C database client library:
 //!
 //! - `diesel-claim` with `postgres_backend`, `bb8`, `tracing` and `metrics`,
-//!   without its default `migrations`: a job queue needs none of the
-//!   crate's own tables (they are the leases').
+//!   without `migrations`: a job queue needs none of the crate's own tables
+//!   (they are the leases').
 //! - `diesel` with `postgres_backend` (the backend, without `PgConnection`
 //!   and libpq) and `chrono` (a job's run time, read for the pickup
 //!   latency); `diesel-async` with `postgres` (its client, `tokio-postgres`,
