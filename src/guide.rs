@@ -643,8 +643,10 @@
 //!
 //! | event | level |
 //! |---|---|
+//! | a job used its last attempt under its [retry schedule](ClaimBuilder::retries), a dead letter, out of the queue: `table`, `key`, `attempts`, and in a worker `worker` | error |
 //! | a closure failed and its rows are passed over ([`keep_going`](ClaimBuilder::keep_going), a failure hook), said as they are passed over, before the next batch is taken: `table`, `keys` (the first ten), `rows`, and in a worker `worker` and `error` (the closure's, by `Display`) | warn |
 //! | a closure panicked: `panic` (its message); with `keep_going`, the event above follows | warn |
+//! | a closure ran past its [`timeout`](ClaimBuilder::timeout), its work rolled back: `table`, `keys`, `rows`, `timeout`, and in a worker `worker` | warn |
 //! | a worker's claim was rolled back by a deadlock or a serialization failure, and runs again: `table`, `worker`, `error` | warn |
 //! | a worker stops on an error (a closure's, without `keep_going` or a hook; a lost connection, on one connection): `table`, `worker`, `keys` (the rows rolled back), `error` | warn |
 //! | a worker on a pool lost a connection, or could not check one out, and tries again on another: `table`, `worker`, `error`, `pause` | warn |
