@@ -18,7 +18,7 @@ use super::unwind::catch_unwind;
 use super::Async;
 use crate::claim::run::panicked;
 use crate::claim::worker::{LeftOut, PassedOver};
-use crate::metrics::ClaimMetrics;
+use crate::metrics::{ClaimMetrics, InWorker};
 use crate::sql::Position;
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error};
@@ -254,6 +254,7 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
         let worker = claim.in_worker().then(|| self.options.worker_name(&table));
         let began = Instant::now();
         let metrics = ClaimMetrics::new(&table, worker.as_deref());
+        let in_worker = InWorker::new(worker.as_deref());
         let mut driver = Driver {
             claim: &mut claim,
             query: &self.query,
@@ -267,7 +268,8 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             table,
             worker,
         };
-        let stopped = driver.run(conn, f).instrument(span.clone()).await.err();
+        let run = driver.run(conn, f).instrument(span.clone());
+        let stopped = in_worker.around_polls(run).await.err();
         let (failed, transient, mut metrics) =
             (driver.failed.failures, driver.transient, driver.metrics);
         let report = claim.report();

@@ -18,7 +18,7 @@ use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
 use crate::locking::LockClause;
-use crate::metrics::ClaimMetrics;
+use crate::metrics::{ClaimMetrics, InWorker};
 use crate::sql::{KeyRange, Position};
 use crate::trace;
 use crate::transaction::{
@@ -139,6 +139,7 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
         let worker = claim.in_worker().then(|| self.options.worker_name(&table));
         let began = Instant::now();
         let metrics = ClaimMetrics::new(&table, worker.as_deref());
+        let in_worker = InWorker::new(worker.as_deref());
         let mut driver = Driver {
             claim: &mut claim,
             query: &self.query,
@@ -152,7 +153,9 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             table,
             worker,
         };
-        let stopped = span.in_scope(|| driver.run(conn, f)).err();
+        let stopped = in_worker
+            .around(|| span.in_scope(|| driver.run(conn, f)))
+            .err();
         let (failed, transient, mut metrics) =
             (driver.failed.failures, driver.transient, driver.metrics);
         let report = claim.report();
