@@ -5,7 +5,7 @@
 //!
 //! Spans and events are made where they happen, so that their target is the
 //! module's path (`diesel_claim::claim`, `diesel_claim::lease`, …); the guide
-//! lists them (`guide#tracing`). The few events whose values nothing else
+//! lists them (`guide::tracing`). The few events whose values nothing else
 //! uses are functions here, so that nothing is left unused without the feature,
 //! and so are a worker's events ([`WorkerTrace`]): its table and its name,
 //! its progress since it last reported, and what became of its connections.

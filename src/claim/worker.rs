@@ -89,7 +89,7 @@ impl From<Arc<AtomicBool>> for StopHandle {
 ///
 /// The closure's error type shows itself (`Display`): with the `tracing`
 /// feature, a worker's events say what failed, as it passes the errors over
-/// (see the [guide](crate::guide#tracing), and
+/// (see the [guide](crate::guide::tracing), and
 /// [`progress_interval`](Self::progress_interval) for its progress line).
 ///
 /// ```

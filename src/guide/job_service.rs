@@ -276,7 +276,7 @@
 //!
 //! With the crate's `tracing` feature, the worker's start, progress and
 //! stop are `info` events, each failed job a warning with its error, each
-//! dead letter an `error` (see [tracing](super#tracing)).
+//! dead letter an `error` (see [tracing](super::tracing)).
 //! `tracing-subscriber` writes them, as `RUST_LOG` chooses; the example
 //! writes them to stderr, its report to stdout, and without `RUST_LOG`
 //! logs `warn,diesel_claim::worker=info,jobs=info`. A loop writes its
