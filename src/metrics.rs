@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `diesel_claim_rows_processed_total` | counter | rows whose closure succeeded and whose transaction committed ([`ClaimReport::processed`](crate::ClaimReport::processed)) |
 //! | `diesel_claim_rows_failed_total` | counter | rows whose closure failed and which the claim passed over ([`keep_going`](crate::ClaimBuilder::keep_going), a failure hook: [`ClaimReport::failed`](crate::ClaimReport::failed)) |
+//! | `diesel_claim_rows_timed_out_total` | counter | rows whose closure ran past the claim's [`timeout`](crate::ClaimBuilder::timeout), counted as failed too ([`ClaimReport::timed_out`](crate::ClaimReport::timed_out)) |
 //! | `diesel_claim_rows_gone_total` | counter | candidates no longer matching when the claim came to lock them ([`ClaimReport::gone`](crate::ClaimReport::gone)) |
 //! | `diesel_claim_rows_locked_total` | counter | candidates locked by someone else, left to them ([`ClaimReport::locked`](crate::ClaimReport::locked)) |
 //! | `diesel_claim_claim_duration_seconds` | histogram | a claim call, from its first statement to its end; a worker's claims that found no row (its polls) are left out |
@@ -16,9 +17,8 @@
 //! Every metric has the label `table`: the claimed table's name,
 //! unqualified, as the `tracing` events show it. Those of a worker's claims
 //! have the label `worker` too: its [name](crate::ClaimWorker::name), by
-//! default its table's, so that two workers of one table are told apart
-//! (the pickup latency, which the application records, has the table
-//! alone). Counters move as each batch ends, so a long drain is seen as it
+//! default its table's, so that two workers of one table are told apart;
+//! so has a pickup latency recorded in a worker's closure. Counters move as each batch ends, so a long drain is seen as it
 //! goes; `locked` is counted when the call ends, once the rows it found
 //! locked were tried again.
 //!
@@ -62,6 +62,8 @@
 //! wherever their futures are polled): a recorder installed globally
 //! (`metrics::set_global_recorder`, as exporters do) sees them all.
 
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use metrics::{counter, describe_counter, describe_histogram, histogram};
@@ -133,12 +135,60 @@ pub fn describe() {
 
 /// Records that a row of `table` (the claimed table's name, unqualified)
 /// which became runnable at `runnable_at` was picked up now: call it
-/// first thing in the closure. A time in the future counts as zero.
+/// first thing in the closure. A time in the future counts as zero. In a
+/// worker's closure (on the thread the worker calls it on, or in the future
+/// it awaits, not in a task the closure spawns), the latency has the label
+/// `worker` too, as the worker's other metrics do.
 pub fn record_pickup(table: &str, runnable_at: SystemTime) {
     let latency = SystemTime::now()
         .duration_since(runnable_at)
         .unwrap_or_default();
-    histogram!(PICKUP_LATENCY, "table" => table.to_owned()).record(latency);
+    let mut labels = vec![("table", table.to_owned())];
+    let worker = WORKER.with_borrow(Clone::clone);
+    labels.extend(worker.map(|worker| ("worker", worker.to_string())));
+    histogram!(PICKUP_LATENCY, &labels).record(latency);
+}
+
+thread_local! {
+    /// The worker whose claim runs on this thread now, if any: the one
+    /// whose closure records a pickup, which cannot name it.
+    static WORKER: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// The worker a claim runs in, if any, for the pickups its closure records.
+pub(crate) struct InWorker(Option<Arc<str>>);
+
+impl InWorker {
+    pub(crate) fn new(worker: Option<&str>) -> Self {
+        InWorker(worker.map(Arc::from))
+    }
+
+    /// Runs `f` with the pickups recorded on this thread counted as the
+    /// worker's.
+    pub(crate) fn around<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _restored = Restored(WORKER.replace(self.0.clone()));
+        f()
+    }
+
+    /// Awaits `future`, each of its polls [`around`](Self::around).
+    #[cfg(feature = "async")]
+    pub(crate) async fn around_polls<F: std::future::Future>(&self, future: F) -> F::Output {
+        use std::future::poll_fn;
+        use std::pin::pin;
+
+        let mut future = pin!(future);
+        poll_fn(|cx| self.around(|| future.as_mut().poll(cx))).await
+    }
+}
+
+/// The worker of this thread's claim before one ran, put back when that
+/// one ends, or unwinds.
+struct Restored(Option<Arc<str>>);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        WORKER.set(self.0.take());
+    }
 }
 
 /// The metrics of one claim call on a table: its handles, registered
@@ -206,5 +256,25 @@ impl ClaimMetrics {
         self.gone.increment(now.gone - before.gone);
         self.counted = now;
         now.processed + now.failed > before.processed + before.failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The table of the module's docs has a row for every metric the
+    /// module names (its `const`s).
+    #[test]
+    fn the_docs_list_every_metric() {
+        let source = include_str!("metrics.rs");
+        let names: Vec<&str> = source
+            .lines()
+            .filter(|line| line.starts_with("const "))
+            .filter_map(|line| line.split('"').nth(1))
+            .collect();
+        assert_eq!(names.len(), 8, "{names:?}");
+        for name in names {
+            let row = format!("//! | `{name}` |");
+            assert!(source.contains(&row), "the table has no row for {name}");
+        }
     }
 }

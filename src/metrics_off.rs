@@ -20,3 +20,21 @@ impl ClaimMetrics {
     #[cfg_attr(not(any(feature = "bb8", feature = "deadpool")), allow(dead_code))]
     pub(crate) fn failed_outside_the_claim(&mut self, _rows: u64) {}
 }
+
+/// The worker a claim runs in, which no pickup is recorded for.
+pub(crate) struct InWorker;
+
+impl InWorker {
+    pub(crate) fn new(_worker: Option<&str>) -> Self {
+        InWorker
+    }
+
+    pub(crate) fn around<T>(&self, f: impl FnOnce() -> T) -> T {
+        f()
+    }
+
+    #[cfg(feature = "async")]
+    pub(crate) fn around_polls<F: std::future::Future>(&self, future: F) -> F {
+        future
+    }
+}

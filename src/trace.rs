@@ -5,7 +5,7 @@
 //!
 //! Spans and events are made where they happen, so that their target is the
 //! module's path (`diesel_claim::claim`, `diesel_claim::lease`, …); the guide
-//! lists them (`guide#tracing`). The few events whose values nothing else
+//! lists them (`guide::tracing`). The few events whose values nothing else
 //! uses are functions here, so that nothing is left unused without the feature,
 //! and so are a worker's events ([`WorkerTrace`]): its table and its name,
 //! its progress since it last reported, and what became of its connections.
@@ -103,12 +103,33 @@ mod enabled {
         );
     }
 
+    /// The closure on the rows at `keys` of `table` ran past the claim's
+    /// `timeout`, in the call (of the `worker` named, if a worker's).
+    pub(crate) fn ran_late<K: Debug>(
+        table: &str,
+        worker: Option<&str>,
+        keys: &[K],
+        timeout: Duration,
+    ) {
+        tracing::warn!(
+            target: CLAIM,
+            table,
+            worker,
+            keys = %KeyList(keys),
+            rows = keys.len(),
+            ?timeout,
+            "a closure ran past its timeout: its work is rolled back"
+        );
+    }
+
     /// The row at `key` of `table` failed for the `attempts`th time, its
-    /// last under its retry schedule: a dead letter, out of the queue.
-    pub(crate) fn dead_letter<K: Debug>(table: &str, key: &K, attempts: u32) {
+    /// last under its retry schedule, in the call (of the `worker` named, if
+    /// a worker's): a dead letter, out of the queue.
+    pub(crate) fn dead_letter<K: Debug>(table: &str, worker: Option<&str>, key: &K, attempts: u32) {
         tracing::error!(
             target: CLAIM,
             table,
+            worker,
             key = ?key,
             attempts,
             "a job used its last attempt: it is a dead letter, out of the queue"
@@ -508,7 +529,21 @@ mod disabled {
     ) {
     }
 
-    pub(crate) fn dead_letter<K: Debug>(_table: &str, _key: &K, _attempts: u32) {}
+    pub(crate) fn ran_late<K: Debug>(
+        _table: &str,
+        _worker: Option<&str>,
+        _keys: &[K],
+        _timeout: Duration,
+    ) {
+    }
+
+    pub(crate) fn dead_letter<K: Debug>(
+        _table: &str,
+        _worker: Option<&str>,
+        _key: &K,
+        _attempts: u32,
+    ) {
+    }
 
     /// A worker's events, which go nowhere.
     pub(crate) struct WorkerTrace;

@@ -281,7 +281,8 @@ on_every_backend! {
     }
 
     /// Two workers of one table, named, are told apart by the label
-    /// `worker` of their metrics.
+    /// `worker` of their metrics, the pickups their closures record
+    /// included.
     #[test]
     fn two_workers_of_one_table_are_told_apart_by_their_names() {
         let (_db, pool) = test_db(1);
@@ -295,7 +296,10 @@ on_every_backend! {
                     .worker(&stop)
                     .name(name)
                     .stop_when_empty()
-                    .run(&mut conn, |conn, order: Order| Ok::<_, Error>(mark_sent(conn, order.id)?))
+                    .run(&mut conn, |conn, order: Order| {
+                        diesel_claim::metrics::record_pickup("orders", SystemTime::now());
+                        Ok::<_, Error>(mark_sent(conn, order.id)?)
+                    })
                     .unwrap();
                 assert_eq!(report.processed, rows as u64);
             }
@@ -303,6 +307,7 @@ on_every_backend! {
         for (name, rows) in [("mailer", 3), ("reporter", 2)] {
             assert_eq!(recorded.worker_counter(PROCESSED, name), rows, "{name}");
             assert_eq!(recorded.worker_samples(BATCH_DURATION, name).len(), rows as usize, "{name}");
+            assert_eq!(recorded.worker_samples(PICKUP_LATENCY, name).len(), rows as usize, "{name}");
         }
         // No claim of theirs is counted without its worker's name.
         assert!(

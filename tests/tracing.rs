@@ -243,15 +243,10 @@ on_every_backend! {
         id: i32,
     }
 
-    /// A closure past its timeout is a warning event, counted on the claim's
-    /// span; a job that used its last attempt under its retry schedule is an
-    /// error event with its table, key and attempts.
-    #[test]
-    fn a_timeout_and_a_dead_letter_are_events() {
+    /// Creates `tried`, with the jobs 1 and 2 due.
+    fn create_tried(conn: &mut Conn) {
         use diesel::connection::SimpleConnection;
 
-        let (_db, pool) = test_db(1);
-        let mut conn = pool.get().unwrap();
         let now = match BACKEND {
             "pg" => "now()",
             "mysql" => "(UTC_TIMESTAMP(6))",
@@ -263,6 +258,17 @@ on_every_backend! {
              INSERT INTO tried (id) VALUES (1), (2);"
         ))
         .unwrap();
+    }
+
+    /// A closure past its timeout is a warning event with its table and
+    /// keys, counted on the claim's span; a job that used its last attempt
+    /// under its retry schedule is an error event with its table, key and
+    /// attempts. Neither names a worker: none runs the claim.
+    #[test]
+    fn a_timeout_and_a_dead_letter_are_events() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        create_tried(&mut conn);
         let (report, seen) = traced(|| {
             tried::table
                 .select(Tried::as_select())
@@ -280,6 +286,9 @@ on_every_backend! {
         assert_eq!((report.failed, report.timed_out), (2, 1));
         let late = seen.saying("a closure ran past its timeout: its work is rolled back");
         assert!(matches!(late[..], [event] if event.level == Level::WARN), "{:#?}", seen.events);
+        assert_eq!(late[0].target, "diesel_claim::claim");
+        assert_eq!((late[0].fields["table"].as_str(), late[0].fields["keys"].as_str()), ("tried", "[1]"));
+        assert_eq!(late[0].fields["timeout"], "50ms");
         let dead = seen.saying("a job used its last attempt: it is a dead letter, out of the queue");
         assert_eq!(dead.len(), 2, "{:#?}", seen.events);
         for (key, event) in ["1", "2"].iter().zip(dead) {
@@ -287,7 +296,46 @@ on_every_backend! {
             assert_eq!((event.fields["table"].as_str(), event.fields["key"].as_str()), ("tried", *key));
             assert_eq!(event.fields["attempts"], "1");
         }
+        for event in seen.events.iter().filter(|event| event.level <= Level::WARN) {
+            assert!(!event.fields.contains_key("worker"), "{event:#?}");
+        }
         assert_eq!(seen.the_span("claim").fields["timed_out"], "1");
+    }
+
+    /// A worker's timeouts and dead letters carry its name, as its other
+    /// events do.
+    #[test]
+    fn a_workers_timeout_and_dead_letters_name_it() {
+        let (_db, pool) = test_db(1);
+        let mut conn = pool.get().unwrap();
+        create_tried(&mut conn);
+        let stop = diesel_claim::StopHandle::new();
+        let (report, seen) = traced(|| {
+            tried::table
+                .select(Tried::as_select())
+                .build_claim()
+                .retries(diesel_claim::Retries::new(tried::attempts, tried::run_at).max_attempts(1))
+                .timeout(Duration::from_millis(50))
+                .worker(&stop)
+                .name("retrier")
+                .stop_when_empty()
+                .run(&mut conn, |_, job: Tried| {
+                    if job.id == 1 {
+                        std::thread::sleep(Duration::from_millis(80));
+                    }
+                    Err::<(), _>(Error::InvalidArgument("fails".to_owned()))
+                })
+                .unwrap()
+        });
+        assert_eq!((report.failed, report.timed_out), (2, 1));
+        let late = seen.saying("a closure ran past its timeout: its work is rolled back");
+        let dead = seen.saying("a job used its last attempt: it is a dead letter, out of the queue");
+        assert_eq!((late.len(), dead.len()), (1, 2), "{:#?}", seen.events);
+        assert_eq!(late[0].fields["keys"], "[1]");
+        for event in late.iter().chain(&dead) {
+            assert_eq!(event.fields["table"], "tried", "{event:#?}");
+            assert_eq!(event.fields.get("worker").map(String::as_str), Some("retrier"), "{event:#?}");
+        }
     }
 
     diesel::table! {
@@ -897,6 +945,75 @@ macro_rules! on_async_backends {
                 let batches = seen.spans("batch");
                 assert_eq!(batches.iter().filter(|batch| batch.fields["taken"] == "1").count(), 3);
                 assert!(batches.iter().all(|batch| batch.parent == Some("claim") && batch.fields["outcome"] == "committed"));
+            }
+
+            diesel::table! {
+                use diesel::sql_types::*;
+                use super::ClaimStamp;
+
+                tried (id) {
+                    id -> Integer,
+                    attempts -> Integer,
+                    run_at -> ClaimStamp,
+                }
+            }
+
+            #[derive(Debug, Clone, diesel::Queryable, diesel::Selectable, diesel::Identifiable)]
+            #[diesel(table_name = tried)]
+            struct Tried {
+                id: i32,
+            }
+
+            /// An async worker's timeouts and dead letters carry its name, as
+            /// a blocking worker's do.
+            #[tokio::test(flavor = "current_thread")]
+            async fn an_async_workers_timeout_and_dead_letters_name_it() {
+                use diesel::SelectableHelper;
+                let db = testkit::$test_db::new();
+                let mut conn = <$conn>::establish(&db.url).await.unwrap();
+                let column = testkit::fixtures::claim_stamp!(column $stamp);
+                let now = if stringify!($stamp) == "pg" { "now()" } else { "(UTC_TIMESTAMP(6))" };
+                diesel::sql_query(format!(
+                    "CREATE TABLE tried (id INTEGER PRIMARY KEY, attempts INTEGER NOT NULL DEFAULT 0, \
+                     run_at {column} NOT NULL DEFAULT {now})"
+                ))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+                diesel::sql_query("INSERT INTO tried (id) VALUES (1), (2)").execute(&mut conn).await.unwrap();
+
+                let recorder = Recorder::default();
+                let subscriber = Registry::default().with(recorder.clone());
+                let default = ::tracing::subscriber::set_default(subscriber);
+                let stop = diesel_claim::StopHandle::new();
+                let report = tried::table
+                    .select(Tried::as_select())
+                    .build_claim()
+                    .retries(diesel_claim::Retries::new(tried::attempts, tried::run_at).max_attempts(1))
+                    .timeout(std::time::Duration::from_millis(50))
+                    .worker(&stop)
+                    .name("retrier")
+                    .stop_when_empty()
+                    .run(&mut conn, async |_: &mut $conn, job: Tried| {
+                        if job.id == 1 {
+                            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                        }
+                        Err::<(), _>(Error::InvalidArgument("fails".to_owned()))
+                    })
+                    .await
+                    .unwrap();
+                drop(default);
+                assert_eq!((report.failed, report.timed_out), (2, 1));
+
+                let seen = std::mem::take(&mut *recorder.0.lock().unwrap());
+                let late = seen.saying("a closure ran past its timeout: its work is rolled back");
+                let dead = seen.saying("a job used its last attempt: it is a dead letter, out of the queue");
+                assert_eq!((late.len(), dead.len()), (1, 2), "{:#?}", seen.events);
+                assert_eq!(late[0].fields["keys"], "[1]");
+                for event in late.iter().chain(&dead) {
+                    assert_eq!(event.fields["table"], "tried", "{event:#?}");
+                    assert_eq!(event.fields.get("worker").map(String::as_str), Some("retrier"), "{event:#?}");
+                }
             }
         }
     )*};

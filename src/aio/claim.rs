@@ -16,9 +16,9 @@ use super::query::ClaimQuery;
 use super::transaction::transaction_depth;
 use super::unwind::catch_unwind;
 use super::Async;
-use crate::claim::run::{panicked, ran_late};
+use crate::claim::run::panicked;
 use crate::claim::worker::{LeftOut, PassedOver};
-use crate::metrics::ClaimMetrics;
+use crate::metrics::{ClaimMetrics, InWorker};
 use crate::sql::Position;
 use crate::trace::Instrument;
 use crate::{ClaimBuilder, ClaimOutcome, ClaimReport, Error};
@@ -253,6 +253,8 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
         let span = claim.span(&table);
         let worker = claim.in_worker().then(|| self.options.worker_name(&table));
         let began = Instant::now();
+        let metrics = ClaimMetrics::new(&table, worker.as_deref());
+        let in_worker = InWorker::new(worker.as_deref());
         let mut driver = Driver {
             claim: &mut claim,
             query: &self.query,
@@ -262,9 +264,12 @@ impl<Q, T, H> ClaimBuilder<Q, Async, T, H> {
             failed: PassedOver::new(left_out.tell),
             transient: false,
             backoff: left_out.backoff.as_deref(),
-            metrics: ClaimMetrics::new(&table, worker.as_deref()),
+            metrics,
+            table,
+            worker,
         };
-        let stopped = driver.run(conn, f).instrument(span.clone()).await.err();
+        let run = driver.run(conn, f).instrument(span.clone());
+        let stopped = in_worker.around_polls(run).await.err();
         let (failed, transient, mut metrics) =
             (driver.failed.failures, driver.transient, driver.metrics);
         let report = claim.report();
@@ -335,10 +340,12 @@ where
 }
 
 /// Awaits a closure's `call` under the claim's `timeout`: at the timeout its
-/// future is dropped, wherever it awaits, and the call failed with
-/// [`Error::TimedOut`]. The error says whether the call ran late.
+/// future is dropped, wherever it awaits, the call failed with
+/// [`Error::TimedOut`], and it is told of with `told`. The error says
+/// whether the call ran late.
 pub(super) async fn within<E: From<Error>>(
     timeout: Option<Duration>,
+    told: impl FnOnce(Duration),
     call: impl Future<Output = Result<(), E>>,
 ) -> Result<(), (E, bool)> {
     let Some(timeout) = timeout else {
@@ -346,7 +353,10 @@ pub(super) async fn within<E: From<Error>>(
     };
     match tokio::time::timeout(timeout, call).await {
         Ok(called) => called.map_err(|error| (error, false)),
-        Err(_) => Err((ran_late(timeout), true)),
+        Err(_) => {
+            told(timeout);
+            Err((Error::TimedOut { timeout }.into(), true))
+        }
     }
 }
 

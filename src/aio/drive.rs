@@ -37,6 +37,9 @@ pub(super) struct Driver<'d, Q, T, H, K, E> {
     /// See the blocking driver's.
     pub(super) backoff: Option<&'d Backoff<K>>,
     pub(super) metrics: ClaimMetrics,
+    /// See the blocking driver's.
+    pub(super) table: String,
+    pub(super) worker: Option<String>,
 }
 
 impl<'a, Q, T, H, K, E> Driver<'_, Q, T, H, K, E>
@@ -150,6 +153,7 @@ where
                 range.clone(),
             );
             let backoff = self.backoff;
+            let (table, worker) = (self.table.as_str(), self.worker.as_deref());
             let batch = locking_transaction(conn, self.options.idle_bound(), |conn| {
                 async move {
                     let rows = kind
@@ -187,8 +191,10 @@ where
                             *late += usize::from(ran_late) * rows;
                             error
                         };
+                        let told = |timeout| trace::ran_late(table, worker, &keys, timeout);
                         if !savepoints {
-                            let called = within(timeout, call(f.call(conn, items), catch)).await;
+                            let called =
+                                within(timeout, told, call(f.call(conn, items), catch)).await;
                             called.map_err(count_late).inspect_err(|_| {
                                 if catch {
                                     backed_off(backoff, &batch_keys);
@@ -203,7 +209,7 @@ where
                         C::TransactionManager::begin_transaction(conn)
                             .await
                             .map_err(Error::from)?;
-                        let called = within(timeout, call(f.call(conn, items), catch)).await;
+                        let called = within(timeout, told, call(f.call(conn, items), catch)).await;
                         match called.map_err(count_late) {
                             Ok(()) => {
                                 C::TransactionManager::commit_transaction(conn)
@@ -218,10 +224,14 @@ where
                                     return Err(error);
                                 }
                                 for item in kept.into_iter().flatten() {
+                                    let key = T::item_key(&item);
                                     let hooked = hook.failed(conn, T::into_row(item), &error).await;
-                                    hooked.inspect_err(|_| {
+                                    let dead = hooked.inspect_err(|_| {
                                         *failing_at = Some(Failing::Ends(handed_over.clone()))
                                     })?;
+                                    if let Some(dead) = dead {
+                                        trace::dead_letter(table, worker, &key, dead.attempts);
+                                    }
                                 }
                                 caught_in.push(RowFailure::new(keys, error));
                             }
@@ -332,7 +342,10 @@ where
             let keys: Vec<K> = items.iter().map(T::item_key).collect();
             let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
             let timeout = self.options.timeout;
-            let (error, late) = match within(timeout, call(f.call(conn, items), catch)).await {
+            let (table, worker) = (self.table.as_str(), self.worker.as_deref());
+            let told = |timeout| trace::ran_late(table, worker, &keys, timeout);
+            let (error, late) = match within(timeout, told, call(f.call(conn, items), catch)).await
+            {
                 Ok(()) => {
                     processed += keys.len();
                     continue;
@@ -351,7 +364,11 @@ where
                     async move {
                         for item in kept.into_iter().flatten() {
                             if kind.settle(&item, conn).await? {
-                                hook.failed(conn, T::into_row(item), &error).await?;
+                                let key = T::item_key(&item);
+                                let row = T::into_row(item);
+                                if let Some(dead) = hook.failed(conn, row, &error).await? {
+                                    trace::dead_letter(table, worker, &key, dead.attempts);
+                                }
                             }
                         }
                         Ok::<_, E>(error)

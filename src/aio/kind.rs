@@ -18,8 +18,8 @@ use super::timed::StampedRow;
 use super::Async;
 use crate::claim::engine::Claim;
 use crate::claim::kind::{
-    hands_rows_as_they_are, start, Delete, Keep, Kind, Mark, NoHook, OnFailure, Replica, Select,
-    Set, Stamp,
+    hands_rows_as_they_are, start, DeadLetter, Delete, Keep, Kind, Mark, NoHook, OnFailure,
+    Replica, Select, Set, Stamp,
 };
 use crate::claim::query::{update_by_keys, DeleteByKeys, MarkByKeys};
 use crate::claim::{ClaimStatements, Options};
@@ -503,14 +503,14 @@ pub trait FailureHook<C, I, Row, E>: Send {
     #[doc(hidden)]
     fn keep(item: &I) -> Option<I>;
 
-    /// Runs the hook.
+    /// Runs the hook: the row is a dead letter if it says so.
     #[doc(hidden)]
     fn failed<'c>(
         &'c mut self,
         conn: &'c mut C,
         row: Row,
         error: &'c E,
-    ) -> BoxFuture<'c, Result<(), E>>
+    ) -> BoxFuture<'c, Result<Option<DeadLetter>, E>>
     where
         Row: 'c;
 }
@@ -527,11 +527,11 @@ impl<C, I, Row, E: Send> FailureHook<C, I, Row, E> for NoHook {
         _conn: &'c mut C,
         _row: Row,
         _error: &'c E,
-    ) -> BoxFuture<'c, Result<(), E>>
+    ) -> BoxFuture<'c, Result<Option<DeadLetter>, E>>
     where
         Row: 'c,
     {
-        Box::pin(future::ready(Ok(())))
+        Box::pin(future::ready(Ok(None)))
     }
 }
 
@@ -556,11 +556,12 @@ where
         conn: &'c mut C,
         row: Row,
         error: &'c E,
-    ) -> BoxFuture<'c, Result<(), E>>
+    ) -> BoxFuture<'c, Result<Option<DeadLetter>, E>>
     where
         Row: 'c,
     {
-        Box::pin((self.0)(conn, row, error))
+        let hooked = (self.0)(conn, row, error);
+        Box::pin(async move { hooked.await.map(|()| None) })
     }
 }
 

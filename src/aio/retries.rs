@@ -16,8 +16,9 @@ use futures_util::future::BoxFuture;
 use super::backend::AsyncBackend;
 use super::kind::FailureHook;
 use crate::backend::strategy::Strategy;
+use crate::claim::kind::DeadLetter;
 use crate::claim::query::FromClause;
-use crate::claim::retries::{failure_statements, recorded, Retry};
+use crate::claim::retries::{failure_statements, Retry};
 use crate::sql::retry::{ErrorColumn, RecordFailure};
 use crate::sql::stamp::StampType;
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Returning, SelectWhere};
@@ -38,7 +39,7 @@ pub trait RetriedRow<C: AsyncConnection, A, R, E>: Sized {
         conn: &'c mut C,
         write: RecordFailure<A, R, E>,
         max_attempts: u32,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, Error>> + Send + 'c;
 }
 
 type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
@@ -70,7 +71,7 @@ where
         conn: &'c mut C,
         write: RecordFailure<A, R, E>,
         max_attempts: u32,
-    ) -> impl Future<Output = Result<(), Error>> + Send + 'c {
+    ) -> impl Future<Output = Result<bool, Error>> + Send + 'c {
         async move {
             let (update, spent) = failure_statements(self, write, max_attempts);
             let spent: Option<bool> = if <C::Backend as Strategy>::UPDATE_RETURNING {
@@ -93,8 +94,7 @@ where
                 };
                 Some(read.get_result(conn).await?)
             };
-            recorded::<Row, C::Backend>(self, spent, max_attempts);
-            Ok(())
+            Ok(spent == Some(true))
         }
     }
 }
@@ -120,14 +120,14 @@ where
         conn: &'c mut C,
         row: Row,
         error: &'c E,
-    ) -> BoxFuture<'c, Result<(), E>>
+    ) -> BoxFuture<'c, Result<Option<DeadLetter>, E>>
     where
         Row: 'c,
     {
-        let (write, max_attempts) = (self.retries.write(error), self.retries.max_attempts);
+        let (write, attempts) = (self.retries.write(error), self.retries.max_attempts);
         Box::pin(async move {
-            row.record_failure(conn, write, max_attempts).await?;
-            Ok(())
+            let spent = row.record_failure(conn, write, attempts).await?;
+            Ok(spent.then_some(DeadLetter { attempts }))
         })
     }
 }

@@ -98,6 +98,16 @@ impl<F> fmt::Debug for OnFailure<F> {
     }
 }
 
+/// What a failure hook says of a row whose failure it recorded as the last
+/// of its attempts under a retry schedule: a dead letter, out of the queue,
+/// which the claim's driver tells of with the row's table, key and worker.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetter {
+    /// The attempts the row used.
+    pub(crate) attempts: u32,
+}
+
 /// What every kind says of itself, in both APIs.
 pub trait Kind {
     /// The statement that takes a batch, as the engine knows it.
@@ -609,9 +619,9 @@ pub trait FailureHook<C, I, Row, E> {
     #[doc(hidden)]
     fn keep(item: &I) -> Option<I>;
 
-    /// Runs the hook.
+    /// Runs the hook: the row is a dead letter if it says so.
     #[doc(hidden)]
-    fn failed(&mut self, conn: &mut C, row: Row, error: &E) -> Result<(), E>;
+    fn failed(&mut self, conn: &mut C, row: Row, error: &E) -> Result<Option<DeadLetter>, E>;
 }
 
 impl<C, I, Row, E> FailureHook<C, I, Row, E> for NoHook {
@@ -621,8 +631,8 @@ impl<C, I, Row, E> FailureHook<C, I, Row, E> for NoHook {
         None
     }
 
-    fn failed(&mut self, _conn: &mut C, _row: Row, _error: &E) -> Result<(), E> {
-        Ok(())
+    fn failed(&mut self, _conn: &mut C, _row: Row, _error: &E) -> Result<Option<DeadLetter>, E> {
+        Ok(None)
     }
 }
 
@@ -640,7 +650,7 @@ where
         Some(item.clone())
     }
 
-    fn failed(&mut self, conn: &mut C, row: Row, error: &E) -> Result<(), E> {
-        (self.0)(conn, row, error)
+    fn failed(&mut self, conn: &mut C, row: Row, error: &E) -> Result<Option<DeadLetter>, E> {
+        (self.0)(conn, row, error).map(|()| None)
     }
 }

@@ -18,7 +18,7 @@ use diesel::query_dsl::methods::FilterDsl;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Bool, HasSqlType};
 
-use super::kind::{FailureHook, NoHook};
+use super::kind::{DeadLetter, FailureHook, NoHook};
 use super::ClaimBuilder;
 use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
@@ -26,7 +26,7 @@ use crate::reusable::{QueryPerLoop, Reusable};
 use crate::sql::retry::{AttemptsSpent, DueNow, ErrorColumn, NoColumn, RecordFailure, TextType};
 use crate::sql::stamp::StampType;
 use crate::sql::{IdShape, InList, KeyColumns, KeyShape, Returning, SelectWhere, Update};
-use crate::{trace, Error};
+use crate::Error;
 
 /// A queue's retry schedule, kept in its rows: how many times a job has
 /// failed (`attempts`, an integer column), when it may run next (`run_at`,
@@ -440,10 +440,10 @@ where
         Some(item.clone())
     }
 
-    fn failed(&mut self, conn: &mut C, row: Row, error: &E) -> Result<(), E> {
-        let write = self.retries.write(error);
-        row.record_failure(conn, write, self.retries.max_attempts)?;
-        Ok(())
+    fn failed(&mut self, conn: &mut C, row: Row, error: &E) -> Result<Option<DeadLetter>, E> {
+        let (write, attempts) = (self.retries.write(error), self.retries.max_attempts);
+        let spent = row.record_failure(conn, write, attempts)?;
+        Ok(spent.then_some(DeadLetter { attempts }))
     }
 }
 
@@ -484,16 +484,16 @@ pub(crate) fn error_text(error: &dyn Display) -> String {
             columns be columns of their table"
 )]
 pub trait RetriedRow<C, A, R, E>: Sized {
-    /// Records a failure of this row with `write` (which makes it a dead
-    /// letter once it has used its last attempt). A row that is gone
-    /// records nothing.
+    /// Records a failure of this row with `write`: whether the row has used
+    /// its last attempt, a dead letter. A row that is gone records nothing,
+    /// and is none.
     #[doc(hidden)]
     fn record_failure(
         &self,
         conn: &mut C,
         write: RecordFailure<A, R, E>,
         max_attempts: u32,
-    ) -> Result<(), Error>;
+    ) -> Result<bool, Error>;
 }
 
 type Shape<R> = <<&'static R as Identifiable>::Id as IdShape>::Shape;
@@ -535,27 +535,6 @@ type FromClause<R> = <<R as HasTable>::Table as diesel::QuerySource>::FromClause
 pub(crate) type FailureWrite<Row, A, R, E> =
     Update<FromClause<Row>, RecordFailure<A, R, E>, InList<Wrapped<Row>, Key<Row>>>;
 
-/// Says what became of a row whose failure was recorded: a dead letter is
-/// an `error` event.
-pub(crate) fn recorded<Row, DB>(row: &Row, spent: Option<bool>, max_attempts: u32)
-where
-    Row: HasTable + 'static,
-    &'static Row: Identifiable,
-    <&'static Row as Identifiable>::Id: IdShape,
-    Shape<Row>: KeyShape<Row>,
-    DB: ClaimBackend,
-    FromClause<Row>: QueryFragment<DB>,
-{
-    if spent == Some(true) {
-        let table = crate::sql::rendered::unqualified_table_name::<_, DB>(&Row::table());
-        trace::dead_letter(
-            &table.unwrap_or_default(),
-            &Shape::<Row>::key(row),
-            max_attempts,
-        );
-    }
-}
-
 // A failure in here is told as the `RetriedRow` the hook asked for, whose
 // message names what recording a failure needs.
 #[diagnostic::do_not_recommend]
@@ -581,7 +560,7 @@ where
         conn: &mut C,
         write: RecordFailure<A, R, E>,
         max_attempts: u32,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let (update, spent) = failure_statements(self, write, max_attempts);
         let spent: Option<bool> = if <C::Backend as Strategy>::UPDATE_RETURNING {
             Returning {
@@ -606,8 +585,7 @@ where
                 Some(read.get_result(conn)?)
             }
         };
-        recorded::<Row, C::Backend>(self, spent, max_attempts);
-        Ok(())
+        Ok(spent == Some(true))
     }
 }
 

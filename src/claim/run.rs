@@ -18,7 +18,7 @@ use crate::backend::strategy::Strategy;
 use crate::backend::ClaimBackend;
 use crate::connection::BlockingConnection;
 use crate::locking::LockClause;
-use crate::metrics::ClaimMetrics;
+use crate::metrics::{ClaimMetrics, InWorker};
 use crate::sql::{KeyRange, Position};
 use crate::trace;
 use crate::transaction::{
@@ -138,6 +138,8 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
         let span = claim.span(&table);
         let worker = claim.in_worker().then(|| self.options.worker_name(&table));
         let began = Instant::now();
+        let metrics = ClaimMetrics::new(&table, worker.as_deref());
+        let in_worker = InWorker::new(worker.as_deref());
         let mut driver = Driver {
             claim: &mut claim,
             query: &self.query,
@@ -147,9 +149,13 @@ impl<Q, T, H> ClaimBuilder<Q, Blocking, T, H> {
             failed: PassedOver::new(left_out.tell),
             transient: false,
             backoff: left_out.backoff.as_deref(),
-            metrics: ClaimMetrics::new(&table, worker.as_deref()),
+            metrics,
+            table,
+            worker,
         };
-        let stopped = span.in_scope(|| driver.run(conn, f)).err();
+        let stopped = in_worker
+            .around(|| span.in_scope(|| driver.run(conn, f)))
+            .err();
         let (failed, transient, mut metrics) =
             (driver.failed.failures, driver.transient, driver.metrics);
         let report = claim.report();
@@ -222,6 +228,10 @@ struct Driver<'d, Q, T, H, K, E> {
     /// transaction ends, and rows it holds are passed over.
     backoff: Option<&'d Backoff<K>>,
     metrics: ClaimMetrics,
+    /// The claimed table, and the worker that runs the claim (if one
+    /// does), as the run's events name them.
+    table: String,
+    worker: Option<String>,
 }
 
 /// How a batch whose closure failed ends the transaction it ran in.
@@ -322,7 +332,10 @@ where
             transient,
             backoff,
             metrics: _,
+            table,
+            worker,
         } = self;
+        let (table, worker) = (table.as_str(), worker.as_deref());
         let catch = options.keep_going || H::SET;
         let savepoints = failures_in_savepoints(options, claim.taking, H::SET, F::PER_ROW);
         let timeout = options.timeout;
@@ -369,7 +382,8 @@ where
                     };
                     let rows = keys.len();
                     let run = |conn: &mut C| {
-                        within(timeout, || call(|| f.call(conn, items), catch))
+                        let told = |timeout| trace::ran_late(table, worker, &keys, timeout);
+                        within(timeout, told, || call(|| f.call(conn, items), catch))
                             .inspect_err(|(_, late)| timed_out += usize::from(*late) * rows)
                             .map_err(|(error, _)| error)
                     };
@@ -389,10 +403,14 @@ where
                         Saved::RolledBack(error) => {
                             backed_off(*backoff, &keys);
                             for item in kept.into_iter().flatten() {
+                                let key = T::item_key(&item);
                                 let hooked = hook.failed(conn, T::into_row(item), &error);
-                                hooked.inspect_err(|_| {
+                                let dead = hooked.inspect_err(|_| {
                                     failing = Some(Failing::Ends(handed.clone()))
                                 })?;
+                                if let Some(dead) = dead {
+                                    trace::dead_letter(table, worker, &key, dead.attempts);
+                                }
                             }
                             caught.push(RowFailure::new(keys, error));
                         }
@@ -487,21 +505,27 @@ where
                 let keys: Vec<K> = items.iter().map(T::item_key).collect();
                 let kept: Vec<Option<I>> = items.iter().map(H::keep).collect();
                 let timeout = self.options.timeout;
-                let (error, late) = match within(timeout, || call(|| f.call(conn, items), catch)) {
-                    Ok(()) => {
-                        processed += keys.len();
-                        continue;
-                    }
-                    Err(failed) if catch => failed,
-                    Err((error, _)) => return Err(RowFailure::new(keys, error)),
-                };
+                let (table, worker) = (self.table.as_str(), self.worker.as_deref());
+                let told = |timeout| trace::ran_late(table, worker, &keys, timeout);
+                let (error, late) =
+                    match within(timeout, told, || call(|| f.call(conn, items), catch)) {
+                        Ok(()) => {
+                            processed += keys.len();
+                            continue;
+                        }
+                        Err(failed) if catch => failed,
+                        Err((error, _)) => return Err(RowFailure::new(keys, error)),
+                    };
                 backed_off(self.backoff, &keys);
                 if H::SET {
                     let (kind, hook) = (&*self.kind, &mut *self.hook);
                     let hooked = locking_transaction(conn, false, |conn| {
                         for item in kept.into_iter().flatten() {
                             if kind.settle(&item, conn)? {
-                                hook.failed(conn, T::into_row(item), &error)?;
+                                let key = T::item_key(&item);
+                                if let Some(dead) = hook.failed(conn, T::into_row(item), &error)? {
+                                    trace::dead_letter(table, worker, &key, dead.attempts);
+                                }
                             }
                         }
                         Ok::<_, E>(())
@@ -620,27 +644,22 @@ where
 
 /// Runs a closure's `call` under the claim's `timeout`: a call that ran past
 /// it failed, with [`Error::TimedOut`], whatever it returned (a thread cannot
-/// be stopped; its work is rolled back once it returns). The error says
-/// whether the call ran late.
+/// be stopped; its work is rolled back once it returns), and is told of with
+/// `told` as it happens. The error says whether the call ran late.
 pub(crate) fn within<E: From<Error>>(
     timeout: Option<Duration>,
+    told: impl FnOnce(Duration),
     call: impl FnOnce() -> Result<(), E>,
 ) -> Result<(), (E, bool)> {
     let began = Instant::now();
     let called = call();
     match timeout {
-        Some(timeout) if began.elapsed() >= timeout => Err((ran_late(timeout), true)),
+        Some(timeout) if began.elapsed() >= timeout => {
+            told(timeout);
+            Err((Error::TimedOut { timeout }.into(), true))
+        }
         _ => called.map_err(|error| (error, false)),
     }
-}
-
-/// The error of a closure that ran past its `timeout`, said as it happens.
-pub(crate) fn ran_late<E: From<Error>>(timeout: Duration) -> E {
-    trace::warning!(
-        ?timeout,
-        "a closure ran past its timeout: its work is rolled back"
-    );
-    Error::TimedOut { timeout }.into()
 }
 
 /// Bounds the statements of the rest of the transaction open on `conn` by

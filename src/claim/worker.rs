@@ -89,7 +89,7 @@ impl From<Arc<AtomicBool>> for StopHandle {
 ///
 /// The closure's error type shows itself (`Display`): with the `tracing`
 /// feature, a worker's events say what failed, as it passes the errors over
-/// (see the [guide](crate::guide#tracing), and
+/// (see the [guide](crate::guide::tracing), and
 /// [`progress_interval`](Self::progress_interval) for its progress line).
 ///
 /// ```
@@ -171,7 +171,9 @@ where
     note = "a worker writes each failed job's error into its events and logs, so the type must \
             implement `std::fmt::Display`; and it ends on the crate's own errors, so it must \
             implement `From<diesel_claim::Error>`",
-    note = "`diesel_claim::Error` and `anyhow::Error` are both"
+    note = "`diesel_claim::Error` and `anyhow::Error` are both; so is an error enum of your own \
+            that implements both, as `#[derive(thiserror::Error)]` with a `#[from] \
+            diesel_claim::Error` variant does"
 )]
 pub trait WorkerError: From<Error> + Display + 'static {}
 

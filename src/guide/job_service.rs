@@ -17,8 +17,8 @@
 //! is built for it alone. Nothing in it links a C database client library:
 //!
 //! - `diesel-claim` with `postgres_backend`, `bb8`, `tracing` and `metrics`,
-//!   without its default `migrations`: a job queue needs none of the
-//!   crate's own tables (they are the leases').
+//!   without `migrations`: a job queue needs none of the crate's own tables
+//!   (they are the leases').
 //! - `diesel` with `postgres_backend` (the backend, without `PgConnection`
 //!   and libpq) and `chrono` (a job's run time, read for the pickup
 //!   latency); `diesel-async` with `postgres` (its client, `tokio-postgres`,
@@ -276,7 +276,7 @@
 //!
 //! With the crate's `tracing` feature, the worker's start, progress and
 //! stop are `info` events, each failed job a warning with its error, each
-//! dead letter an `error` (see [tracing](super#tracing)).
+//! dead letter an `error` (see [tracing](super::tracing)).
 //! `tracing-subscriber` writes them, as `RUST_LOG` chooses; the example
 //! writes them to stderr, its report to stdout, and without `RUST_LOG`
 //! logs `warn,diesel_claim::worker=info,jobs=info`. A loop writes its

@@ -339,7 +339,7 @@
 //! one (not empty: an empty name is refused with
 //! [`Error::InvalidArgument`](crate::Error::InvalidArgument)). Name the
 //! workers of one table, so that their lines and metrics are told apart (see
-//! the guide's [tracing](super#tracing) and the `metrics` module):
+//! the guide's [tracing](super::tracing) and the `metrics` module):
 //!
 //! ```
 //! # include!("../doctest_setup.rs");

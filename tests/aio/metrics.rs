@@ -17,7 +17,8 @@ use testkit::fixtures::{orders, Order};
 
 use super::pending;
 use crate::metrics::{
-    assert_five_orders_counted, measured, BATCH_DURATION, CLAIM_DURATION, GONE, LOCKED, PROCESSED,
+    assert_five_orders_counted, measured, BATCH_DURATION, CLAIM_DURATION, GONE, LOCKED,
+    PICKUP_LATENCY, PROCESSED,
 };
 
 /// Runs `future` to its end on a runtime of this thread's.
@@ -73,7 +74,8 @@ on_async_backends! {
     }
 
     /// An async worker's claims count as any claim's, labelled with its
-    /// name, but those that found nothing (its polls) are not timed.
+    /// name, as are the pickups its closure records; but those that found
+    /// nothing (its polls) are not timed.
     #[test]
     fn an_async_worker_times_the_claims_that_took_rows_alone() {
         let (report, recorded) = measured(|| {
@@ -94,6 +96,7 @@ on_async_backends! {
                     .name("mailer")
                     .poll_interval(Duration::from_millis(1), Duration::from_millis(2))
                     .run(&mut *conn, async |conn: &mut Conn, order: Order| {
+                        diesel_claim::metrics::record_pickup("orders", std::time::SystemTime::now());
                         Ok::<_, Error>(mark_sent(conn, order.id).await?)
                     })
                     .await
@@ -106,6 +109,7 @@ on_async_backends! {
         assert!(report.passes > 3, "too few empty polls to tell: {report:?}");
         assert_eq!(recorded.worker_counter(PROCESSED, "mailer"), 3);
         assert_eq!(recorded.worker_samples(BATCH_DURATION, "mailer").len(), 3);
+        assert_eq!(recorded.worker_samples(PICKUP_LATENCY, "mailer").len(), 3);
         let claims = recorded.worker_samples(CLAIM_DURATION, "mailer");
         assert!((1..=3).contains(&claims.len()), "{claims:?}");
     }

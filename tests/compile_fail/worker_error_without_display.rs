@@ -2,6 +2,7 @@
 //! why a worker needs it, in place of the compiler's plain message.
 //~ `JobError` cannot be the error type of a worker's jobs
 //~ a worker writes each failed job's error into its events and logs, so the type must implement `std::fmt::Display`
+//~ `diesel_claim::Error` and `anyhow::Error` are both; so is an error enum of your own that implements both, as `#[derive(thiserror::Error)]` with a `#[from] diesel_claim::Error` variant does
 //~# 1 error in at most 40 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
