@@ -18,9 +18,9 @@
 //! unqualified, as the `tracing` events show it. Those of a worker's claims
 //! have the label `worker` too: its [name](crate::ClaimWorker::name), by
 //! default its table's, so that two workers of one table are told apart;
-//! so has a pickup latency recorded in a worker's closure. Counters move as each batch ends, so a long drain is seen as it
-//! goes; `locked` is counted when the call ends, once the rows it found
-//! locked were tried again.
+//! so has a pickup latency recorded in a worker's closure. Counters move as
+//! each batch ends, so a long drain is seen as it goes; `locked` is counted
+//! when the call ends, once the rows it found locked were tried again.
 //!
 //! Call [`describe`] once, after installing the recorder, for the metrics'
 //! units and descriptions (exporters show them as help text).
