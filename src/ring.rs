@@ -235,18 +235,16 @@ impl RingDsl for Ring {
         let locked = conn.transaction(|conn| {
             conn.batch_execute(&self.locking(&found.drained))?;
             let under_lock = self.survey(self.surveying(found.drained.iter().copied()).load(conn)?);
-            let moved = if under_lock.jobs > 0 {
-                self.moved(
-                    self.moving(&under_lock.drained).load(conn)?,
-                    &under_lock.drained,
-                )?
+            let (moved, truncating) = if under_lock.jobs > 0 {
+                let moved_to = self.moving(&under_lock.drained).load(conn)?;
+                self.moved(moved_to, &under_lock.drained)
             } else {
-                0
+                (0, under_lock.drained.clone())
             };
-            if !under_lock.drained.is_empty() {
-                conn.batch_execute(&self.truncating(&under_lock.drained))?;
+            if !truncating.is_empty() {
+                conn.batch_execute(&self.truncating(&truncating))?;
             }
-            Ok(under_lock.truncated(moved))
+            Ok(under_lock.truncated(&truncating, moved))
         });
         found.rotated(locked)
     }
@@ -472,22 +470,20 @@ impl Ring {
         ))
     }
 
-    /// How many jobs were moved, or the error if one went to a slot about
-    /// to be truncated.
-    pub(crate) fn moved(&self, moved_to: Vec<Slot>, drained: &[u16]) -> Result<u64, Error> {
-        // The default is the slot of the next insertion: had the ring come
-        // round to one of these slots meanwhile, jobs would be back in it,
-        // and truncated with it.
-        if moved_to
+    /// How many jobs were moved, and which of the `drained` slots are still
+    /// to be truncated: not one the moved jobs went to. The moved jobs take
+    /// the slot of the next insertion, and inserts whose place in the ring
+    /// was drawn meanwhile may have brought it round to a drained slot
+    /// (their own inserts wait for the lock): such a slot is kept, with the
+    /// jobs, for a later rotation.
+    pub(crate) fn moved(&self, moved_to: Vec<Slot>, drained: &[u16]) -> (u64, Vec<u16>) {
+        let kept = |slot: u16| moved_to.iter().any(|moved| moved.slot == i32::from(slot));
+        let truncating = drained
             .iter()
-            .any(|moved| drained.iter().any(|&slot| moved.slot == i32::from(slot)))
-        {
-            return Err(Error::UnexpectedOutcome(format!(
-                "jobs moved out of the drained slots of the ring of {} came back to them",
-                self.table
-            )));
-        }
-        Ok(moved_to.len() as u64)
+            .copied()
+            .filter(|&slot| !kept(slot))
+            .collect();
+        (moved_to.len() as u64, truncating)
     }
 
     pub(crate) fn truncating(&self, drained: &[u16]) -> String {
@@ -563,11 +559,11 @@ impl Survey {
         }
     }
 
-    /// What the survey, under the lock, let the rotation do, `moved` jobs
-    /// moved.
-    pub(crate) fn truncated(&self, moved: u64) -> Rotation {
+    /// What the survey, under the lock, let the rotation do: `truncated`
+    /// slots truncated, `moved` jobs moved.
+    pub(crate) fn truncated(&self, truncated: &[u16], moved: u64) -> Rotation {
         Rotation {
-            truncated: self.drained.len() as u32,
+            truncated: truncated.len() as u32,
             moved,
             full: self.full,
             busy: false,

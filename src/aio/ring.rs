@@ -89,17 +89,16 @@ impl RingDsl for Ring {
                     conn.batch_execute(&self.locking(&found.drained)).await?;
                     let surveyed = self.surveying(found.drained.iter().copied());
                     let under_lock = self.survey(surveyed.load(conn).await?);
-                    let moved = if under_lock.jobs > 0 {
+                    let (moved, truncating) = if under_lock.jobs > 0 {
                         let moved_to = self.moving(&under_lock.drained).load(conn).await?;
-                        self.moved(moved_to, &under_lock.drained)?
+                        self.moved(moved_to, &under_lock.drained)
                     } else {
-                        0
+                        (0, under_lock.drained.clone())
                     };
-                    if !under_lock.drained.is_empty() {
-                        conn.batch_execute(&self.truncating(&under_lock.drained))
-                            .await?;
+                    if !truncating.is_empty() {
+                        conn.batch_execute(&self.truncating(&truncating)).await?;
                     }
-                    Ok(under_lock.truncated(moved))
+                    Ok(under_lock.truncated(&truncating, moved))
                 }
                 .scope_boxed()
             })
