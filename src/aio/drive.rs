@@ -1,6 +1,6 @@
 //! The async driver of a claim: the engine's steps carried out with a kind's
 //! statements on a diesel-async connection, as the blocking driver
-//! (`claim/run.rs`) carries them out on a blocking one.
+//! (`claim/drive.rs`) carries them out on a blocking one.
 
 use std::hash::Hash;
 use std::time::Instant;
@@ -13,8 +13,9 @@ use super::claim::{call, within, Closure};
 use super::kind::{FailureHook, Takes};
 use super::transaction::{locking_transaction, roll_back_to, transaction_depth};
 use crate::backend::strategy::Strategy;
+use crate::claim::drive::{backed_off, pass_over_backed_off, Failing, NextBatch};
 use crate::claim::engine::{Claim, Step, Taking};
-use crate::claim::run::{backed_off, calls, pass_over_backed_off, Failing, NextBatch};
+use crate::claim::run::calls;
 use crate::claim::worker::{Backoff, PassedOver};
 use crate::claim::{failures_in_savepoints, Options};
 use crate::metrics::ClaimMetrics;

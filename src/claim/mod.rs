@@ -14,6 +14,7 @@ use crate::locking::LockOptions;
 
 use crate::{Blocking, Error, LockStrength, OnLocked};
 
+pub(crate) mod drive;
 pub(crate) mod engine;
 pub mod kind;
 mod options;

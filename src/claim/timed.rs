@@ -136,12 +136,12 @@ impl<Q, M, H> ClaimBuilder<Q, M, Select, H> {
         Col: Column,
         Col::SqlType: NullableTimestamp<Col>,
         Col: StampedQuery<Q>,
-        <Col as Column>::Table: ColumnOf<TableOf<Q, Col>, Timestamped<Col>, Column: Copy>,
+        TableOf<Q, Col>: ColumnOf<<Col as Column>::Table, Timestamped<Col>, Column: Copy>,
     {
         // The column as the claim's type, known only for a nullable
         // timestamp column of the claimed table: see `ColumnOf`.
         let column = <Col::SqlType as NullableTimestamp<Col>>::column(column);
-        let column = <<Col as Column>::Table as ColumnOf<TableOf<Q, Col>, _>>::column(column);
+        let column = <TableOf<Q, Col> as ColumnOf<<Col as Column>::Table, _>>::column(column);
         let stamp = NewStamp {
             column,
             micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),

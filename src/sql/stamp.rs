@@ -114,17 +114,20 @@ where
 /// `Col` reads.
 pub type TableOf<Q, Col> = <Col as StampedQuery<Q>>::ClaimedTable;
 
-/// Implemented by the tables of `T`'s columns: a visibility-timeout column
-/// (`Col`) of the claim's table (`T`). Where the column is of another table,
-/// the claim's column is left unknown ([`Column`](Self::Column) is told only
-/// for `T`'s columns), and the compiler reports this error alone, and none
-/// for the later calls on the claim.
+/// Implemented by what a claim's query reads where it is the table `T` of
+/// its visibility-timeout column `Col`. Where the column is of another
+/// table, or the query reads a join, the claim's column is left unknown
+/// ([`Column`](Self::Column) is told only for `T` itself), and the compiler
+/// reports this error alone, and none for the later calls on the claim.
+/// (`Self` is what the query reads and `T` the column's table: the
+/// refusal shows a join in short, where a parameter would show it with
+/// every path.)
 #[diagnostic::on_unimplemented(
-    message = "the visibility-timeout column `{Col}` is not a column of `{T}`, the table the \
-               claim takes its rows from",
-    label = "a column of another table",
-    note = "the stamp column belongs to the table the rows are claimed from: add it to `{T}`, and \
-            give `visibility_timeout` that table's column",
+    message = "the visibility-timeout column `{Col}` is a column of `{T}`, and the claim does \
+               not take its rows from `{T}` alone",
+    label = "the claim does not read this column's table alone",
+    note = "the stamp column belongs to the one table the claim's query reads: give \
+            `visibility_timeout` a column of that table",
     note = "a claim with a visibility timeout reads that one table: where a join chooses its \
             rows, filter the table by a subquery instead (`.filter(id.eq_any(…))`)"
 )]
@@ -137,7 +140,8 @@ pub trait ColumnOf<T, Col> {
     fn column(column: Col) -> Self::Column;
 }
 
-// `Self` is the column's table, so that only a column of `T` finds this impl.
+// `Self` is what the query reads, so that only the column's table finds this
+// impl.
 impl<T, Col> ColumnOf<T, Col> for T {
     type Column = Col;
 
@@ -148,7 +152,7 @@ impl<T, Col> ColumnOf<T, Col> for T {
 
 /// `Col`, where it is a nullable timestamp column of the table `Q` reads.
 pub type Checked<Col, Q> =
-    <<Col as Column>::Table as ColumnOf<TableOf<Q, Col>, Timestamped<Col>>>::Column;
+    <TableOf<Q, Col> as ColumnOf<<Col as Column>::Table, Timestamped<Col>>>::Column;
 
 /// `Col`, where it is a nullable timestamp column.
 pub type Timestamped<Col> = <<Col as Expression>::SqlType as NullableTimestamp<Col>>::Column;
@@ -179,6 +183,8 @@ pub trait NullableTimestamp<Col> {
 macro_rules! nullable_timestamp {
     ($($(#[$cfg:meta])* $sql_type:ty),*) => {$(
         $(#[$cfg])*
+        // The refusal's note names these types, as the backends take them.
+        #[diagnostic::do_not_recommend]
         impl<Col> NullableTimestamp<Col> for Nullable<$sql_type> {
             type Column = Col;
 

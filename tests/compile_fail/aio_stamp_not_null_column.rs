@@ -1,7 +1,8 @@
 //! An async visibility-timeout claim on a `NOT NULL` column: the error is
 //! where the column is given and says what it must be.
 //~ the visibility-timeout column must be a nullable timestamp column, and `columns::claimed_until` is of type `diesel::sql_types::Timestamptz`
-//~# 1 error in at most 50 lines
+//~! the following other types implement trait
+//~# 1 error in at most 25 lines
 use diesel::prelude::*;
 use diesel_async::AsyncPgConnection;
 use diesel_claim::aio::prelude::*;

@@ -1,8 +1,12 @@
 //! A visibility-timeout claim of a joined query: one error, which says the
-//! claim reads one table, and how to choose its rows by a join instead.
-//~ the visibility-timeout column `jobs::columns::claimed_until` is not a column of `JoinOn<
+//! claim reads one table, and how to choose its rows by a join instead,
+//! naming the column's table and the join in short, without the join's
+//! paths through Diesel's modules.
+//~ the visibility-timeout column `jobs::columns::claimed_until` is a column of `jobs::table`, and the claim does not take its rows from `jobs::table` alone
 //~ a claim with a visibility timeout reads that one table: where a join chooses its rows, filter the table by a subquery instead (`.filter(id.eq_any(…))`)
-//~# 1 error in at most 40 lines
+//~! query_source::joins
+//~! add it to
+//~# 1 error in at most 30 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;

@@ -1,10 +1,11 @@
 //! A visibility-timeout column that is `NOT NULL`: the error is where the
 //! column is given and says what it must be, instead of an overflow that
-//! asks for a higher recursion limit.
+//! asks for a higher recursion limit, and lists none of the crate's impls.
 //~ the visibility-timeout column must be a nullable timestamp column, and `columns::claimed_until` is of type `diesel::sql_types::Timestamptz`
 //~ not a nullable timestamp column
 //~ declare the column `Nullable<Timestamptz>` or `Nullable<Timestamp>` on PostgreSQL
-//~# 1 error in at most 50 lines
+//~! the following other types implement trait
+//~# 1 error in at most 25 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;

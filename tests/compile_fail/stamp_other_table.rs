@@ -1,7 +1,8 @@
 //! A visibility-timeout column of another table: one error, where the
-//! column is given, naming both tables, not which tables may appear
-//! together, and none for the calls on the claim that follow.
-//~ the visibility-timeout column `runs::columns::claimed_until` is not a column of `jobs::table`, the table the claim takes its rows from
+//! column is given, naming the column's table (and the compiler's help the
+//! claim's), not which tables may appear together, and none for the calls
+//! on the claim that follow.
+//~ the visibility-timeout column `runs::columns::claimed_until` is a column of `runs::table`, and the claim does not take its rows from `runs::table` alone
 //~! cannot be cloned
 //~! rebuild
 //~! AppearsInFromClause

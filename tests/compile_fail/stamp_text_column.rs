@@ -3,7 +3,8 @@
 //! left to inference as usual.
 //~ the visibility-timeout column must be a nullable timestamp column, and `columns::note` is of type `diesel::sql_types::Nullable<diesel::sql_types::Text>`
 //~ `Nullable<Datetime>` (`DATETIME(6)`) on MySQL, `Nullable<Timestamp>` on SQLite
-//~# 1 error in at most 50 lines
+//~! the following other types implement trait
+//~# 1 error in at most 25 lines
 use diesel::prelude::*;
 use diesel_claim::prelude::*;
 use std::time::Duration;

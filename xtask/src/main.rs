@@ -6,10 +6,11 @@
 //!   `cargo xtask test --pg 12,18` runs the PostgreSQL tests instead, on
 //!   each major version asked (see [`pg_versions`]).
 //! - `cargo xtask check`: what CI checks besides the tests (`.ci/run` runs
-//!   both): formatting, clippy on every feature set, that the async-only
-//!   build has no C client library, the docs, the package as a registry
-//!   user builds it (on the declared `rust-version`), the benchmark's quick
-//!   mode, the worked examples on every backend, and the job service.
+//!   both): that no file of `src/` passes [`MAX_LINES`], formatting, clippy
+//!   on every feature set, that the async-only build has no C client
+//!   library, the docs, the package as a registry user builds it (on the
+//!   declared `rust-version`), the benchmark's quick mode, the worked
+//!   examples on every backend, and the job service.
 //!
 //! Both stop at the first step that fails, and exit with status 1.
 //!
@@ -46,7 +47,7 @@ enum Task {
         #[arg(last = true)]
         nextest: Vec<String>,
     },
-    /// Formatting, lints, docs, the benchmark's quick mode, the worked
+    /// File lengths, formatting, lints, docs, the benchmark's quick mode, the worked
     /// examples on every backend and the job service
     Check,
     /// Runs diesel-claim beside other job queues in the
@@ -133,6 +134,7 @@ const ASYNC_ONLY: &str = "async,postgres_backend,mysql_backend,tracing,metrics,a
 const BLOCKING_ONLY: [&str; 3] = ["pq-sys", "mysqlclient-sys", "r2d2"];
 
 fn check(servers: &setup::Servers) -> Result<(), Error> {
+    short_files()?;
     cargo(servers, ["fmt", "--all", "--", "--check"], &[])?;
     cargo(
         servers,
@@ -206,6 +208,40 @@ fn check(servers: &setup::Servers) -> Result<(), Error> {
     )?;
     println!("\nall checks passed");
     Ok(())
+}
+
+/// The most lines a file of the crate's `src/` may have: a file that passes
+/// it usually holds two concepts, and is split where they part.
+const MAX_LINES: usize = 700;
+
+/// Fails if any file under `src/` has more than [`MAX_LINES`] lines, naming
+/// each.
+fn short_files() -> Result<(), Error> {
+    println!("\n==> every file of src/ in at most {MAX_LINES} lines");
+    let mut long = Vec::new();
+    let mut dirs = vec![workspace_root().join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let lines = std::fs::read_to_string(&path)?.lines().count();
+            if lines > MAX_LINES {
+                long.push(format!("{} ({lines} lines)", path.display()));
+            }
+        }
+    }
+    if long.is_empty() {
+        return Ok(());
+    }
+    long.sort();
+    Err(format!(
+        "files of src/ longer than {MAX_LINES} lines, to be split: {}",
+        long.join(", ")
+    )
+    .into())
 }
 
 /// The feature sets a registry user's build of the packaged crate is
