@@ -182,8 +182,8 @@ pub struct Options {
     #[arg(
         long = JOB_WORKER,
         hide = true,
-        num_args = 6,
-        value_names = ["BACKEND", "URL", "LOOPS", "BATCH", "LISTEN", "FAIL_EVERY"]
+        num_args = 7,
+        value_names = ["BACKEND", "URL", "RUNNER", "LOOPS", "BATCH", "LISTEN", "FAIL_EVERY"]
     )]
     job_worker: Option<Vec<String>>,
 }
@@ -192,6 +192,8 @@ pub struct Options {
 pub struct JobWorker {
     pub backend: BackendKind,
     pub url: String,
+    /// The hand-written loops (`twin`), else the crate's worker on a pool.
+    pub twin: bool,
     pub loops: usize,
     pub batch: u32,
     pub listen: bool,
@@ -224,13 +226,16 @@ impl Options {
 
     /// The job runner's worker process `--job-worker` asks for, if it does.
     pub fn job_worker(&self) -> Option<Result<JobWorker, String>> {
-        let [backend, url, loops, batch, listen, fail_every] = self.job_worker.as_deref()? else {
-            unreachable!("clap takes six values");
+        let [backend, url, runner, loops, batch, listen, fail_every] =
+            self.job_worker.as_deref()?
+        else {
+            unreachable!("clap takes seven values");
         };
         Some(backend_named(backend).and_then(|backend| {
             Ok(JobWorker {
                 backend,
                 url: url.clone(),
+                twin: runner == "twin",
                 loops: number(loops)?,
                 batch: number(batch)?,
                 listen: listen == "listen",

@@ -31,6 +31,7 @@ use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 use diesel::{MysqlConnection, PgConnection};
 use diesel_claim::{Error, Retries, StopHandle, WaitForRows};
 
+use crate::cpu::CpuTimes;
 use crate::db::BackendKind;
 use crate::report::{markdown_table, Number, Text};
 
@@ -69,6 +70,9 @@ const POLL: (Duration, Duration) = (Duration::from_millis(1), Duration::from_mil
 pub enum Runner {
     /// The hand-written loop.
     Twin,
+    /// The hand-written loops in 4 processes of `W / 4` each (one at
+    /// W = 1): the twin of `CrateScheduledProcesses`.
+    TwinProcesses,
     /// The crate's worker, deleting each job with `then_delete`.
     Crate,
     /// The crate's worker, the closure deleting its job (in the savepoint
@@ -99,7 +103,7 @@ pub enum Failures {
     Unrecorded,
 }
 
-/// The worker processes of `CrateScheduledProcesses`.
+/// The worker processes of `TwinProcesses` and `CrateScheduledProcesses`.
 const PROCESSES: usize = 4;
 
 /// What a worker process prints once its pool is open.
@@ -120,6 +124,7 @@ impl JobMode {
             JobMode::new(Runner::Crate, 1),
             JobMode::new(Runner::CratePooled, 1),
             JobMode::new(Runner::CrateScheduled, 1),
+            JobMode::new(Runner::TwinProcesses, 1),
             JobMode::new(Runner::CrateScheduledProcesses, 1),
         ];
         if fail_every == 0 {
@@ -140,6 +145,7 @@ impl JobMode {
     pub fn name(self) -> String {
         let runner = match self.runner {
             Runner::Twin => "hand-written",
+            Runner::TwinProcesses => "hand-written in 4 processes",
             Runner::Crate => "diesel-claim",
             Runner::CrateDeletingInClosure => "diesel-claim, delete in the closure",
             Runner::CratePooled => "diesel-claim on a pool",
@@ -269,6 +275,12 @@ pub trait JobConn: Connection + R2D2Connection + WaitForRows + Send + Sized + 's
 
     fn queued(&mut self) -> QueryResult<i64>;
 
+    /// Whether any job is left: the drain's end, asked often while worker
+    /// processes run, so it reads up to the first job left rather than
+    /// counting them all (a count every few milliseconds cost the server a
+    /// fifth of a core, which the other runners did not pay).
+    fn any_queued(&mut self) -> QueryResult<bool>;
+
     /// The twin: takes up to `batch` jobs in one transaction and runs them;
     /// how many it took.
     fn twin_take(&mut self, batch: i64, ledger: &Ledger) -> QueryResult<usize>;
@@ -375,6 +387,13 @@ macro_rules! impl_job_conn {
 
             fn queued(&mut self) -> QueryResult<i64> {
                 bench_jobs::table.count().get_result(self)
+            }
+
+            fn any_queued(&mut self) -> QueryResult<bool> {
+                diesel::select(diesel::dsl::exists(
+                    bench_jobs::table.select(bench_jobs::id),
+                ))
+                .get_result(self)
             }
 
             fn twin_take(&mut self, batch: i64, ledger: &Ledger) -> QueryResult<usize> {
@@ -627,6 +646,9 @@ pub struct JobRun {
     /// steady state's jobs over the time from the first insert to the last
     /// done.
     pub rates: Vec<f64>,
+    /// Drains only: the CPU time each run spent per job, in the benchmark's
+    /// processes and in the server's.
+    pub cpu_per_job: Vec<CpuTimes>,
     /// Steady state only: commit to closure, per job, of every run, sorted.
     pub pickups: Vec<Duration>,
 }
@@ -638,6 +660,7 @@ impl JobRun {
             mode,
             workers,
             rates: Vec::new(),
+            cpu_per_job: Vec::new(),
             pickups: Vec::new(),
         }
     }
@@ -646,11 +669,7 @@ impl JobRun {
     pub fn jobs_per_sec(&self) -> f64 {
         let mut rates = self.rates.clone();
         rates.sort_by(f64::total_cmp);
-        let middle = rates.len() / 2;
-        match rates.len() % 2 {
-            1 => rates[middle],
-            _ => (rates[middle - 1] + rates[middle]) / 2.0,
-        }
+        median(&rates)
     }
 
     /// The slowest and fastest run's jobs/s.
@@ -685,7 +704,7 @@ fn run_workers<C: JobConn>(
         Runner::CratePooled => Some(Failures::Hook),
         Runner::CrateScheduled => Some(Failures::Schedule),
         Runner::CratePooledNoHook => Some(Failures::Unrecorded),
-        Runner::CrateScheduledProcesses => {
+        Runner::TwinProcesses | Runner::CrateScheduledProcesses => {
             return in_processes::<C>(url, mode, workers, listen, ledger, feed)
                 .and_then(|()| checked::<C>(url, mode, ledger));
         }
@@ -754,6 +773,12 @@ fn in_processes<C: JobConn>(
                 .args([
                     C::BACKEND.flag().to_owned(),
                     url.to_owned(),
+                    if mode.runner == Runner::TwinProcesses {
+                        "twin"
+                    } else {
+                        "crate"
+                    }
+                    .to_owned(),
                     loops.to_string(),
                     mode.batch.to_string(),
                     if listen { "listen" } else { "poll" }.to_owned(),
@@ -804,13 +829,25 @@ fn in_processes<C: JobConn>(
     fed
 }
 
-/// One worker process (`--job-worker`): a worker on a pool with the retry
-/// schedule in the rows, from a first line on its standard input until the
-/// input closes; then it prints the jobs it picked.
+/// One worker process (`--job-worker`): the hand-written loops, each on a
+/// connection of its own, or a worker on a pool with the retry schedule in
+/// the rows, from a first line on its standard input until the input
+/// closes; then it prints the jobs it picked.
 pub fn worker_process<C: JobConn>(process: &crate::cli::JobWorker) -> Result<(), String> {
     let ledger = Ledger::new(1 << 20, process.fail_every);
     let stop = StopHandle::new();
-    let pool = C::pool(&process.url, process.loops).map_err(|e| e.to_string())?;
+    let url = process.url.as_str();
+    // Connections are opened before the word to go, as in one process.
+    enum Opened<C: R2D2Connection + 'static> {
+        Twin(Vec<C>),
+        Pool(Pool<ConnectionManager<C>>),
+    }
+    let opened = if process.twin {
+        let conns = (0..process.loops).map(|_| C::open(url));
+        Opened::Twin(conns.collect::<Result<_, _>>().map_err(|e| e.to_string())?)
+    } else {
+        Opened::Pool(C::pool(url, process.loops).map_err(|e| e.to_string())?)
+    };
     println!("{READY}");
     let mut input = String::new();
     std::io::stdin()
@@ -824,16 +861,36 @@ pub fn worker_process<C: JobConn>(process: &crate::cli::JobWorker) -> Result<(),
         {}
         stopper.stop();
     });
-    C::pooled_worker(
-        &pool,
-        process.loops,
-        process.batch,
-        Failures::Schedule,
-        &stop,
-        process.listen,
-        &ledger,
-    )
-    .map_err(|e| e.to_string())?;
+    match opened {
+        Opened::Twin(conns) => {
+            let mode = JobMode::new(Runner::Twin, process.batch);
+            let (stop, ledger) = (&stop, &ledger);
+            thread::scope(|scope| {
+                let loops: Vec<_> = conns
+                    .into_iter()
+                    .map(|mut conn| {
+                        scope
+                            .spawn(move || work(url, &mut conn, mode, stop, process.listen, ledger))
+                    })
+                    .collect();
+                loops
+                    .into_iter()
+                    .try_for_each(|handle| handle.join().expect("a worker panicked"))
+            })?;
+        }
+        Opened::Pool(pool) => {
+            C::pooled_worker(
+                &pool,
+                process.loops,
+                process.batch,
+                Failures::Schedule,
+                &stop,
+                process.listen,
+                &ledger,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+    }
     ledger.print_picks();
     Ok(())
 }
@@ -867,10 +924,13 @@ fn until_done<C: JobConn>(
     bound: Duration,
 ) -> Result<Instant, String> {
     let deadline = Instant::now() + bound;
-    let in_processes = mode.runner == Runner::CrateScheduledProcesses;
+    let in_processes = matches!(
+        mode.runner,
+        Runner::TwinProcesses | Runner::CrateScheduledProcesses
+    );
     loop {
         if (in_processes || ledger.done.load(Ordering::Acquire) >= jobs)
-            && conn.queued().map_err(|e| e.to_string())? == 0
+            && !conn.any_queued().map_err(|e| e.to_string())?
         {
             return Ok(Instant::now());
         }
@@ -887,26 +947,33 @@ fn until_done<C: JobConn>(
     }
 }
 
-/// JR: drains a backlog of `jobs` jobs; the jobs done per second.
+/// JR: drains a backlog of `jobs` jobs; the jobs done per second, and the
+/// CPU time spent per job.
 pub fn drain<C: JobConn>(
     url: &str,
     mode: JobMode,
     workers: usize,
     jobs: usize,
     fail_every: u64,
-) -> Result<f64, String> {
+) -> Result<(f64, CpuTimes), String> {
     let mut conn = C::open(url).map_err(|e| e.to_string())?;
     conn.create_jobs_table().map_err(|e| e.to_string())?;
     conn.enqueue(0..jobs as i64).map_err(|e| e.to_string())?;
     let mut elapsed = Duration::ZERO;
     let ledger = Ledger::new(jobs, fail_every);
+    let before = CpuTimes::now();
     run_workers::<C>(url, mode, workers, false, &ledger, |ledger| {
         let started = Instant::now();
         let bound = Duration::from_secs(600);
         elapsed = until_done(&mut conn, mode, ledger, jobs as u64, bound)? - started;
         Ok(())
     })?;
-    Ok(jobs as f64 / elapsed.as_secs_f64())
+    let spent = CpuTimes::now().since(before);
+    let per_job = CpuTimes {
+        bench: spent.bench / jobs as u32,
+        server: spent.server / jobs as u32,
+    };
+    Ok((jobs as f64 / elapsed.as_secs_f64(), per_job))
 }
 
 /// JS: a producer enqueues `rate` jobs per second for `seconds`, one per
@@ -974,9 +1041,15 @@ pub const JOB_NOTES: &str = "\
   an r2d2 pool of W + 1 connections (`test_on_check_out` off), its W claim loops checking a
   connection out per claim, one listener; \"retries in the rows\": the same, failures written by
   the crate's retry schedule (`retries`, no delay) instead of the hook; \"in 4 processes\": that
-  worker run in 4 processes of W / 4 loops each (one process at W = 1); \"no hook\": no failure
-  hook, so no savepoint per job (only when no job fails). Idle workers poll every 1 ms, doubling
-  to 20 ms; JS's workers listen on PostgreSQL (the producer notifies in each job's transaction).
+  worker, or the hand-written loops, run in 4 processes of W / 4 loops each (one process at
+  W = 1); \"no hook\": no failure hook, so no savepoint per job (only when no job fails). Idle
+  workers poll every 1 ms, doubling to 20 ms; JS's workers listen on PostgreSQL (the producer
+  notifies in each job's transaction).
+- × hand-written: the crate's drains over the hand-written loop's in as many processes (the
+  loop in 4 processes over the loop in one), run by run, each run next to its twin's (every
+  other repetition in the reverse order): the median of the ratios. CPU µs/job: the user and
+  system time the benchmark's processes and the database server spent in a drain, over its
+  jobs (from /proc; medians); on two cores a drain of 16 workers is bound by them.
 - pickup: from the producer's `COMMIT` returning to the job's closure starting.";
 
 /// The report of the drains: jobs/s per mode and worker count, each crate
@@ -989,7 +1062,20 @@ pub fn drain_table(runs: &[JobRun]) -> String {
         ("jobs/s", Number),
         ("slowest–fastest", Number),
         ("× hand-written", Number),
+        ("CPU µs/job: bench", Number),
+        ("server", Number),
     ];
+    let median_micros = |run: &JobRun, side: fn(&CpuTimes) -> Duration| {
+        let mut micros: Vec<u128> = run
+            .cpu_per_job
+            .iter()
+            .map(|t| side(t).as_micros())
+            .collect();
+        micros.sort_unstable();
+        micros
+            .get(micros.len() / 2)
+            .map_or(String::new(), u128::to_string)
+    };
     let rows = runs.iter().map(|run| {
         vec![
             run.backend.name().to_owned(),
@@ -997,7 +1083,9 @@ pub fn drain_table(runs: &[JobRun]) -> String {
             run.workers.to_string(),
             format!("{:.0}", run.jobs_per_sec()),
             run.spread(),
-            twin_ratio(runs, run, JobRun::jobs_per_sec),
+            paired_ratio(runs, run),
+            median_micros(run, |t| t.bench),
+            median_micros(run, |t| t.server),
         ]
     });
     markdown_table(&header, rows)
@@ -1031,27 +1119,59 @@ pub fn steady_table(runs: &[JobRun]) -> String {
     markdown_table(&header, rows)
 }
 
-/// `figure` of a crate run over its twin's in the same run.
-fn twin_ratio(runs: &[JobRun], run: &JobRun, figure: impl Fn(&JobRun) -> f64) -> String {
-    if run.mode.runner == Runner::Twin {
-        return String::new();
-    }
-    let twin = runs.iter().find(|other| {
+/// The run `run` is measured against: the hand-written loop of the same
+/// batch and worker count, in as many processes (none for the loop itself).
+fn twin_of<'r>(runs: &'r [JobRun], run: &JobRun) -> Option<&'r JobRun> {
+    let twin = match run.mode.runner {
+        Runner::Twin => return None,
+        Runner::CrateScheduledProcesses => Runner::TwinProcesses,
+        _ => Runner::Twin,
+    };
+    runs.iter().find(|other| {
         other.backend == run.backend
             && other.workers == run.workers
             && other.mode
                 == JobMode {
-                    runner: Runner::Twin,
+                    runner: twin,
                     ..run.mode
                 }
-    });
-    twin.map_or(String::new(), |twin| {
+    })
+}
+
+/// `figure` of a run over its twin's in the same run.
+fn twin_ratio(runs: &[JobRun], run: &JobRun, figure: impl Fn(&JobRun) -> f64) -> String {
+    twin_of(runs, run).map_or(String::new(), |twin| {
         format!("{:.2}", figure(run) / figure(twin))
     })
 }
 
+/// A drain's rate over its twin's, run by run (each run next to its twin's,
+/// so that the machine's drift between repetitions cancels out): the median
+/// of the ratios.
+fn paired_ratio(runs: &[JobRun], run: &JobRun) -> String {
+    twin_of(runs, run).map_or(String::new(), |twin| {
+        let mut ratios: Vec<f64> = run
+            .rates
+            .iter()
+            .zip(&twin.rates)
+            .map(|(r, t)| r / t)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        format!("{:.2}", median(&ratios))
+    })
+}
+
+/// The median of sorted `values`.
+fn median(values: &[f64]) -> f64 {
+    let middle = values.len() / 2;
+    match values.len() % 2 {
+        1 => values[middle],
+        _ => (values[middle - 1] + values[middle]) / 2.0,
+    }
+}
+
 /// Every job run asked for, on one backend: the drains, then the steady
-/// states, each crate mode right after its twin.
+/// states, each crate mode next to its twin.
 pub fn run_all<C: JobConn>(
     url: &str,
     options: &crate::cli::Options,
@@ -1066,11 +1186,18 @@ pub fn run_all<C: JobConn>(
     };
     let mut drains = every(options.runs(crate::cli::JOB_DRAIN));
     let mut steady_runs = every(options.runs(crate::cli::JOB_STEADY));
-    // Repetitions outermost, so that a crate mode runs right after its twin
-    // every time.
-    for _ in 0..options.repeat {
-        for run in &mut drains {
-            let rate = drain::<C>(
+    // Repetitions outermost, so that a crate mode runs next to its twin
+    // every time; every other repetition in the reverse order, so that
+    // neither runs first more often (on a noisy two-core machine, the same
+    // pooled worker measured 0.88 x its twin run after it, 1.01 x run
+    // before it).
+    for repetition in 0..options.repeat {
+        let mut order: Vec<&mut JobRun> = drains.iter_mut().collect();
+        if repetition % 2 == 1 {
+            order.reverse();
+        }
+        for run in order {
+            let (rate, cpu_per_job) = drain::<C>(
                 url,
                 run.mode,
                 run.workers,
@@ -1084,10 +1211,15 @@ pub fn run_all<C: JobConn>(
                 run.workers
             );
             run.rates.push(rate);
+            run.cpu_per_job.push(cpu_per_job);
         }
     }
-    for _ in 0..options.repeat {
-        for run in &mut steady_runs {
+    for repetition in 0..options.repeat {
+        let mut order: Vec<&mut JobRun> = steady_runs.iter_mut().collect();
+        if repetition % 2 == 1 {
+            order.reverse();
+        }
+        for run in order {
             steady::<C>(
                 url,
                 run,

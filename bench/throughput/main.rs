@@ -41,6 +41,7 @@ extern crate diesel_claim_testkit as testkit;
 mod cli;
 mod contention;
 mod counting;
+mod cpu;
 mod database;
 mod db;
 mod drain;
