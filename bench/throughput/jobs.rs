@@ -1066,15 +1066,16 @@ pub fn drain_table(runs: &[JobRun]) -> String {
         ("server", Number),
     ];
     let median_micros = |run: &JobRun, side: fn(&CpuTimes) -> Duration| {
-        let mut micros: Vec<u128> = run
+        let mut micros: Vec<f64> = run
             .cpu_per_job
             .iter()
-            .map(|t| side(t).as_micros())
+            .map(|t| side(t).as_secs_f64() * 1e6)
             .collect();
-        micros.sort_unstable();
-        micros
-            .get(micros.len() / 2)
-            .map_or(String::new(), u128::to_string)
+        micros.sort_by(f64::total_cmp);
+        if micros.is_empty() {
+            return String::new();
+        }
+        format!("{:.0}", median(&micros))
     };
     let rows = runs.iter().map(|run| {
         vec![
