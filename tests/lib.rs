@@ -47,6 +47,17 @@ mod torture;
 mod tracing;
 mod versioned;
 
+/// Stops a worker when it goes, however it goes: a failed assertion beside
+/// a running worker ends its test rather than leaving the test waiting for
+/// a worker nothing will stop.
+struct StopsOnDrop<'a>(&'a diesel_claim::StopHandle);
+
+impl Drop for StopsOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 /// Checks out every connection of `pool` at once, one per thread, and runs
 /// `check` on each of them concurrently.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

@@ -21,6 +21,8 @@ use diesel_claim::{Error, StopHandle};
 
 use testkit::fixtures::{insert_jobs, jobs, on_every_backend, Job};
 
+use crate::StopsOnDrop;
+
 /// Claimers on MySQL and MariaDB run at `READ COMMITTED` (see the guide);
 /// SQLite waits for its one writer.
 #[derive(Debug)]
@@ -274,6 +276,7 @@ on_every_backend! {
                 }
             });
             let watcher = scope.spawn(|| {
+                let _stops = StopsOnDrop(&stop);
                 producer.join().unwrap();
                 let deadline = Instant::now() + Duration::from_secs(120);
                 while duplicates_and_left(&mut pool.get().unwrap()).1 > 0 {
@@ -490,7 +493,10 @@ macro_rules! with_row_locks {
             #[test]
             fn a_job_let_go_behind_the_loops_is_taken_while_the_queue_stays_busy() {
                 let db = testkit::$test_db::new();
-                let pool = pool_of::<Conn>(&db.url, 6, $backend);
+                // One connection each for the holder, the producer, the four
+                // loops and the test's own checks: a loaded machine's loops
+                // would otherwise keep the checks waiting for one.
+                let pool = pool_of::<Conn>(&db.url, 7, $backend);
                 testkit::fixtures::create_schema(
                     &mut pool.get().unwrap(),
                     testkit::fixtures::schema_of($backend),
@@ -505,8 +511,10 @@ macro_rules! with_row_locks {
                     .load(&mut other)
                     .unwrap();
                 assert_eq!(held, [3]);
+                let mut conn = pool.get().unwrap();
                 let stop = StopHandle::new();
                 let report = thread::scope(|scope| {
+                    let _stops = StopsOnDrop(&stop);
                     let producer = scope.spawn(|| {
                         let mut conn = pool.get().unwrap();
                         for first in (201..).step_by(25) {
@@ -542,7 +550,6 @@ macro_rules! with_row_locks {
                                 finish(conn, job)
                             })
                     });
-                    let mut conn = pool.get().unwrap();
                     // The loops go well past job 3.
                     let deadline = Instant::now() + Duration::from_secs(60);
                     while jobs::table
@@ -591,6 +598,7 @@ macro_rules! with_row_locks {
                 insert_jobs(&mut pool.get().unwrap(), 600);
                 let stop = StopHandle::new();
                 let report = thread::scope(|scope| {
+                    let _stops = StopsOnDrop(&stop);
                     let worker = scope.spawn(|| {
                         // In the key's order: the loops steer around each
                         // other's batches, and find the rows a lost
@@ -747,6 +755,7 @@ mod pg_listen {
                 .unwrap()
         };
         let report = thread::scope(|scope| {
+            let _stops = StopsOnDrop(&stop);
             let worker = scope.spawn(|| {
                 jobs::table
                     .filter(jobs::done.eq(false))

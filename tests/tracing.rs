@@ -1044,14 +1044,7 @@ mod pooled_pg {
     use tracing::Level;
 
     use super::{pending, traced};
-
-    struct StopsOnDrop<'a>(&'a StopHandle);
-
-    impl Drop for StopsOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.stop();
-        }
-    }
+    use crate::StopsOnDrop;
 
     fn place_order(conn: &mut PgConnection) {
         conn.transaction(|conn| {
