@@ -7,7 +7,6 @@ use std::borrow::Borrow;
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
-use std::marker::PhantomData;
 use std::ops::DerefMut;
 use std::pin::pin;
 use std::sync::Arc;
@@ -272,12 +271,9 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
                     let (worker, sibling) = (Arc::clone(&worker), siblings.slot(index));
                     let span = span.clone();
                     let one = async move {
-                        let mut runs = Runs {
-                            claim: &mut claim,
-                            f,
-                            types: PhantomData,
-                        };
-                        worker.claim_loop(sibling, &mut runs).await
+                        worker
+                            .claim_loop(sibling, &mut Runs::new(&mut claim, f))
+                            .await
                     };
                     Box::pin(one.instrument(span)) as LoopFuture<'a, T::Key, E>
                 })
@@ -338,25 +334,32 @@ impl BoundFired {
     }
 }
 
-/// The closure of a run that records failures already known, of rows a
-/// session that has since ended ran: each row fails at once with the error
-/// `G` makes, and the claim's failure path records it under the row's lock.
-pub(super) struct FailsWith<G>(pub(super) G);
+/// A worker's closure `F`, or, for a run that records failures already
+/// known (of rows a session that has since ended ran), a closure that fails
+/// each row at once with the error `failing` makes, so that the claim's
+/// failure path records it under the row's lock. Both runs call one type of
+/// closure: the claim's code is compiled once for a worker, not once more
+/// for its failures.
+pub(super) struct OrFails<F> {
+    pub(super) f: F,
+    pub(super) failing: Option<BoundFired>,
+}
 
-impl<C, I, E, G> Closure<C, I, E> for FailsWith<G>
+impl<C, I, E, F> Closure<C, I, E> for OrFails<F>
 where
-    C: Send,
-    I: Send,
+    F: Closure<C, I, E>,
     E: From<Error> + Send,
-    G: Fn() -> Error + Send,
 {
-    const PER_ROW: bool = true;
+    const PER_ROW: bool = F::PER_ROW;
 
-    fn call<'c>(&'c mut self, _conn: &'c mut C, _items: Vec<I>) -> BoxFuture<'c, Result<(), E>>
+    fn call<'c>(&'c mut self, conn: &'c mut C, items: Vec<I>) -> BoxFuture<'c, Result<(), E>>
     where
         I: 'c,
     {
-        Box::pin(async move { Err(E::from((self.0)())) })
+        match self.failing {
+            Some(fired) => Box::pin(async move { Err(E::from(fired.error())) }),
+            None => self.f.call(conn, items),
+        }
     }
 }
 

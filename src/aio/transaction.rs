@@ -9,7 +9,7 @@ use std::time::Instant;
 use diesel::connection::{InstrumentationEvent, TransactionDepthChange};
 use diesel_async::{AsyncConnection, TransactionManager};
 use futures_util::FutureExt;
-use scoped_futures::ScopedBoxFuture;
+use scoped_futures::{ScopedBoxFuture, ScopedFutureExt};
 
 use super::backend::AsyncBackend;
 use super::unwind::catch_unwind;
@@ -56,8 +56,47 @@ pub(crate) async fn locking_transaction<'a, C, T, E, F>(
 where
     C: AsyncConnection,
     C::Backend: AsyncBackend,
-    F: for<'c> FnOnce(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>>,
-    E: From<Error>,
+    F: for<'c> FnOnce(&'c mut C) -> ScopedBoxFuture<'a, 'c, Result<T, E>> + Send,
+    T: Send,
+    E: From<Error> + Send,
+{
+    // The transaction itself is compiled once per connection type, not once
+    // per body: the body's outcome goes through `outcome`, and the
+    // transaction sees only whether it succeeded.
+    let mut outcome = None;
+    let slot = &mut outcome;
+    let ended = transaction(
+        conn,
+        bound,
+        Box::new(move |conn| {
+            async move {
+                let result = body(conn).await;
+                let succeeded = result.is_ok();
+                *slot = Some(result);
+                succeeded
+            }
+            .scope_boxed()
+        }),
+    )
+    .await;
+    match ended {
+        Ok(()) => outcome.expect("a transaction that ended ran its body"),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A transaction's body, as [`transaction`] runs it: whether it succeeded.
+type Body<'s, C> = Box<dyn for<'c> FnOnce(&'c mut C) -> ScopedBoxFuture<'s, 'c, bool> + Send + 's>;
+
+/// Runs `body` in a transaction, as [`locking_transaction`] describes: `Ok`
+/// when the body's own outcome stands (it succeeded and the transaction
+/// committed, or it failed and the transaction rolled back), or the crate's
+/// error that ended the transaction instead (it could not begin, or commit,
+/// or the idle bound ended its session).
+async fn transaction<C>(conn: &mut C, bound: IdleBound, body: Body<'_, C>) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: AsyncBackend,
 {
     let depth = transaction_depth(conn)?;
     // Until the transaction has ended, a dropped future leaves `open` to end
@@ -69,24 +108,22 @@ where
     if let Err(error) = begin(open.conn(), depth, bound).await {
         // `begin` leaves no transaction open, or marks the connection broken.
         open.close();
-        return Err(error.into());
+        return Err(error);
     }
     let began = Instant::now();
-    let outcome = catch_unwind(body(open.conn())).await;
-    let ended = match outcome {
-        Ok(Ok(value)) => match C::TransactionManager::commit_transaction(open.conn()).await {
-            Ok(()) => Ok(value),
+    let ended = match catch_unwind(body(open.conn())).await {
+        Ok(true) => match C::TransactionManager::commit_transaction(open.conn()).await {
+            Ok(()) => Ok(()),
             Err(error) => Err(idle_bound_ended(open.conn(), depth, bound, began)
                 .await
-                .unwrap_or_else(|| Error::from(error))
-                .into()),
+                .unwrap_or_else(|| Error::from(error))),
         },
-        Ok(Err(error)) => {
+        Ok(false) => {
             if roll_back_to(open.conn(), depth).await {
-                Err(error)
+                Ok(())
             } else {
                 let ended = idle_bound_ended(open.conn(), depth, bound, began).await;
-                Err(ended.map_or(error, E::from))
+                ended.map_or(Ok(()), Err)
             }
         }
         Err(payload) => {

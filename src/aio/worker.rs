@@ -15,7 +15,7 @@ use super::backend::AsyncBackend;
 use super::claim::{Closure, PerRow};
 use super::closure::AsyncFnMut2;
 use super::kind::{FailureHook, Takes};
-use super::pooled::{BoundFired, FailsWith};
+use super::pooled::{BoundFired, OrFails};
 use super::Async;
 #[cfg(any(feature = "postgres_backend", feature = "mysql_backend"))]
 use crate::claim::wait::Wait;
@@ -63,12 +63,7 @@ impl<Q, T, H> ClaimWorker<ClaimBuilder<Q, Async, T, H>> {
     {
         async move {
             let ClaimWorker { mut claim, polling } = self;
-            let mut runs = Runs {
-                claim: &mut claim,
-                f: PerRow(f),
-                types: PhantomData,
-            };
-            serve(&polling, conn, &mut runs).await
+            serve(&polling, conn, &mut Runs::new(&mut claim, PerRow(f))).await
         }
     }
 }
@@ -109,9 +104,19 @@ pub(super) trait ClaimOnce<C>: Send {
 /// [`claim_once`](ClaimOnce::claim_once). (`'a`, `I` and `E` are the
 /// claim's: its future holds them.)
 pub(super) struct Runs<'w, 'a, B, F, I, E> {
-    pub(super) claim: &'w mut B,
-    pub(super) f: F,
-    pub(super) types: PhantomData<Holds<'a, I, E>>,
+    claim: &'w mut B,
+    f: OrFails<F>,
+    types: PhantomData<Holds<'a, I, E>>,
+}
+
+impl<'w, B, F, I, E> Runs<'w, '_, B, F, I, E> {
+    pub(super) fn new(claim: &'w mut B, f: F) -> Self {
+        Runs {
+            claim,
+            f: OrFails { f, failing: None },
+            types: PhantomData,
+        }
+    }
 }
 
 /// The lifetime and the row and error types a claim's future holds.
@@ -140,6 +145,9 @@ where
         conn: &'c mut C,
         left_out: LeftOut<'c, T::Key, E>,
     ) -> BoxFuture<'c, ClaimOutcome<T::Key, E>> {
+        // Set for every claim: a run recording failures may have been
+        // dropped before it ended.
+        self.f.failing = None;
         Box::pin(self.claim.run_once(conn, &mut self.f, left_out))
     }
 
@@ -156,10 +164,8 @@ where
             only: Some(keys),
             ..LeftOut::nothing()
         };
-        Some(Box::pin(async move {
-            let mut fails = FailsWith(move || fired.error());
-            self.claim.run_once(conn, &mut fails, left_out).await
-        }))
+        self.f.failing = Some(fired);
+        Some(Box::pin(self.claim.run_once(conn, &mut self.f, left_out)))
     }
 }
 
