@@ -667,9 +667,7 @@ impl JobRun {
 
     /// The median jobs/s of the runs.
     pub fn jobs_per_sec(&self) -> f64 {
-        let mut rates = self.rates.clone();
-        rates.sort_by(f64::total_cmp);
-        median(&rates)
+        median(self.rates.clone())
     }
 
     /// The slowest and fastest run's jobs/s.
@@ -1066,16 +1064,11 @@ pub fn drain_table(runs: &[JobRun]) -> String {
         ("server", Number),
     ];
     let median_micros = |run: &JobRun, side: fn(&CpuTimes) -> Duration| {
-        let mut micros: Vec<f64> = run
-            .cpu_per_job
-            .iter()
-            .map(|t| side(t).as_secs_f64() * 1e6)
-            .collect();
-        micros.sort_by(f64::total_cmp);
-        if micros.is_empty() {
+        if run.cpu_per_job.is_empty() {
             return String::new();
         }
-        format!("{:.0}", median(&micros))
+        let micros = run.cpu_per_job.iter().map(|t| side(t).as_secs_f64() * 1e6);
+        format!("{:.0}", median(micros.collect()))
     };
     let rows = runs.iter().map(|run| {
         vec![
@@ -1151,24 +1144,28 @@ fn twin_ratio(runs: &[JobRun], run: &JobRun, figure: impl Fn(&JobRun) -> f64) ->
 /// of the ratios.
 fn paired_ratio(runs: &[JobRun], run: &JobRun) -> String {
     twin_of(runs, run).map_or(String::new(), |twin| {
-        let mut ratios: Vec<f64> = run
-            .rates
-            .iter()
-            .zip(&twin.rates)
-            .map(|(r, t)| r / t)
-            .collect();
-        ratios.sort_by(f64::total_cmp);
-        format!("{:.2}", median(&ratios))
+        let ratios = run.rates.iter().zip(&twin.rates).map(|(r, t)| r / t);
+        format!("{:.2}", median(ratios.collect()))
     })
 }
 
-/// The median of sorted `values`.
-fn median(values: &[f64]) -> f64 {
+/// The median of `values`, of which there is at least one.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
     match values.len() % 2 {
         1 => values[middle],
         _ => (values[middle - 1] + values[middle]) / 2.0,
     }
+}
+
+/// `runs` in order on even repetitions, in the reverse order on odd ones.
+fn alternating(runs: &mut [JobRun], repetition: u32) -> Vec<&mut JobRun> {
+    let mut order: Vec<&mut JobRun> = runs.iter_mut().collect();
+    if repetition % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 /// Every job run asked for, on one backend: the drains, then the steady
@@ -1193,11 +1190,7 @@ pub fn run_all<C: JobConn>(
     // pooled worker measured 0.88 x its twin run after it, 1.01 x run
     // before it).
     for repetition in 0..options.repeat {
-        let mut order: Vec<&mut JobRun> = drains.iter_mut().collect();
-        if repetition % 2 == 1 {
-            order.reverse();
-        }
-        for run in order {
+        for run in alternating(&mut drains, repetition) {
             let (rate, cpu_per_job) = drain::<C>(
                 url,
                 run.mode,
@@ -1216,11 +1209,7 @@ pub fn run_all<C: JobConn>(
         }
     }
     for repetition in 0..options.repeat {
-        let mut order: Vec<&mut JobRun> = steady_runs.iter_mut().collect();
-        if repetition % 2 == 1 {
-            order.reverse();
-        }
-        for run in order {
+        for run in alternating(&mut steady_runs, repetition) {
             steady::<C>(
                 url,
                 run,
